@@ -1,0 +1,22 @@
+//! fsdpc-ir: tensor types, the dataflow graph, the op set with shape, gradient
+//! and cost rules, reverse-mode autodiff and training programs.
+//!
+//! Architecture invariant: this crate depends on nothing else of fsdpc and
+//! knows nothing about sharding, devices or kernels.
+
+pub mod error;
+pub mod graph;
+mod hexbytes;
+pub mod op;
+pub mod ops;
+pub mod param;
+pub mod program;
+mod serial;
+pub mod types;
+
+pub use error::IrError;
+pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};
+pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn};
+pub use param::{Init, ParamId, ParamSpec};
+pub use program::{Optimizer, ParamGrad, TrainingProgram};
+pub use types::{DType, Shape, TensorData, TensorType};

@@ -1,0 +1,276 @@
+//! The operation set. Each op's shape rule, gradient rule and FLOP count live
+//! in `ops/` (one file per family, dispatched from `ops/mod.rs`); kernels live in
+//! the runtime's backends. Attributes are plain data so that an op can be
+//! written to JSON and read back.
+//!
+//! Conventions: axes are non-negative (frontends normalise negative axes);
+//! elementwise binary ops broadcast as numpy does; `MatMul` multiplies the last
+//! two dimensions and broadcasts the leading (batch) dimensions.
+
+use crate::param::ParamId;
+use crate::types::{DType, TensorData};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    // ---- sources (no inputs, one output) ----
+    /// A data input fed by the runtime each step (token ids, labels, features).
+    Input {
+        name: String,
+    },
+    /// A trainable or frozen parameter; its value lives in a flat parameter.
+    Param {
+        param: ParamId,
+    },
+    /// A literal tensor.
+    Constant {
+        value: TensorData,
+    },
+
+    // ---- elementwise ----
+    Unary {
+        f: UnaryFn,
+    },
+    /// Two inputs, numpy broadcasting, output dtype = input dtype.
+    Binary {
+        f: BinaryFn,
+    },
+    /// Two inputs, numpy broadcasting, output dtype bool.
+    Compare {
+        f: CompareFn,
+    },
+    /// Two bool inputs (broadcasting), bool output.
+    Logical {
+        f: LogicalFn,
+    },
+    /// One bool input.
+    Not,
+    /// `(cond: bool, a, b)`, broadcasting all three.
+    Where,
+    Cast {
+        to: DType,
+    },
+
+    // ---- linear algebra ----
+    /// `a[..., m, k] x b[..., k, n]` (after the optional transposes of the last
+    /// two axes); leading dimensions broadcast.
+    MatMul {
+        trans_a: bool,
+        trans_b: bool,
+    },
+
+    // ---- normalisation, activations with structure ----
+    /// Over the last axis. Inputs `(x, gamma)` or `(x, gamma, beta)`.
+    LayerNorm {
+        eps: f64,
+    },
+    /// Over the last axis. Inputs `(x, gamma)`.
+    RmsNorm {
+        eps: f64,
+    },
+    Softmax {
+        axis: usize,
+    },
+    LogSoftmax {
+        axis: usize,
+    },
+    /// Scaled dot-product attention over `q, k, v: [batch, heads, seq, head_dim]`,
+    /// optionally causal. Output has the shape of `q`.
+    Attention {
+        causal: bool,
+        scale: f64,
+    },
+    /// `(data, indices)`: numpy `take` along `axis` (an embedding is axis 0).
+    Gather {
+        axis: usize,
+    },
+    /// Inverted dropout with a counter-based mask keyed by (seed, step, element).
+    Dropout {
+        p: f64,
+        seed: u64,
+    },
+
+    // ---- shape ----
+    Reshape {
+        shape: Vec<usize>,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// One axis; `end` exclusive, `step >= 1`.
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    },
+    Concat {
+        axis: usize,
+    },
+    /// Broadcast to `shape` (numpy rules).
+    Expand {
+        shape: Vec<usize>,
+    },
+    /// Constant padding: `pads[i] = (before, after)` for axis i.
+    Pad {
+        pads: Vec<(usize, usize)>,
+        value: f64,
+    },
+    Reduce {
+        f: ReduceFn,
+        axes: Vec<usize>,
+        keepdims: bool,
+    },
+
+    // ---- losses ----
+    /// `(logits[n, c], labels[n] int)` -> scalar mean over the non-ignored rows.
+    CrossEntropy {
+        ignore_index: Option<i64>,
+    },
+
+    // ---- gradient kernels (produced by autodiff) ----
+    /// Sum a broadcast gradient back to `shape` (inverse of numpy broadcasting).
+    SumTo {
+        shape: Vec<usize>,
+    },
+    /// `(x, dy) -> dy * f'(x)`.
+    UnaryGrad {
+        f: UnaryFn,
+    },
+    /// `(x, gamma, dy) -> (dx, dgamma, dbeta)`; `dbeta` is produced only if
+    /// `has_beta`.
+    LayerNormGrad {
+        eps: f64,
+        has_beta: bool,
+    },
+    /// `(x, gamma, dy) -> (dx, dgamma)`.
+    RmsNormGrad {
+        eps: f64,
+    },
+    /// `(y, dy) -> dx` where `y` is the softmax output.
+    SoftmaxGrad {
+        axis: usize,
+    },
+    /// `(y, dy) -> dx` where `y` is the log-softmax output.
+    LogSoftmaxGrad {
+        axis: usize,
+    },
+    /// `(q, k, v, dy) -> (dq, dk, dv)`.
+    AttentionGrad {
+        causal: bool,
+        scale: f64,
+    },
+    /// `(indices, dy) -> d data`: scatter-add into zeros of `data_shape`.
+    GatherGrad {
+        axis: usize,
+        data_shape: Vec<usize>,
+    },
+    /// `(logits, labels, dloss) -> dlogits`.
+    CrossEntropyGrad {
+        ignore_index: Option<i64>,
+    },
+    /// `dy -> dx` of a `Slice`: scatter into zeros of `input_shape`.
+    SliceGrad {
+        axis: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+        input_shape: Vec<usize>,
+    },
+    /// `(x, y, dy) -> dx` of a `Reduce{Max}`: `dy` routed to the arg-max positions.
+    ReduceMaxGrad {
+        axes: Vec<usize>,
+        keepdims: bool,
+    },
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnaryFn {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Reciprocal,
+    Tanh,
+    Relu,
+    Sigmoid,
+    Erf,
+    Abs,
+    /// GELU with the tanh approximation.
+    GeluTanh,
+    /// GELU with the exact erf form.
+    GeluErf,
+    /// `x * sigmoid(x)` (SiLU/Swish).
+    Silu,
+    /// `x * x`.
+    Square,
+    IsNan,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BinaryFn {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompareFn {
+    Equal,
+    Less,
+    LessOrEqual,
+    Greater,
+    GreaterOrEqual,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogicalFn {
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceFn {
+    Sum,
+    Mean,
+    Max,
+}
+
+impl Op {
+    /// The short name used in dumps, plans and error messages (`matmul`,
+    /// `layer_norm`, `unary.gelu_tanh`, ...).
+    pub fn name(&self) -> String {
+        let v = serde_json::to_value(self).ok();
+        let base = v
+            .as_ref()
+            .and_then(|v| v.get("op"))
+            .and_then(|o| o.as_str())
+            .unwrap_or("?")
+            .to_string();
+        let sub = v.as_ref().and_then(|v| v.get("f")).and_then(|f| f.as_str());
+        match sub {
+            Some(f) => format!("{base}.{f}"),
+            None => base,
+        }
+    }
+
+    /// True for ops with no inputs whose value is not computed by a kernel.
+    pub fn is_source(&self) -> bool {
+        matches!(
+            self,
+            Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
+        )
+    }
+}

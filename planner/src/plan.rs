@@ -1,0 +1,313 @@
+//! The plan: the versioned JSON document the planner emits and the runtime
+//! executes. Field names are stable within a schema version.
+//!
+//! The instruction list is rank-generic (SPMD): every rank runs the same list and
+//! finds its shard from its rank and group, so a plan does not grow with the
+//! number of ranks.
+
+use fsdpc_ir::{DType, NodeId, ParamId, TrainingProgram, ValueId};
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA: &str = "fsdpc.plan/v1";
+
+macro_rules! id_type {
+    ($($(#[$m:meta])* $name:ident;)*) => {$(
+        $(#[$m])*
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub u32);
+        impl $name {
+            pub fn index(self) -> usize { self.0 as usize }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    )*};
+}
+
+id_type! {
+    /// Index into `Plan::units`.
+    UnitId;
+    /// Index into `Plan::buffers`.
+    BufferId;
+    /// An event recorded by one stream and waited on by others (`0..Plan::events`).
+    EventId;
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    /// Always `SCHEMA`.
+    pub schema: String,
+    pub model: ModelInfo,
+    pub cluster: ClusterInfo,
+    pub config: PlanConfig,
+    pub units: Vec<Unit>,
+    pub streams: Vec<Stream>,
+    pub buffers: Vec<Buffer>,
+    /// Number of events; instructions refer to `EventId(0..events)`.
+    pub events: u32,
+    /// The loss buffer, read by the runtime after each step.
+    pub loss: Slot,
+    /// Every rank executes these in order on their streams.
+    pub instructions: Vec<Instr>,
+    pub memory: MemorySummary,
+    pub estimates: Estimates,
+    /// The program the kernels refer to (nodes by id).
+    pub training: TrainingProgram,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    /// Parameter elements (tied parameters counted once).
+    pub params: u64,
+    /// Tokens (or samples, for a non-sequence model) one rank processes per step.
+    pub tokens_per_rank_step: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub world: u32,
+    pub ranks_per_node: u32,
+    /// The hardware preset the estimates used (`a100-80g-roce`, `cpu-local`).
+    pub preset: String,
+    /// Per-rank memory capacity in bytes.
+    pub memory_bytes: u64,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// ZeRO-3: F = world; parameters, gradients and optimizer state sharded.
+    FullShard,
+    /// DDP: F = 1; gradients all-reduced.
+    NoShard,
+}
+
+impl Strategy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::FullShard => "full_shard",
+            Strategy::NoShard => "no_shard",
+        }
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackwardPrefetch {
+    /// Issue the next unit's all-gather before the current unit's backward.
+    Pre,
+    /// Issue it after the current unit's gradient computation.
+    Post,
+    None,
+}
+
+/// How the units were chosen, as the user asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "snake_case")]
+pub enum WrapPolicy {
+    /// One unit per repeated block found in the module hierarchy.
+    Blocks,
+    /// One unit per module of this class (`transformer_auto_wrap_policy`).
+    Kind { kind: String },
+    /// Size-based: a module becomes a unit once it holds at least this many
+    /// parameter elements not already in a smaller unit.
+    Size { min_numel: u64 },
+    /// These module paths.
+    Paths { paths: Vec<String> },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanConfig {
+    pub strategy: Strategy,
+    /// F: the number of ranks one flat parameter is sharded over.
+    pub shard_factor: u32,
+    pub wrap: WrapPolicy,
+    pub backward_prefetch: BackwardPrefetch,
+    /// At most this many units' gathered parameters alive at once.
+    pub limit_all_gathers: u32,
+    pub param_dtype: DType,
+    pub reduce_dtype: DType,
+}
+
+/// One FSDP unit: a flat parameter and the modules whose parameters it holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    pub id: UnitId,
+    /// The module path that defines the unit (`h.2`; empty for the root unit).
+    pub module: String,
+    pub kind: String,
+    /// Elements of all parameters laid end to end.
+    pub flat_numel: u64,
+    /// `flat_numel` rounded up to a multiple of F.
+    pub padded_numel: u64,
+    /// `padded_numel / F`: what each rank keeps.
+    pub shard_numel: u64,
+    pub params: Vec<FlatParam>,
+}
+
+/// Where one original parameter sits inside its unit's flat parameter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlatParam {
+    pub param: ParamId,
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// Element offset in the flat parameter.
+    pub offset: u64,
+    pub numel: u64,
+    pub requires_grad: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// Kernels, optimizer steps, frees of activations.
+    Compute,
+    /// All-gathers of parameters.
+    Unshard,
+    /// Reduce-scatters and all-reduces of gradients.
+    Reduce,
+}
+
+impl Stream {
+    pub const ALL: [Stream; 3] = [Stream::Compute, Stream::Unshard, Stream::Reduce];
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a buffer holds; also the memory breakdown's categories.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferKind {
+    /// A rank's fp32 shard of a unit's flat parameter (persistent).
+    ShardParams,
+    /// A unit's full flat parameter after the all-gather.
+    GatheredParams,
+    /// A unit's full (unsharded) flat gradient, before reduction.
+    FlatGrads,
+    /// A rank's shard of a unit's reduced gradient (persistent).
+    ShardGrads,
+    /// Optimizer state for a unit's shard (persistent): one buffer per slot.
+    OptimizerState,
+    /// Forward activations and backward intermediate values.
+    Activation,
+    /// Data inputs loaded each step.
+    Input,
+    /// The scalar loss (persistent, read after each step).
+    Loss,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub id: BufferId,
+    pub kind: BufferKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<UnitId>,
+    /// The graph value an activation buffer holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<ValueId>,
+    pub dtype: DType,
+    pub bytes: u64,
+    /// Byte offset in the rank's arena.
+    pub offset: u64,
+    /// Instruction index of the first write (0 for persistent buffers).
+    pub start: u32,
+    /// Instruction index of its `Free`; `None` for persistent buffers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<u32>,
+}
+
+impl Buffer {
+    pub fn persistent(&self) -> bool {
+        self.end.is_none()
+    }
+}
+
+/// A tensor inside a buffer: a parameter inside a gathered flat parameter, a
+/// parameter gradient inside a flat gradient, or a whole activation buffer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Slot {
+    pub buffer: BufferId,
+    /// Byte offset inside the buffer.
+    pub offset: u64,
+}
+
+/// Which ranks a collective runs over.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Group {
+    /// The F ranks that share one flat parameter: rank r is in the group of
+    /// ranks `(r / F) * F .. (r / F + 1) * F`, at position `r % F`.
+    Shard,
+    /// The world / F ranks that hold the same shard: ranks `r % F + k * F`.
+    Replicate,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Instr {
+    pub stream: Stream,
+    #[serde(flatten)]
+    pub op: InstrOp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum InstrOp {
+    /// Gather a unit's shards (`src`, in the shard group) into its full flat
+    /// parameter `dst`, cast to `dtype` first.
+    AllGather { unit: UnitId, src: BufferId, dst: BufferId, dtype: DType },
+    /// Sum the unit's full flat gradient `src` over the shard group, divide by
+    /// the world size, and keep this rank's shard in `dst`. Regions of `src`
+    /// not written by a gradient kernel (padding, frozen parameters) count as
+    /// zero.
+    ReduceScatter { unit: UnitId, src: BufferId, dst: BufferId, dtype: DType },
+    /// Sum `buffer` over `group` in place and divide by `divide_by`.
+    AllReduce { unit: UnitId, buffer: BufferId, group: Group, divide_by: u32, dtype: DType },
+    /// Copy the data input of this name into `dst` (this rank's samples).
+    LoadInput { node: NodeId, name: String, dst: Slot },
+    /// Run the kernel of graph node `node`.
+    Kernel { node: NodeId, kernel: String, inputs: Vec<Slot>, outputs: Vec<Slot> },
+    /// Update `params` (fp32 shard) from `grads` (reduced shard) with the
+    /// program's optimizer, using the state buffers.
+    OptimizerStep { unit: UnitId, params: BufferId, grads: BufferId, state: Vec<BufferId> },
+    /// The buffer's memory may be reused after this point.
+    Free { buffer: BufferId },
+    /// Mark the completion of everything issued so far on this stream.
+    Record { event: EventId },
+    /// Block this stream until the event has been recorded.
+    Wait { event: EventId },
+}
+
+/// Per-rank memory, exact: the plan's arena is all the runtime allocates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct MemorySummary {
+    /// Maximum over the schedule of the bytes of live buffers.
+    pub peak_bytes: u64,
+    /// Instruction index at which the peak is reached.
+    pub peak_at: u32,
+    /// Size of the arena the runtime allocates (>= peak_bytes; the difference
+    /// is fragmentation left by offset assignment).
+    pub arena_bytes: u64,
+    /// Live bytes at the peak, by buffer kind.
+    pub breakdown: Vec<(BufferKind, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Estimates {
+    pub peak_bytes_per_rank: u64,
+    /// Bytes each rank sends per step over all collectives.
+    pub comm_bytes_per_step: u64,
+    /// FLOPs one rank computes per step.
+    pub flops_per_rank_step: f64,
+    /// Simulated step time in seconds.
+    pub step_time_s: f64,
+    /// Simulated time the compute stream waits on communication.
+    pub exposed_comm_s: f64,
+    pub tflops_per_rank: f64,
+    /// Model FLOPs utilisation against the preset's peak.
+    pub mfu: f64,
+}

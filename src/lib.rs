@@ -1,0 +1,1 @@
+//! fsdpc facade
