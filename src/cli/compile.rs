@@ -1,0 +1,88 @@
+//! `fsdpc compile MODEL --world N -o plan.json`
+
+use super::{CliError, PlanFlags};
+use clap::Args;
+use fsdpc_frontends::{LoadOptions, LoadedModel};
+use fsdpc_ir::Optimizer;
+use fsdpc_planner::{BackwardPrefetch, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    /// A model: a zoo spec (`gpt2`, `gpt:layers=2,hidden=128,...`, `mlp:...`),
+    /// an fsdpc IR file (`.json`) or an ONNX file (`.onnx`).
+    pub model: String,
+    /// Number of ranks (GPUs) in the job.
+    #[arg(long)]
+    pub world: u32,
+    /// Hardware preset for memory capacity and the cost model.
+    #[arg(long, default_value = "a100-80g-roce")]
+    pub preset: String,
+    #[command(flatten)]
+    pub plan: PlanFlags,
+    /// Where to write the plan (JSON); `-` for stdout.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+pub fn run(a: CompileArgs) -> Result<(), CliError> {
+    let plan = plan_model(&a.model, a.world, &a.preset, &a.plan)?;
+    let json = plan.to_json_pretty();
+    if a.output.as_os_str() == "-" {
+        println!("{json}");
+    } else {
+        std::fs::write(&a.output, json)
+            .map_err(|source| CliError::Io { path: a.output.display().to_string(), source })?;
+        eprintln!(
+            "wrote {} ({} units, {} instructions, peak {} per rank)",
+            a.output.display(),
+            plan.units.len(),
+            plan.instructions.len(),
+            fsdpc_planner::inspect::human_bytes(plan.memory.peak_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// Loads `model` and plans it for `world` ranks on `preset`.
+pub(crate) fn plan_model(model: &str, world: u32, preset: &str, f: &PlanFlags) -> Result<Plan, CliError> {
+    let opts = LoadOptions { optimizer: optimizer(f)?, ..LoadOptions::default() };
+    let LoadedModel { name, program, tokens_per_sample } = fsdpc_frontends::load(model, &opts)?;
+    let rpn = f.ranks_per_node.unwrap_or(if preset == "cpu-local" { world.max(1) } else { world.clamp(1, 8) });
+    let cluster = Cluster::preset(preset, world, rpn)?;
+    let cfg = FsdpConfig {
+        strategy: Strategy::parse(&f.strategy)?,
+        wrap: WrapPolicy::parse(&f.wrap)?,
+        backward_prefetch: BackwardPrefetch::parse(&f.backward_prefetch)?,
+        limit_all_gathers: f.limit_all_gathers,
+        check_fits: !f.no_fit_check,
+        ..FsdpConfig::default()
+    };
+    let batch = batch_size(&program.graph);
+    let info = ModelInfo { name, params: program.graph.param_numel(), tokens_per_rank_step: tokens_per_sample * batch };
+    Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
+}
+
+fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
+    match f.optimizer.as_str() {
+        "adamw" | "adam" => Ok(Optimizer::AdamW {
+            lr: f.lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: f.weight_decay,
+        }),
+        "sgd" => Ok(Optimizer::Sgd { lr: f.lr, momentum: 0.0, weight_decay: f.weight_decay }),
+        other => Err(CliError::Usage(format!("unknown optimizer `{other}` (expected adamw or sgd)"))),
+    }
+}
+
+/// One rank's micro-batch: the leading dimension of the model's data inputs.
+fn batch_size(g: &fsdpc_ir::Graph) -> u64 {
+    g.node_ids()
+        .find_map(|n| match &g.node(n).op {
+            fsdpc_ir::Op::Input { .. } => g.node(n).outputs[0].shape.dims().first().map(|&d| d as u64),
+            _ => None,
+        })
+        .unwrap_or(1)
+}

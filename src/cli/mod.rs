@@ -1,0 +1,77 @@
+//! The `fsdpc` command line: `compile`, `inspect`, `simulate`, `train`.
+//!
+//! Each subcommand is a thin layer: parse flags into the library's config
+//! structs, call the pipeline, print. Errors become one readable line and a
+//! non-zero exit code, never a backtrace.
+
+mod compile;
+mod error;
+mod inspect;
+mod train;
+
+pub use error::CliError;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(name = "fsdpc", version, about = "Ahead-of-time compiler for fully sharded data parallel training")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Compile a model into an FSDP plan (JSON).
+    Compile(compile::CompileArgs),
+    /// Summarise a plan: units, shard sizes, communication, peak memory.
+    Inspect(inspect::InspectArgs),
+    /// Train a model (compiling it first) or execute a plan on CPU thread ranks.
+    Train(train::TrainArgs),
+}
+
+/// Flags shared by `compile` and `train`: how the model is planned.
+#[derive(Debug, Clone, Args)]
+pub struct PlanFlags {
+    /// Ranks per node (default: 8 for GPU presets, all ranks for cpu-local).
+    #[arg(long)]
+    pub ranks_per_node: Option<u32>,
+    /// Sharding strategy: full_shard (ZeRO-3) or no_shard (DDP).
+    #[arg(long, default_value = "full_shard")]
+    pub strategy: String,
+    /// Wrap policy: blocks | kind:CLASS | size:NUMEL | paths:a,b
+    #[arg(long, default_value = "blocks")]
+    pub wrap: String,
+    /// Backward prefetch: pre | post | none.
+    #[arg(long, default_value = "pre")]
+    pub backward_prefetch: String,
+    /// At most this many units' gathered parameters alive at once.
+    #[arg(long, default_value_t = 2)]
+    pub limit_all_gathers: u32,
+    /// Optimizer: adamw | sgd.
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Weight decay (decoupled for AdamW).
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Plan even if the peak does not fit the preset's memory.
+    #[arg(long)]
+    pub no_fit_check: bool,
+}
+
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Compile(a) => compile::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Train(a) => train::run(a),
+    }
+}
+
+/// Reads a file, naming it in the error.
+pub(crate) fn read_file(path: &PathBuf) -> Result<String, CliError> {
+    std::fs::read_to_string(path).map_err(|source| CliError::Io { path: path.display().to_string(), source })
+}

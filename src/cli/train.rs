@@ -1,0 +1,127 @@
+//! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]`
+
+use super::compile::plan_model;
+use super::inspect::load_plan;
+use super::{CliError, PlanFlags};
+use clap::Args;
+use fsdpc_planner::inspect::human_bytes;
+use fsdpc_runtime::{DataSpec, ExecMode, StepReport, TrainOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// A model (as for `compile`) or a plan file written by `fsdpc compile`.
+    pub model: String,
+    /// Number of rank threads (the world size).
+    #[arg(long, default_value_t = 1)]
+    pub ranks: u32,
+    /// Optimizer steps to run.
+    #[arg(long, default_value_t = 100)]
+    pub steps: u64,
+    /// Training data: a nanoGPT `.bin` file of u16 tokens, or any other file
+    /// read as bytes (vocab 256). Default: a built-in synthetic task.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Write one JSON object per step (step, loss, tokens_per_s, peak_bytes).
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Seed for initialisation and data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Allocate every buffer on its own and measure the live-bytes peak
+    /// (slower; checks the plan's memory figure).
+    #[arg(long)]
+    pub debug_alloc: bool,
+    /// Matrix-product threads per rank.
+    #[arg(long, default_value_t = 1)]
+    pub threads_per_rank: usize,
+    /// Hardware preset used for planning.
+    #[arg(long, default_value = "cpu-local")]
+    pub preset: String,
+    #[command(flatten)]
+    pub plan: PlanFlags,
+}
+
+pub fn run(a: TrainArgs) -> Result<(), CliError> {
+    if a.ranks == 0 {
+        return Err(CliError::Usage("--ranks must be at least 1".into()));
+    }
+    let plan = if a.model.ends_with(".plan.json") || is_plan_file(&a.model) {
+        let plan = load_plan(&PathBuf::from(&a.model))?;
+        if plan.cluster.world != a.ranks && a.ranks != 1 {
+            return Err(CliError::Usage(format!(
+                "the plan was compiled for world {} but --ranks is {}",
+                plan.cluster.world, a.ranks
+            )));
+        }
+        plan
+    } else {
+        plan_model(&a.model, a.ranks, &a.preset, &a.plan)?
+    };
+    let opts = TrainOptions {
+        steps: a.steps,
+        seed: a.seed,
+        data: data_spec(&a.data),
+        mode: if a.debug_alloc { ExecMode::DebugAlloc } else { ExecMode::Arena },
+        threads_per_rank: a.threads_per_rank,
+        ..TrainOptions::default()
+    };
+    let mut metrics = open_metrics(&a.metrics)?;
+    let bar = progress_bar(a.steps);
+    let mut on_step = |r: &StepReport| {
+        bar.set_position(r.step + 1);
+        bar.set_message(format!("loss {:.4}  {:.0} tok/s", r.loss, r.tokens_per_s));
+        if let Some(m) = metrics.as_mut() {
+            let line = serde_json::json!({
+                "step": r.step, "loss": r.loss, "tokens_per_s": r.tokens_per_s, "peak_bytes": r.peak_bytes,
+            });
+            // A metrics write failure must not kill a training run; it is reported once at the end.
+            let _ = writeln!(m, "{line}");
+        }
+    };
+    let report = fsdpc_runtime::train(&plan, &opts, &mut on_step)?;
+    bar.finish_and_clear();
+    let last = report.losses.last().copied().unwrap_or(f32::NAN);
+    let first = report.losses.first().copied().unwrap_or(f32::NAN);
+    println!(
+        "trained {} for {} steps on {} ranks ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak {} per rank",
+        plan.model.name,
+        report.losses.len(),
+        plan.cluster.world,
+        plan.config.strategy.name(),
+        first,
+        last,
+        report.tokens_per_s,
+        human_bytes(report.measured_peak_bytes),
+    );
+    Ok(())
+}
+
+fn is_plan_file(model: &str) -> bool {
+    model.ends_with(".json")
+        && std::fs::read_to_string(model).is_ok_and(|s| s.contains("\"schema\"") && s.contains("fsdpc.plan/"))
+}
+
+fn data_spec(path: &Option<PathBuf>) -> DataSpec {
+    match path {
+        None => DataSpec::Synthetic,
+        Some(p) if p.extension().is_some_and(|e| e == "bin") => DataSpec::TokenBin(p.clone()),
+        Some(p) => DataSpec::TextFile(p.clone()),
+    }
+}
+
+fn open_metrics(path: &Option<PathBuf>) -> Result<Option<std::fs::File>, CliError> {
+    path.as_ref()
+        .map(|p| std::fs::File::create(p).map_err(|source| CliError::Io { path: p.display().to_string(), source }))
+        .transpose()
+}
+
+fn progress_bar(steps: u64) -> ProgressBar {
+    let bar = ProgressBar::new(steps);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}]") {
+        bar.set_style(style);
+    }
+    bar
+}

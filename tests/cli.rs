@@ -1,0 +1,127 @@
+//! The command line: bad input gives one clear error and a non-zero exit;
+//! `inspect` prints a table a person can read (snapshot).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fsdpc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fsdpc")).args(args).output().expect("fsdpc runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `args`, expects failure with a message containing `needle`, no panic.
+fn check_error(args: &[&str], needle: &str) {
+    let o = fsdpc(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert!(err.lines().count() <= 3, "{args:?}: one clear message, got: {err}");
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fsdpc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    dir.join(name)
+}
+
+const TINY: &str = "gpt:layers=2,hidden=16,heads=2,seq=4,vocab=32,batch=2";
+
+fn compile_tiny(out: &Path) {
+    let o = fsdpc(&["compile", TINY, "--world", "2", "--preset", "cpu-local", "-o", out.to_str().expect("utf8")]);
+    assert!(o.status.success(), "compile failed: {}", stderr(&o));
+}
+
+#[test]
+fn bad_model_spec() {
+    check_error(&["compile", "gpt:layers=two", "--world", "2", "-o", "-"], "layers");
+}
+
+#[test]
+fn unknown_preset_model() {
+    check_error(&["compile", "gpt5-ultra", "--world", "2", "-o", "-"], "gpt5-ultra");
+}
+
+#[test]
+fn unknown_cluster_preset() {
+    check_error(&["compile", TINY, "--world", "2", "--preset", "tpu-v9", "-o", "-"], "tpu-v9");
+}
+
+#[test]
+fn world_size_zero() {
+    check_error(&["compile", TINY, "--world", "0", "-o", "-"], "world");
+    check_error(&["train", TINY, "--ranks", "0", "--steps", "1"], "ranks");
+}
+
+#[test]
+fn unreadable_plan() {
+    check_error(&["inspect", "/nonexistent/plan.json"], "/nonexistent/plan.json");
+}
+
+#[test]
+fn tampered_plan() {
+    let path = tmp("tampered.json");
+    compile_tiny(&path);
+    let text = std::fs::read_to_string(&path).expect("plan written");
+
+    // Not JSON at all / truncated.
+    std::fs::write(&path, &text[..text.len() / 2]).expect("write");
+    check_error(&["inspect", path.to_str().expect("utf8")], "tampered.json");
+
+    // A different schema version.
+    std::fs::write(&path, text.replacen("fsdpc.plan/v1", "fsdpc.plan/v9", 1)).expect("write");
+    check_error(&["inspect", path.to_str().expect("utf8")], "fsdpc.plan/v9");
+
+    // Valid JSON, broken plan: drop every all-gather.
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let instrs = v["instructions"].as_array_mut().expect("instructions");
+    instrs.retain(|i| i["op"] != "all_gather");
+    std::fs::write(&path, v.to_string()).expect("write");
+    check_error(&["inspect", path.to_str().expect("utf8")], "all-gather");
+}
+
+#[test]
+fn inspect_tiny_plan() {
+    let path = tmp("tiny.json");
+    compile_tiny(&path);
+    let o = fsdpc(&["inspect", path.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!(String::from_utf8_lossy(&o.stdout));
+
+    let o = fsdpc(&["inspect", "--json", path.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON");
+    for key in ["peak_bytes_per_rank", "units", "comm_bytes_per_step"] {
+        assert!(v.get(key).is_some(), "inspect --json has `{key}`");
+    }
+}
+
+#[test]
+fn train_writes_metrics() {
+    let metrics = tmp("metrics.jsonl");
+    let o = fsdpc(&[
+        "train",
+        TINY,
+        "--ranks",
+        "2",
+        "--steps",
+        "3",
+        "--metrics",
+        metrics.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&metrics).expect("metrics written");
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    assert_eq!(lines.len(), 3);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["step"], i as u64);
+        assert!(l["loss"].as_f64().is_some_and(f64::is_finite));
+        assert!(l["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0));
+        assert!(l["peak_bytes"].as_u64().is_some_and(|b| b > 0));
+    }
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained"));
+}

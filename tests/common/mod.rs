@@ -1,0 +1,51 @@
+//! Shared helpers of the end-to-end tests: compile a zoo model for a world size
+//! and strategy, and train it on CPU thread ranks.
+
+#![allow(dead_code)]
+
+use fsdpc_frontends::{LoadOptions, LoadedModel};
+use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy};
+use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
+
+/// Compiles `spec` for `world` ranks on the `cpu-local` preset.
+pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Plan {
+    let LoadedModel { name, program, tokens_per_sample } =
+        fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cfg = FsdpConfig { strategy, wrap, ..FsdpConfig::default() };
+    let info = ModelInfo { name, params: program.graph.param_numel(), tokens_per_rank_step: tokens_per_sample };
+    let plan = fsdpc_planner::compile(program, info, &cluster, &cfg).expect("plan compiles");
+    if let Err(v) = plan.validate() {
+        panic!("plan for {spec} at world {world} does not validate: {v:?}");
+    }
+    plan
+}
+
+pub fn train(plan: &Plan, steps: u64, mode: ExecMode) -> TrainReport {
+    let opts = TrainOptions { steps, seed: 7, mode, ..TrainOptions::default() };
+    fsdpc_runtime::train(plan, &opts, &mut |_| {}).expect("training runs")
+}
+
+/// Largest absolute and relative difference between two parameter sets.
+pub fn max_param_diff(a: &TrainReport, b: &TrainReport) -> (f32, f32) {
+    assert_eq!(a.final_params.len(), b.final_params.len(), "same parameters");
+    let mut abs = 0f32;
+    let mut rel = 0f32;
+    for ((na, va), (nb, vb)) in a.final_params.iter().zip(&b.final_params) {
+        assert_eq!(na, nb, "parameters in the same order");
+        assert_eq!(va.len(), vb.len(), "{na} has the same size");
+        for (x, y) in va.iter().zip(vb) {
+            let d = (x - y).abs();
+            abs = abs.max(d);
+            rel = rel.max(d / x.abs().max(y.abs()).max(1e-3));
+        }
+    }
+    (abs, rel)
+}
+
+pub fn bits(r: &TrainReport) -> (Vec<u32>, Vec<Vec<u32>>) {
+    (
+        r.losses.iter().map(|l| l.to_bits()).collect(),
+        r.final_params.iter().map(|(_, v)| v.iter().map(|x| x.to_bits()).collect()).collect(),
+    )
+}
