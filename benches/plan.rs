@@ -1,0 +1,70 @@
+//! Planning benchmark: time and peak RSS of compiling GPT-3 175B for 512 ranks
+//! (64 nodes x 8), and the plan's per-rank figures at world 128.
+//!
+//! Run: `cargo bench --bench plan`
+
+mod common;
+
+use fsdpc_frontends::LoadOptions;
+use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use std::time::Instant;
+
+fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
+    let m = fsdpc_frontends::load(model, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    let cluster = Cluster::preset("a100-80g-roce", world, 8).map_err(|e| e.to_string())?;
+    let cfg = FsdpConfig { strategy, check_fits, ..FsdpConfig::default() };
+    let info = ModelInfo { name: m.name, params: m.program.graph.param_numel(), tokens_per_rank_step: m.tokens_per_sample };
+    fsdpc_planner::compile(m.program, info, &cluster, &cfg).map_err(|e| e.to_string())
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+fn main() {
+    // Time: best and median of 5 full compiles (model build + autodiff + plan).
+    let mut times = Vec::new();
+    let mut plan = None;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let p = compile("gpt3-175b", 512, Strategy::FullShard, true).expect("gpt3-175b compiles at world 512");
+        times.push(t.elapsed().as_secs_f64());
+        plan = Some(p);
+    }
+    times.sort_by(f64::total_cmp);
+    let plan = plan.expect("compiled");
+    let json = plan.to_json_pretty();
+    println!(
+        "compile gpt3-175b world 512 (8/node): best {:.3} s, median {:.3} s; {} units, {} instructions, plan JSON {:.1} MiB",
+        times[0],
+        times[times.len() / 2],
+        plan.units.len(),
+        plan.instructions.len(),
+        common::mib(json.len() as u64)
+    );
+    let small = compile("gpt3-175b", 16, Strategy::FullShard, false).expect("compiles at world 16");
+    println!(
+        "plan size does not grow with world: {} instructions at world 16, {} at world 512",
+        small.instructions.len(),
+        plan.instructions.len()
+    );
+
+    let p128 = compile("gpt3-175b", 128, Strategy::FullShard, true).expect("world 128 full_shard");
+    println!(
+        "gpt3-175b world 128 full_shard: peak {:.2} GiB per rank (arena {:.2} GiB), step {:.2} s simulated, MFU {:.1}%",
+        gib(p128.memory.peak_bytes),
+        gib(p128.memory.arena_bytes),
+        p128.estimates.step_time_s,
+        p128.estimates.mfu * 100.0
+    );
+    for (kind, bytes) in &p128.memory.breakdown {
+        println!("  {kind:?}: {:.2} GiB", gib(*bytes));
+    }
+    match compile("gpt3-175b", 128, Strategy::NoShard, true) {
+        Ok(p) => println!("gpt3-175b world 128 no_shard fits: peak {:.1} GiB", gib(p.memory.peak_bytes)),
+        Err(e) => println!("gpt3-175b world 128 no_shard does not fit 80 GB: {e}"),
+    }
+    if let Some(rss) = common::peak_rss_bytes() {
+        println!("peak RSS of this benchmark process: {:.1} MiB", common::mib(rss));
+    }
+}

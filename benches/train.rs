@@ -1,0 +1,47 @@
+//! Training throughput on CPU thread ranks: the 2-layer GPT of the README
+//! (hidden 128, 4 heads, vocab 1024, seq 128, batch 8 per rank, AdamW), 2 ranks,
+//! 1 matrix-product thread per rank, full_shard.
+//!
+//! Run: `cargo bench --bench train`
+
+mod common;
+
+use fsdpc_frontends::LoadOptions;
+use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Strategy};
+use fsdpc_runtime::{ExecMode, TrainOptions};
+
+const SPEC: &str = "gpt:layers=2,hidden=128,heads=4,seq=128,vocab=1024,batch=8";
+
+fn main() {
+    let steps: u64 = std::env::var("FSDPC_BENCH_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    for (world, strategy) in [(2, Strategy::FullShard), (2, Strategy::NoShard), (1, Strategy::NoShard)] {
+        let m = fsdpc_frontends::load(SPEC, &LoadOptions::default()).expect("model loads");
+        let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+        let cfg = FsdpConfig { strategy, ..FsdpConfig::default() };
+        let info =
+            ModelInfo { name: m.name, params: m.program.graph.param_numel(), tokens_per_rank_step: m.tokens_per_sample * 8 };
+        let plan = fsdpc_planner::compile(m.program, info, &cluster, &cfg).expect("plan");
+        let opts = TrainOptions { steps, seed: 1, mode: ExecMode::Arena, threads_per_rank: 1, ..TrainOptions::default() };
+        let mut rates = Vec::new();
+        let report = fsdpc_runtime::train(&plan, &opts, &mut |r| {
+            if r.step >= 5 {
+                rates.push(r.tokens_per_s);
+            }
+        })
+        .expect("training runs");
+        rates.sort_by(f64::total_cmp);
+        let median = rates.get(rates.len() / 2).copied().unwrap_or(report.tokens_per_s);
+        println!(
+            "{SPEC} world {world} {}: {:.0} tokens/s overall, {:.0} tokens/s median step (steps 5..{steps}), loss {:.3} -> {:.3}, plan peak {:.1} MiB per rank",
+            strategy.name(),
+            report.tokens_per_s,
+            median,
+            report.losses[0],
+            report.losses[report.losses.len() - 1],
+            common::mib(plan.memory.peak_bytes),
+        );
+    }
+    if let Some(rss) = common::peak_rss_bytes() {
+        println!("peak RSS of this process (all ranks are threads of it): {:.1} MiB", common::mib(rss));
+    }
+}
