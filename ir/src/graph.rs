@@ -210,6 +210,11 @@ impl Graph {
         &self.node(v.node).outputs[v.slot as usize]
     }
 
+    /// The type of `v`, or `None` if its node or output slot does not exist.
+    pub fn try_value_type(&self, v: ValueId) -> Option<&TensorType> {
+        self.try_node(v.node)?.outputs.get(v.slot as usize)
+    }
+
     pub fn node_count(&self) -> usize {
         self.g.node_count()
     }
@@ -450,7 +455,18 @@ impl Graph {
         module: ModuleId,
     ) -> Result<NodeId, crate::IrError> {
         let name = name.into();
-        let types: Vec<&TensorType> = inputs.iter().map(|v| self.value_type(*v)).collect();
+        let types = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                self.try_value_type(*v)
+                    .ok_or_else(|| crate::IrError::Shape {
+                        node: name.clone(),
+                        op: op.name(),
+                        reason: format!("input {i} refers to {v}, which does not exist"),
+                    })
+            })
+            .collect::<Result<Vec<&TensorType>, _>>()?;
         let outputs = crate::ops::infer(&op, &types).map_err(|reason| crate::IrError::Shape {
             node: name.clone(),
             op: op.name(),

@@ -138,3 +138,76 @@ pub struct TensorData {
     #[serde(with = "crate::hexbytes")]
     pub bytes: Vec<u8>,
 }
+
+impl TensorData {
+    /// A scalar of `dtype` holding `value`, converted as a cast would
+    /// (rounded to the float format, truncated toward zero for integers,
+    /// `value != 0` for bool).
+    pub fn scalar(dtype: DType, value: f64) -> TensorData {
+        TensorData {
+            ty: TensorType::new(dtype, Vec::new()),
+            bytes: encode(dtype, value),
+        }
+    }
+
+    /// A tensor of type `ty` whose elements are `values` converted to
+    /// `ty.dtype`; `None` if the number of values is not `ty.numel()`.
+    pub fn from_f64s(ty: TensorType, values: &[f64]) -> Option<TensorData> {
+        if values.len() as u64 != ty.numel() {
+            return None;
+        }
+        let bytes = values.iter().flat_map(|&v| encode(ty.dtype, v)).collect();
+        Some(TensorData { ty, bytes })
+    }
+
+    /// Element `i` (row-major) as f64, or `None` if it is out of range.
+    pub fn get_f64(&self, i: u64) -> Option<f64> {
+        let size = self.ty.dtype.size();
+        let at = usize::try_from(i).ok()?.checked_mul(size)?;
+        let b = self.bytes.get(at..at.checked_add(size)?)?;
+        Some(decode(self.ty.dtype, b))
+    }
+
+    /// Checks that the byte length matches the type.
+    pub fn check(&self) -> Result<(), String> {
+        let want = self.ty.bytes();
+        if self.bytes.len() as u64 == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "data of type {} holds {} bytes, expected {want}",
+                self.ty,
+                self.bytes.len()
+            ))
+        }
+    }
+}
+
+/// Little-endian bytes of `value` as one element of `dtype`.
+fn encode(dtype: DType, value: f64) -> Vec<u8> {
+    match dtype {
+        DType::F32 => (value as f32).to_le_bytes().to_vec(),
+        DType::Bf16 => half::bf16::from_f64(value).to_le_bytes().to_vec(),
+        DType::F16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
+        DType::I64 => (value as i64).to_le_bytes().to_vec(),
+        DType::I32 => (value as i32).to_le_bytes().to_vec(),
+        DType::Bool => vec![u8::from(value != 0.0)],
+    }
+}
+
+/// One element of `dtype` from exactly `dtype.size()` little-endian bytes.
+fn decode(dtype: DType, b: &[u8]) -> f64 {
+    let arr = |n: usize| -> [u8; 8] {
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(&b[..n]);
+        a
+    };
+    match dtype {
+        DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::I64 => i64::from_le_bytes(arr(8)) as f64,
+        DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::Bool => f64::from(u8::from(b[0] != 0)),
+    }
+}
