@@ -1,0 +1,130 @@
+//! A thin layer over `Graph` for the zoo's builders: modules with their kinds,
+//! parameters named after their module, and the common layers (Linear,
+//! LayerNorm, Dropout) as PyTorch defines them.
+
+use fsdpc_ir::Init;
+use fsdpc_ir::{BinaryFn, DType, Graph, IrError, ModuleId, Op, ParamSpec, TensorType, ValueId};
+
+/// Builds one model's forward graph.
+pub(crate) struct Builder {
+    pub g: Graph,
+    /// Next dropout seed: every dropout site gets its own.
+    next_seed: u64,
+}
+
+impl Builder {
+    /// An empty graph named `name` whose root module has class `root_kind`.
+    pub fn new(name: &str, root_kind: &str) -> Builder {
+        let mut g = Graph::new(name);
+        g.set_module_kind(ModuleId::ROOT, root_kind);
+        Builder { g, next_seed: 0 }
+    }
+
+    /// The module at `path` with class `kind` (created or re-classed).
+    pub fn module(&mut self, path: &str, kind: &str) -> ModuleId {
+        let id = self.g.module(path, kind);
+        self.g.set_module_kind(id, kind);
+        id
+    }
+
+    /// `{path of m}.{leaf}` (or `leaf` at the root).
+    pub fn name_in(&self, m: ModuleId, leaf: &str) -> String {
+        join(&self.g.module_info(m).path, leaf)
+    }
+
+    /// A trainable f32 parameter `{module path}.{leaf}` and its `Param` node.
+    pub fn param(&mut self, m: ModuleId, leaf: &str, shape: &[usize], init: Init) -> ValueId {
+        let spec = ParamSpec {
+            name: self.name_in(m, leaf),
+            ty: TensorType::new(DType::F32, shape.to_vec()),
+            init,
+            requires_grad: true,
+            tied_to: None,
+        };
+        self.g.add_param(spec, m)
+    }
+
+    /// A node computing `op` in module `m`, named `{module path}.{leaf}`.
+    pub fn op(
+        &mut self,
+        m: ModuleId,
+        leaf: &str,
+        op: Op,
+        inputs: &[ValueId],
+    ) -> Result<ValueId, IrError> {
+        let name = self.name_in(m, leaf);
+        self.g.add1(op, inputs, name, m)
+    }
+
+    /// `x @ weight + bias` in a new `Linear` module at `path`, with weight
+    /// `[fan_in, fan_out]` (the layout `x @ W` reads) drawn from Normal(0, std)
+    /// and a zero bias.
+    pub fn linear(
+        &mut self,
+        x: ValueId,
+        path: &str,
+        fan_in: usize,
+        fan_out: usize,
+        std: f64,
+    ) -> Result<ValueId, IrError> {
+        let m = self.module(path, "Linear");
+        let w = self.param(m, "weight", &[fan_in, fan_out], Init::Normal { std });
+        let b = self.param(m, "bias", &[fan_out], Init::Zeros);
+        let y = self.op(m, "matmul", matmul(false), &[x, w])?;
+        self.op(m, "add_bias", binary(BinaryFn::Add), &[y, b])
+    }
+
+    /// `LayerNorm(dim, eps)` over the last axis in a new module at `path`, with
+    /// weight Ones and bias Zeros as PyTorch initialises them.
+    pub fn layer_norm(
+        &mut self,
+        x: ValueId,
+        path: &str,
+        dim: usize,
+        eps: f64,
+    ) -> Result<ValueId, IrError> {
+        let m = self.module(path, "LayerNorm");
+        let gamma = self.param(m, "weight", &[dim], Init::Ones);
+        let beta = self.param(m, "bias", &[dim], Init::Zeros);
+        self.op(m, "layer_norm", Op::LayerNorm { eps }, &[x, gamma, beta])
+    }
+
+    /// Dropout with probability `p` in module `m` (nothing when `p == 0`); every
+    /// site gets a distinct seed.
+    pub fn dropout(
+        &mut self,
+        x: ValueId,
+        m: ModuleId,
+        leaf: &str,
+        p: f64,
+    ) -> Result<ValueId, IrError> {
+        if p == 0.0 {
+            return Ok(x);
+        }
+        let seed = self.next_seed;
+        self.next_seed += 1;
+        self.op(m, leaf, Op::Dropout { p, seed }, &[x])
+    }
+}
+
+/// `parent.leaf`, or `leaf` when `parent` is the root.
+pub(crate) fn join(parent: &str, leaf: &str) -> String {
+    if parent.is_empty() {
+        leaf.to_string()
+    } else {
+        format!("{parent}.{leaf}")
+    }
+}
+
+/// A binary elementwise op.
+pub(crate) fn binary(f: BinaryFn) -> Op {
+    Op::Binary { f }
+}
+
+/// A matrix product, optionally with the second operand transposed.
+pub(crate) fn matmul(trans_b: bool) -> Op {
+    Op::MatMul {
+        trans_a: false,
+        trans_b,
+    }
+}
