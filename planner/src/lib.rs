@@ -1,6 +1,114 @@
 //! fsdpc-planner: decides how a training program is sharded and emits a static
 //! schedule (`Plan`).
+//!
+//! The planner is a list of passes, each a function from data to data named
+//! for what it decides (see `compile`):
+//!
+//! 1. `units::assign_units`: FSDP units from the module tree (wrap policy);
+//! 2. `flat::layout_units`: flat-parameter layout and shards;
+//! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
+//!    reductions, optimizer steps, events);
+//! 4. `memory::plan_memory`: lifetimes, arena offsets, fences, exact peak;
+//! 5. `simulate::estimate`: cost model and discrete-event simulation.
+//!
+//! In debug builds (and so in tests) the plan is validated after the passes.
 
+pub mod cluster;
+pub mod config;
+pub mod cost;
+pub mod error;
+pub mod fit;
+pub mod flat;
+pub mod hb;
+pub mod inspect;
+pub mod memory;
 pub mod plan;
+pub mod schedule;
+pub mod simulate;
+pub mod units;
+pub mod validate;
 
+pub use cluster::{Cluster, Hardware};
+pub use config::FsdpConfig;
+pub use error::PlanError;
 pub use plan::*;
+pub use validate::PlanViolation;
+
+use fsdpc_ir::TrainingProgram;
+
+/// Plans `program` for `cluster` with `cfg`: runs every pass and returns the
+/// plan. With `cfg.check_fits`, a plan whose peak exceeds the rank's memory is
+/// `PlanError::DoesNotFit`, with a suggestion of what would fit.
+pub fn compile(
+    program: TrainingProgram,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Plan, PlanError> {
+    let plan = compile_unchecked(program, model, cluster, cfg)?;
+    if cfg.check_fits && plan.memory.peak_bytes > cluster.memory_bytes {
+        return Err(fit::does_not_fit(&plan, cluster, cfg));
+    }
+    Ok(plan)
+}
+
+/// `compile` without the memory-capacity check.
+pub fn compile_unchecked(
+    program: TrainingProgram,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Plan, PlanError> {
+    cfg.check()?;
+    let shard_factor = cfg.shard_factor(cluster.world);
+    let assign = units::assign_units(&program.graph, &cfg.wrap)?;
+    let units = flat::layout_units(&program.graph, &assign, shard_factor)?;
+    let mut sched = schedule::lower(&schedule::LowerInput {
+        program: &program,
+        assign: &assign,
+        units: &units,
+        cfg,
+        world: cluster.world,
+    })?;
+    let memory = memory::plan_memory(&mut sched);
+    let mut plan = Plan {
+        schema: SCHEMA.to_string(),
+        model,
+        cluster: cluster.info(),
+        config: PlanConfig {
+            strategy: cfg.strategy,
+            shard_factor,
+            wrap: cfg.wrap.clone(),
+            backward_prefetch: cfg.backward_prefetch,
+            limit_all_gathers: cfg.limit_all_gathers,
+            param_dtype: cfg.param_dtype,
+            reduce_dtype: cfg.reduce_dtype,
+        },
+        units,
+        streams: Stream::ALL.to_vec(),
+        buffers: sched.buffers,
+        events: sched.events,
+        loss: sched.loss,
+        instructions: sched.instructions,
+        memory,
+        estimates: Estimates::default(),
+        training: program,
+    };
+    plan.estimates = simulate::estimate(&plan);
+    if cfg!(debug_assertions) {
+        plan.validate().map_err(PlanError::Invalid)?;
+    }
+    Ok(plan)
+}
+
+/// Parameter elements of a program (tied parameters counted once): what
+/// `ModelInfo::params` should hold.
+pub fn count_params(program: &TrainingProgram) -> u64 {
+    program
+        .graph
+        .params
+        .iter()
+        .filter(|p| p.tied_to.is_none())
+        .map(|p| p.ty.numel())
+        .sum()
+}

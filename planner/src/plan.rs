@@ -75,6 +75,9 @@ pub struct ClusterInfo {
     pub preset: String,
     /// Per-rank memory capacity in bytes.
     pub memory_bytes: u64,
+    /// The speeds the estimates used (so a loaded plan can be re-simulated).
+    #[serde(default)]
+    pub hardware: crate::cluster::Hardware,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -259,21 +262,51 @@ pub struct Instr {
 pub enum InstrOp {
     /// Gather a unit's shards (`src`, in the shard group) into its full flat
     /// parameter `dst`, cast to `dtype` first.
-    AllGather { unit: UnitId, src: BufferId, dst: BufferId, dtype: DType },
+    AllGather {
+        unit: UnitId,
+        src: BufferId,
+        dst: BufferId,
+        dtype: DType,
+    },
     /// Sum the unit's full flat gradient `src` over the shard group, divide by
     /// the world size, and keep this rank's shard in `dst`. Regions of `src`
     /// not written by a gradient kernel (padding, frozen parameters) count as
     /// zero.
-    ReduceScatter { unit: UnitId, src: BufferId, dst: BufferId, dtype: DType },
+    ReduceScatter {
+        unit: UnitId,
+        src: BufferId,
+        dst: BufferId,
+        dtype: DType,
+    },
     /// Sum `buffer` over `group` in place and divide by `divide_by`.
-    AllReduce { unit: UnitId, buffer: BufferId, group: Group, divide_by: u32, dtype: DType },
+    AllReduce {
+        unit: UnitId,
+        buffer: BufferId,
+        group: Group,
+        divide_by: u32,
+        dtype: DType,
+    },
     /// Copy the data input of this name into `dst` (this rank's samples).
-    LoadInput { node: NodeId, name: String, dst: Slot },
+    LoadInput {
+        node: NodeId,
+        name: String,
+        dst: Slot,
+    },
     /// Run the kernel of graph node `node`.
-    Kernel { node: NodeId, kernel: String, inputs: Vec<Slot>, outputs: Vec<Slot> },
+    Kernel {
+        node: NodeId,
+        kernel: String,
+        inputs: Vec<Slot>,
+        outputs: Vec<Slot>,
+    },
     /// Update `params` (fp32 shard) from `grads` (reduced shard) with the
     /// program's optimizer, using the state buffers.
-    OptimizerStep { unit: UnitId, params: BufferId, grads: BufferId, state: Vec<BufferId> },
+    OptimizerStep {
+        unit: UnitId,
+        params: BufferId,
+        grads: BufferId,
+        state: Vec<BufferId>,
+    },
     /// The buffer's memory may be reused after this point.
     Free { buffer: BufferId },
     /// Mark the completion of everything issued so far on this stream.
@@ -310,4 +343,64 @@ pub struct Estimates {
     pub tflops_per_rank: f64,
     /// Model FLOPs utilisation against the preset's peak.
     pub mfu: f64,
+}
+
+impl InstrOp {
+    /// The buffers this instruction reads (a read-write buffer appears in
+    /// both `reads` and `writes`).
+    pub fn reads(&self) -> Vec<BufferId> {
+        match self {
+            InstrOp::AllGather { src, .. } | InstrOp::ReduceScatter { src, .. } => vec![*src],
+            InstrOp::AllReduce { buffer, .. } => vec![*buffer],
+            InstrOp::Kernel { inputs, .. } => inputs.iter().map(|s| s.buffer).collect(),
+            InstrOp::OptimizerStep {
+                params,
+                grads,
+                state,
+                ..
+            } => [*params, *grads]
+                .into_iter()
+                .chain(state.iter().copied())
+                .collect(),
+            InstrOp::LoadInput { .. }
+            | InstrOp::Free { .. }
+            | InstrOp::Record { .. }
+            | InstrOp::Wait { .. } => Vec::new(),
+        }
+    }
+
+    /// The buffers this instruction writes.
+    pub fn writes(&self) -> Vec<BufferId> {
+        match self {
+            InstrOp::AllGather { dst, .. } | InstrOp::ReduceScatter { dst, .. } => vec![*dst],
+            InstrOp::AllReduce { buffer, .. } => vec![*buffer],
+            InstrOp::LoadInput { dst, .. } => vec![dst.buffer],
+            InstrOp::Kernel { outputs, .. } => outputs.iter().map(|s| s.buffer).collect(),
+            InstrOp::OptimizerStep { params, state, .. } => std::iter::once(*params)
+                .chain(state.iter().copied())
+                .collect(),
+            InstrOp::Free { .. } | InstrOp::Record { .. } | InstrOp::Wait { .. } => Vec::new(),
+        }
+    }
+
+    /// True for all-gathers, reduce-scatters and all-reduces.
+    pub fn is_collective(&self) -> bool {
+        matches!(
+            self,
+            InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. } | InstrOp::AllReduce { .. }
+        )
+    }
+}
+
+impl BufferKind {
+    /// Buffers that live for the whole run (`end: None`, `start: 0`).
+    pub fn is_persistent(self) -> bool {
+        matches!(
+            self,
+            BufferKind::ShardParams
+                | BufferKind::ShardGrads
+                | BufferKind::OptimizerState
+                | BufferKind::Loss
+        )
+    }
 }

@@ -1,0 +1,153 @@
+//! The FSDP configuration a user chooses, and parsers for the CLI's strings.
+
+use crate::error::PlanError;
+use crate::plan::{BackwardPrefetch, Strategy, WrapPolicy};
+use fsdpc_ir::DType;
+use serde::{Deserialize, Serialize};
+
+/// How to shard a training program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FsdpConfig {
+    pub strategy: Strategy,
+    pub wrap: WrapPolicy,
+    pub backward_prefetch: BackwardPrefetch,
+    /// At most this many resharded units' gathered parameters alive at once
+    /// (PyTorch's `limit_all_gathers`). Must be at least 1.
+    pub limit_all_gathers: u32,
+    /// The dtype parameters are gathered and computed in (f32 for now).
+    pub param_dtype: DType,
+    /// The dtype gradients are reduced in (f32 for now).
+    pub reduce_dtype: DType,
+    /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
+    /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
+    /// reading.
+    pub check_fits: bool,
+}
+
+impl Default for FsdpConfig {
+    fn default() -> FsdpConfig {
+        FsdpConfig {
+            strategy: Strategy::FullShard,
+            wrap: WrapPolicy::Blocks,
+            backward_prefetch: BackwardPrefetch::Pre,
+            limit_all_gathers: 2,
+            param_dtype: DType::F32,
+            reduce_dtype: DType::F32,
+            check_fits: true,
+        }
+    }
+}
+
+impl FsdpConfig {
+    /// The sharding factor F for `world` ranks.
+    pub fn shard_factor(&self, world: u32) -> u32 {
+        match self.strategy {
+            Strategy::FullShard => world,
+            Strategy::NoShard => 1,
+        }
+    }
+
+    /// Rejects settings the planner does not support yet.
+    pub fn check(&self) -> Result<(), PlanError> {
+        let bad = |what, value: String, reason: &str| PlanError::BadConfig {
+            what,
+            value,
+            reason: reason.to_string(),
+        };
+        if self.limit_all_gathers == 0 {
+            return Err(bad("limit_all_gathers", "0".into(), "must be at least 1"));
+        }
+        for (what, d) in [
+            ("param_dtype", self.param_dtype),
+            ("reduce_dtype", self.reduce_dtype),
+        ] {
+            if d != DType::F32 {
+                return Err(bad(what, d.to_string(), "only f32 is supported for now"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Strategy {
+    /// The values `Strategy::parse` accepts.
+    pub const ALLOWED: &'static str = "full_shard, no_shard";
+
+    /// Parses `full_shard` or `no_shard` (PyTorch's upper-case names too).
+    pub fn parse(s: &str) -> Result<Strategy, PlanError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "full_shard" => Ok(Strategy::FullShard),
+            "no_shard" => Ok(Strategy::NoShard),
+            _ => Err(PlanError::BadConfig {
+                what: "strategy",
+                value: s.to_string(),
+                reason: format!("allowed values: {}", Strategy::ALLOWED),
+            }),
+        }
+    }
+}
+
+impl BackwardPrefetch {
+    /// The values `BackwardPrefetch::parse` accepts.
+    pub const ALLOWED: &'static str = "pre, post, none";
+
+    /// Parses `pre`, `post` or `none` (also `backward_pre`, `backward_post`).
+    pub fn parse(s: &str) -> Result<BackwardPrefetch, PlanError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "pre" | "backward_pre" => Ok(BackwardPrefetch::Pre),
+            "post" | "backward_post" => Ok(BackwardPrefetch::Post),
+            "none" => Ok(BackwardPrefetch::None),
+            _ => Err(PlanError::BadConfig {
+                what: "backward prefetch",
+                value: s.to_string(),
+                reason: format!("allowed values: {}", BackwardPrefetch::ALLOWED),
+            }),
+        }
+    }
+}
+
+impl WrapPolicy {
+    /// The forms `WrapPolicy::parse` accepts.
+    pub const ALLOWED: &'static str =
+        "blocks, kind:<ModuleClass>, size:<min parameter elements>, paths:<path>,<path>,...";
+
+    /// Parses `blocks`, `kind:GPT2Block`, `size:1000000` or `paths:a,b`.
+    pub fn parse(s: &str) -> Result<WrapPolicy, PlanError> {
+        let s = s.trim();
+        let bad = |reason: String| PlanError::BadConfig {
+            what: "wrap policy",
+            value: s.to_string(),
+            reason,
+        };
+        let (head, arg) = match s.split_once(':') {
+            Some((h, a)) => (h.trim(), Some(a.trim())),
+            None => (s, None),
+        };
+        match (head, arg) {
+            ("blocks", None) => Ok(WrapPolicy::Blocks),
+            ("kind", Some(k)) if !k.is_empty() => Ok(WrapPolicy::Kind {
+                kind: k.to_string(),
+            }),
+            ("size", Some(n)) => n
+                .replace('_', "")
+                .parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .map(|min_numel| WrapPolicy::Size { min_numel })
+                .ok_or_else(|| bad(format!("`{n}` is not a positive whole number"))),
+            ("paths", Some(p)) => {
+                let paths: Vec<String> = p
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(String::from)
+                    .collect();
+                if paths.is_empty() {
+                    return Err(bad("give at least one module path".into()));
+                }
+                Ok(WrapPolicy::Paths { paths })
+            }
+            _ => Err(bad(format!("allowed forms: {}", WrapPolicy::ALLOWED))),
+        }
+    }
+}

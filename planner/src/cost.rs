@@ -1,0 +1,132 @@
+//! The cost model: kernel time by roofline, collective time by the
+//! alpha-beta model of ring algorithms.
+
+use crate::cluster::Cluster;
+use crate::plan::*;
+use fsdpc_ir::Graph;
+
+/// Floating-point operations of one kernel (forward or backward), by the
+/// IR's per-op FLOP rules.
+pub fn node_flops(graph: &Graph, node: fsdpc_ir::NodeId) -> f64 {
+    let n = graph.node(node);
+    let ins: Vec<_> = graph
+        .inputs(node)
+        .iter()
+        .map(|v| graph.value_type(*v))
+        .collect();
+    fsdpc_ir::ops::flops(&n.op, &ins, &n.outputs)
+}
+
+/// Bytes a kernel moves to and from memory (inputs read once, outputs
+/// written once).
+pub fn node_bytes(graph: &Graph, node: fsdpc_ir::NodeId) -> f64 {
+    let n = graph.node(node);
+    let out: u64 = n.outputs.iter().map(|t| t.bytes()).sum();
+    let ins: u64 = graph
+        .inputs(node)
+        .iter()
+        .map(|v| graph.value_type(*v).bytes())
+        .sum();
+    (out + ins) as f64
+}
+
+/// Roofline time of a kernel: the slower of compute and memory traffic.
+pub fn kernel_time(flops: f64, bytes: f64, cluster: &Cluster, dtype: fsdpc_ir::DType) -> f64 {
+    let hw = &cluster.hardware;
+    let compute = if hw.peak_flops(dtype) > 0.0 {
+        flops / hw.peak_flops(dtype)
+    } else {
+        0.0
+    };
+    let memory = if hw.mem_bw > 0.0 {
+        bytes / hw.mem_bw
+    } else {
+        0.0
+    };
+    compute.max(memory)
+}
+
+/// Ranks in a collective's group, and whether the group spans nodes.
+pub fn group_shape(plan: &Plan, group: Group) -> (u32, bool) {
+    let world = plan.cluster.world.max(1);
+    let f = plan.config.shard_factor.max(1);
+    let rpn = plan.cluster.ranks_per_node.max(1);
+    match group {
+        Group::Shard => (f, f > rpn),
+        // Replicas of one shard are F ranks apart.
+        Group::Replicate => (
+            world / f,
+            world / f > 1 && f.saturating_mul(world / f) > rpn,
+        ),
+    }
+}
+
+/// Ring all-gather or reduce-scatter of `bytes` (the full, unsharded size)
+/// over `n` ranks: `(n-1) alpha + (n-1)/n bytes / beta`.
+pub fn ring_time(n: u32, bytes: u64, inter_node: bool, cluster: &Cluster) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let hw = &cluster.hardware;
+    let (bw, lat) = if inter_node {
+        (hw.inter_bw, hw.inter_latency_s)
+    } else {
+        (hw.intra_bw, hw.intra_latency_s)
+    };
+    let steps = f64::from(n - 1);
+    let transfer = if bw > 0.0 {
+        steps / f64::from(n) * bytes as f64 / bw
+    } else {
+        0.0
+    };
+    steps * lat + transfer
+}
+
+/// Bytes one rank sends in a ring collective over `n` ranks.
+pub fn ring_bytes(n: u32, bytes: u64) -> u64 {
+    if n <= 1 {
+        return 0;
+    }
+    bytes / u64::from(n) * u64::from(n - 1)
+}
+
+/// Time of one instruction on its stream (0 for bookkeeping instructions),
+/// and the bytes it sends.
+pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
+    let bytes_of = |b: &BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
+    match &ins.op {
+        InstrOp::AllGather { dst, .. } | InstrOp::ReduceScatter { src: dst, .. } => {
+            let (n, inter) = group_shape(plan, Group::Shard);
+            let bytes = bytes_of(dst);
+            (ring_time(n, bytes, inter, cluster), ring_bytes(n, bytes))
+        }
+        InstrOp::AllReduce { buffer, group, .. } => {
+            let (n, inter) = group_shape(plan, *group);
+            let bytes = bytes_of(buffer);
+            (
+                2.0 * ring_time(n, bytes, inter, cluster),
+                2 * ring_bytes(n, bytes),
+            )
+        }
+        InstrOp::Kernel { node, .. } if plan.training.graph.contains(*node) => {
+            let g = &plan.training.graph;
+            let t = kernel_time(
+                node_flops(g, *node),
+                node_bytes(g, *node),
+                cluster,
+                plan.config.param_dtype,
+            );
+            (t, 0)
+        }
+        InstrOp::LoadInput { dst, .. } => (
+            bytes_of(&dst.buffer) as f64 / cluster.hardware.mem_bw.max(1.0),
+            0,
+        ),
+        InstrOp::OptimizerStep { params, state, .. } => {
+            // Reads params, grads and state, writes params and state.
+            let b = bytes_of(params) * (3 + 2 * state.len() as u64);
+            (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
+        }
+        _ => (0.0, 0),
+    }
+}

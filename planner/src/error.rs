@@ -1,0 +1,47 @@
+//! Errors of the planner: bad configuration, programs it cannot lower, and
+//! plans that do not fit or do not parse.
+
+use crate::validate::PlanViolation;
+use thiserror::Error;
+
+/// Everything that can go wrong while planning, loading or checking a plan.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum PlanError {
+    /// An unknown cluster preset.
+    #[error("unknown cluster preset `{name}`; known presets: {known}")]
+    UnknownPreset { name: String, known: String },
+    /// A cluster shape that cannot exist.
+    #[error("invalid cluster: {reason}")]
+    BadCluster { reason: String },
+    /// A configuration string that does not parse.
+    #[error("invalid {what} `{value}`: {reason}")]
+    BadConfig {
+        what: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The training program cannot be lowered (a cycle, a parameter of an
+    /// unsupported dtype, a gradient that is not a computed value ...).
+    #[error("cannot plan program: {reason}")]
+    Program { reason: String },
+    /// The plan needs more memory per rank than the cluster has.
+    #[error(
+        "plan does not fit: needs {needed_bytes} bytes per rank, capacity is {capacity_bytes} \
+         (over by {over_by}); {suggestion}"
+    )]
+    DoesNotFit {
+        needed_bytes: u64,
+        capacity_bytes: u64,
+        over_by: u64,
+        suggestion: String,
+    },
+    /// A plan document that is not valid JSON of the plan schema.
+    #[error("plan JSON: {0}")]
+    Json(String),
+    /// A plan of another schema version.
+    #[error("plan schema `{found}` is not supported; this planner reads `{expected}`")]
+    Schema { found: String, expected: String },
+    /// A plan that breaks invariants (all violations found, in order).
+    #[error("invalid plan ({} violation(s)); first: {}", .0.len(), .0.first().map(|v| v.to_string()).unwrap_or_default())]
+    Invalid(Vec<PlanViolation>),
+}

@@ -1,0 +1,101 @@
+//! What to suggest when a plan does not fit in a rank's memory: computed from
+//! the plan, not guessed.
+//!
+//! Persistent buffers (shards, reduced gradients, optimizer state) shrink as
+//! 1/F; everything else (gathered parameters, flat gradients, activations)
+//! does not depend on F. So the peak at another world size is the transient
+//! peak plus the persistent bytes at that F.
+
+use crate::cluster::Cluster;
+use crate::config::FsdpConfig;
+use crate::error::PlanError;
+use crate::plan::*;
+
+/// The `DoesNotFit` error for `plan`, with a suggestion.
+pub fn does_not_fit(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> PlanError {
+    let needed = plan.memory.peak_bytes;
+    let capacity = cluster.memory_bytes;
+    PlanError::DoesNotFit {
+        needed_bytes: needed,
+        capacity_bytes: capacity,
+        over_by: needed.saturating_sub(capacity),
+        suggestion: suggestion(plan, cluster, cfg),
+    }
+}
+
+fn suggestion(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> String {
+    if cfg.strategy == Strategy::NoShard {
+        let sharded = FsdpConfig {
+            strategy: Strategy::FullShard,
+            check_fits: false,
+            ..cfg.clone()
+        };
+        let model = plan.model.clone();
+        return match crate::compile_unchecked(plan.training.clone(), model, cluster, &sharded) {
+            Ok(p) if p.memory.peak_bytes <= cluster.memory_bytes => format!(
+                "full_shard at world {} fits (peak {} bytes per rank)",
+                cluster.world, p.memory.peak_bytes
+            ),
+            Ok(p) => smallest_world(&p, cluster, "full_shard"),
+            Err(e) => format!("full_shard could not be planned either: {e}"),
+        };
+    }
+    smallest_world(plan, cluster, plan.config.strategy.name())
+}
+
+/// Bytes per rank of the persistent buffers of `plan` at sharding factor `f`.
+fn persistent_at(plan: &Plan, f: u64) -> u64 {
+    plan.buffers
+        .iter()
+        .filter(|b| b.persistent())
+        .map(|b| match (b.kind, b.unit) {
+            (BufferKind::Loss, _) | (_, None) => b.bytes,
+            (_, Some(u)) => {
+                let flat = plan.units.get(u.index()).map_or(0, |u| u.flat_numel);
+                flat.div_ceil(f) * 4
+            }
+        })
+        .sum()
+}
+
+/// The smallest world (a multiple of ranks per node) at which a full_shard
+/// plan of the same shape fits, or why none does.
+fn smallest_world(plan: &Plan, cluster: &Cluster, strategy: &str) -> String {
+    let f_now = u64::from(plan.config.shard_factor.max(1));
+    let transient = plan
+        .memory
+        .peak_bytes
+        .saturating_sub(persistent_at(plan, f_now));
+    let capacity = cluster.memory_bytes;
+    if transient >= capacity {
+        return format!(
+            "it does not fit at any world size: the unsharded working set (gathered parameters, \
+             flat gradients, activations) alone needs {transient} bytes; use a finer wrap policy \
+             or a smaller batch"
+        );
+    }
+    let rpn = u64::from(cluster.ranks_per_node.max(1));
+    let fits = |k: u64| transient + persistent_at(plan, k * rpn) <= capacity;
+    let (mut lo, mut hi) = (1u64, 1u64);
+    while !fits(hi) {
+        if hi > u64::from(u32::MAX) / rpn {
+            return "it does not fit at any representable world size".into();
+        }
+        lo = hi;
+        hi *= 2;
+    }
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            hi = mid
+        } else {
+            lo = mid + 1
+        }
+    }
+    let world = hi * rpn;
+    format!(
+        "{strategy} needs world >= {world} ({} nodes of {rpn}) to fit: peak {} bytes per rank",
+        hi,
+        transient + persistent_at(plan, world)
+    )
+}

@@ -1,0 +1,1 @@
+//! Summaries of a plan for people: `fsdpc inspect`.

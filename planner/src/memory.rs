@@ -1,0 +1,218 @@
+//! Pass 4, memory: buffer lifetimes, offsets in one per-rank arena, the
+//! fences that make arena reuse safe across streams, and the exact peak.
+//!
+//! Definitions (the runtime's debug mode measures the same thing): a buffer
+//! is live at instruction index `i` when `start <= i <= end`, where `start`
+//! is the index of its first writing instruction and `end` the index of its
+//! `Free` (persistent buffers: `start = 0`, live to the last instruction).
+//! `peak_bytes` is the maximum over `i` of the bytes of live buffers.
+//!
+//! Offsets: persistent buffers are packed at the bottom of the arena; the
+//! others are placed largest first, each at the lowest 64-byte-aligned offset
+//! where it overlaps no placed buffer with an overlapping lifetime (greedy by
+//! size, first fit).
+//!
+//! Fences: all streams run concurrently, so when buffer B gets bytes that
+//! buffer A held earlier, A's `Free` must happen before B's first write. Where
+//! the schedule does not already order them, a `Record` is inserted after the
+//! free and a `Wait` before the writer.
+
+use crate::hb::Clocks;
+use crate::plan::*;
+use crate::schedule::Schedule;
+use std::collections::BTreeMap;
+
+/// Arena alignment of every buffer, bytes.
+pub const ALIGN: u64 = 64;
+
+/// Plans the schedule's memory in place and returns its summary.
+pub fn plan_memory(s: &mut Schedule) -> MemorySummary {
+    set_lifetimes(&mut s.buffers, &s.instructions);
+    let arena_bytes = assign_offsets(&mut s.buffers);
+    insert_fences(s);
+    set_lifetimes(&mut s.buffers, &s.instructions);
+    summarize(&s.buffers, s.instructions.len(), arena_bytes)
+}
+
+/// Sets each buffer's `start` (first write; 0 for persistent buffers) and
+/// `end` (its first `Free`; `None` for persistent or never-freed buffers).
+pub fn set_lifetimes(buffers: &mut [Buffer], instrs: &[Instr]) {
+    let mut start: Vec<Option<u32>> = vec![None; buffers.len()];
+    let mut end: Vec<Option<u32>> = vec![None; buffers.len()];
+    for (i, ins) in instrs.iter().enumerate() {
+        for b in ins.op.writes() {
+            if let Some(s) = start.get_mut(b.index()) {
+                s.get_or_insert(i as u32);
+            }
+        }
+        if let InstrOp::Free { buffer } = ins.op {
+            if let Some(e) = end.get_mut(buffer.index()) {
+                e.get_or_insert(i as u32);
+            }
+        }
+    }
+    for (i, b) in buffers.iter_mut().enumerate() {
+        if b.kind.is_persistent() {
+            b.start = 0;
+            b.end = None;
+        } else {
+            b.start = start[i].or(end[i]).unwrap_or(0);
+            b.end = end[i];
+        }
+    }
+}
+
+fn align(x: u64) -> u64 {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Live range of a buffer as `[start, end]` instruction indices.
+fn live_range(b: &Buffer, n_instrs: usize) -> (u32, u32) {
+    let last = n_instrs.saturating_sub(1) as u32;
+    (b.start, b.end.unwrap_or(last).max(b.start))
+}
+
+/// Assigns arena offsets; returns the arena size.
+fn assign_offsets(buffers: &mut [Buffer]) -> u64 {
+    let mut base = 0u64;
+    for b in buffers.iter_mut().filter(|b| b.persistent()) {
+        b.offset = base;
+        base += align(b.bytes);
+    }
+    let mut order: Vec<usize> = (0..buffers.len())
+        .filter(|&i| !buffers[i].persistent())
+        .collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(buffers[i].bytes), buffers[i].start, i));
+    // Placed buffers as (offset, end offset, start, end), sorted by offset.
+    let mut placed: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(order.len());
+    let mut arena = base;
+    for i in order {
+        let size = align(buffers[i].bytes);
+        let (s, e) = (buffers[i].start, buffers[i].end.unwrap_or(u32::MAX));
+        let mut cand = base;
+        for &(off, end_off, ps, pe) in &placed {
+            if ps > e || s > pe {
+                continue;
+            }
+            if off >= cand + size {
+                break;
+            }
+            cand = cand.max(end_off);
+        }
+        buffers[i].offset = cand;
+        let at = placed.partition_point(|p| p.0 <= cand);
+        placed.insert(at, (cand, cand + size, s, e));
+        arena = arena.max(cand + buffers[i].bytes);
+    }
+    arena
+}
+
+/// Pairs (free index of A, first-write index of B) where B reuses A's bytes
+/// after A's lifetime and nothing orders A's free before B's write.
+fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize)> {
+    let mut order: Vec<&Buffer> = s
+        .buffers
+        .iter()
+        .filter(|b| !b.persistent() && b.bytes > 0)
+        .collect();
+    order.sort_by_key(|b| (b.offset, b.id));
+    let mut out = Vec::new();
+    for (i, a) in order.iter().enumerate() {
+        for b in &order[i + 1..] {
+            if b.offset >= a.offset + a.bytes {
+                break;
+            }
+            for (x, y) in [(a, b), (b, a)] {
+                if let Some(f) = x.end.filter(|&f| f < y.start) {
+                    if !clocks.hb(f as usize, y.start as usize) {
+                        out.push((f as usize, y.start as usize));
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Inserts a `Record` after each free and a `Wait` before each writer that
+/// `needed_fences` found.
+fn insert_fences(s: &mut Schedule) {
+    let clocks = Clocks::new(&s.instructions, s.events);
+    let fences = needed_fences(s, &clocks);
+    if fences.is_empty() {
+        return;
+    }
+    let mut record_after: BTreeMap<usize, EventId> = BTreeMap::new();
+    let mut wait_before: BTreeMap<usize, Vec<EventId>> = BTreeMap::new();
+    for (free, write) in fences {
+        let event = *record_after.entry(free).or_insert_with(|| {
+            s.events += 1;
+            EventId(s.events - 1)
+        });
+        let waits = wait_before.entry(write).or_default();
+        if !waits.contains(&event) {
+            waits.push(event);
+        }
+    }
+    let old = std::mem::take(&mut s.instructions);
+    for (i, ins) in old.into_iter().enumerate() {
+        for &event in wait_before.get(&i).into_iter().flatten() {
+            s.instructions.push(Instr {
+                stream: ins.stream,
+                op: InstrOp::Wait { event },
+            });
+        }
+        let stream = ins.stream;
+        s.instructions.push(ins);
+        if let Some(&event) = record_after.get(&i) {
+            s.instructions.push(Instr {
+                stream,
+                op: InstrOp::Record { event },
+            });
+        }
+    }
+}
+
+/// Live bytes at every instruction index.
+pub fn live_bytes(buffers: &[Buffer], n_instrs: usize) -> Vec<u64> {
+    let n = n_instrs.max(1);
+    let mut diff = vec![0i128; n + 1];
+    for b in buffers {
+        let (s, e) = live_range(b, n);
+        let (s, e) = ((s as usize).min(n - 1), (e as usize).min(n - 1));
+        diff[s] += i128::from(b.bytes);
+        diff[e + 1] -= i128::from(b.bytes);
+    }
+    let mut live = Vec::with_capacity(n);
+    let mut acc = 0i128;
+    for d in &diff[..n] {
+        acc += d;
+        live.push(acc.max(0) as u64);
+    }
+    live
+}
+
+/// The peak and its breakdown by buffer kind.
+pub fn summarize(buffers: &[Buffer], n_instrs: usize, arena_bytes: u64) -> MemorySummary {
+    let live = live_bytes(buffers, n_instrs);
+    let (peak_at, peak_bytes) =
+        live.iter().copied().enumerate().fold(
+            (0, 0),
+            |best, (i, b)| if b > best.1 { (i, b) } else { best },
+        );
+    let mut by_kind: BTreeMap<BufferKind, u64> = BTreeMap::new();
+    for b in buffers {
+        let (s, e) = live_range(b, n_instrs.max(1));
+        if s as usize <= peak_at && peak_at <= e as usize {
+            *by_kind.entry(b.kind).or_default() += b.bytes;
+        }
+    }
+    MemorySummary {
+        peak_bytes,
+        peak_at: peak_at as u32,
+        arena_bytes,
+        breakdown: by_kind.into_iter().collect(),
+    }
+}

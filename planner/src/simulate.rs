@@ -1,0 +1,86 @@
+//! A discrete-event simulation of the three streams: each instruction starts
+//! when its stream is free and the events it waits on have been recorded;
+//! gives the step time, the communication the compute stream waits on, and
+//! the memory-over-time curve.
+
+use crate::cluster::Cluster;
+use crate::cost;
+use crate::plan::*;
+
+/// Start and end time of every instruction, and totals.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub start: Vec<f64>,
+    pub end: Vec<f64>,
+    pub step_time_s: f64,
+    /// Time the compute stream spends blocked in `Wait`s.
+    pub exposed_comm_s: f64,
+    pub comm_bytes: u64,
+    pub flops: f64,
+}
+
+/// Simulates one step of `plan` on `cluster`.
+pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
+    let mut t = [0f64; 3];
+    let mut event = vec![0f64; plan.events as usize];
+    let mut tl = Timeline::default();
+    for ins in &plan.instructions {
+        let s = ins.stream.index();
+        match ins.op {
+            InstrOp::Wait { event: e } => {
+                let ready = event.get(e.index()).copied().unwrap_or(0.0);
+                if ready > t[s] && ins.stream == Stream::Compute {
+                    tl.exposed_comm_s += ready - t[s];
+                }
+                t[s] = t[s].max(ready);
+            }
+            InstrOp::Record { event: e } => {
+                if let Some(slot) = event.get_mut(e.index()) {
+                    *slot = t[s];
+                }
+            }
+            _ => {}
+        }
+        let (dt, bytes) = cost::instr_cost(plan, cluster, ins);
+        tl.start.push(t[s]);
+        t[s] += dt;
+        tl.end.push(t[s]);
+        tl.comm_bytes += bytes;
+        if let InstrOp::Kernel { node, .. } = ins.op {
+            if plan.training.graph.contains(node) {
+                tl.flops += cost::node_flops(&plan.training.graph, node);
+            }
+        }
+    }
+    tl.step_time_s = t.iter().copied().fold(0.0, f64::max);
+    tl
+}
+
+/// The plan's estimates on its own cluster record.
+pub fn estimate(plan: &Plan) -> Estimates {
+    let cluster = Cluster::from_info(&plan.cluster);
+    let tl = simulate(plan, &cluster);
+    let peak = cluster.hardware.peak_flops(plan.config.param_dtype);
+    let achieved = if tl.step_time_s > 0.0 {
+        tl.flops / tl.step_time_s
+    } else {
+        0.0
+    };
+    Estimates {
+        peak_bytes_per_rank: plan.memory.peak_bytes,
+        comm_bytes_per_step: tl.comm_bytes,
+        flops_per_rank_step: tl.flops,
+        step_time_s: tl.step_time_s,
+        exposed_comm_s: tl.exposed_comm_s,
+        tflops_per_rank: achieved / 1e12,
+        mfu: if peak > 0.0 { achieved / peak } else { 0.0 },
+    }
+}
+
+/// Live bytes over simulated time: one `(time_s, bytes)` point per
+/// instruction, at its start.
+pub fn memory_curve(plan: &Plan, cluster: &Cluster) -> Vec<(f64, u64)> {
+    let tl = simulate(plan, cluster);
+    let live = crate::memory::live_bytes(&plan.buffers, plan.instructions.len());
+    tl.start.into_iter().zip(live).collect()
+}
