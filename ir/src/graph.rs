@@ -533,3 +533,63 @@ impl Graph {
         ValueId { node: n, slot: 0 }
     }
 }
+
+impl Graph {
+    /// True if node ids are `0..node_count()` with no holes and every edge goes
+    /// from a lower id to a higher one, so that appending nodes keeps id order
+    /// a topological order (`topo_order` then equals id order).
+    pub fn ids_are_topological(&self) -> bool {
+        let dense = self
+            .g
+            .node_indices()
+            .enumerate()
+            .all(|(i, idx)| idx.index() == i);
+        dense
+            && self
+                .g
+                .edge_indices()
+                .filter_map(|e| self.g.edge_endpoints(e))
+                .all(|(s, t)| s.index() < t.index())
+    }
+
+    /// A copy of the graph with node ids renumbered densely in topological
+    /// order, and the map from old to new ids. Fails with the nodes of a cycle.
+    pub fn renumbered(&self) -> Result<(Graph, HashMap<NodeId, NodeId>), Vec<NodeId>> {
+        let order = self.topo_order()?;
+        let map: HashMap<NodeId, NodeId> = order
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, NodeId(i as u32)))
+            .collect();
+        let remap = |v: ValueId| ValueId {
+            node: map.get(&v.node).copied().unwrap_or(v.node),
+            slot: v.slot,
+        };
+        let nodes = order.iter().map(|&n| {
+            let inputs = self.inputs(n).into_iter().map(remap).collect();
+            (map[&n], self.node(n).clone(), inputs)
+        });
+        let outputs = self.outputs.iter().map(|&v| remap(v)).collect();
+        let g = Graph::from_parts(
+            self.name.clone(),
+            self.modules.clone(),
+            self.params.clone(),
+            nodes,
+            outputs,
+        )
+        .map_err(|_| order.clone())?;
+        Ok((g, map))
+    }
+
+    /// The input slots of `n` as stored, in slot order, duplicates and gaps
+    /// included (validation uses this to find malformed edges).
+    pub(crate) fn raw_input_slots(&self, n: NodeId) -> Vec<u32> {
+        let mut slots: Vec<u32> = self
+            .g
+            .edges_directed(NodeIndex::new(n.0 as usize), Direction::Incoming)
+            .map(|e| e.weight().dst_slot)
+            .collect();
+        slots.sort();
+        slots
+    }
+}

@@ -4,6 +4,7 @@
 //! Architecture invariant: this crate depends on nothing else of fsdpc and
 //! knows nothing about sharding, devices or kernels.
 
+pub mod autodiff;
 pub mod error;
 pub mod graph;
 mod hexbytes;
@@ -13,10 +14,13 @@ pub mod param;
 pub mod program;
 mod serial;
 pub mod types;
+pub mod validate;
 
+pub use autodiff::build_training_program;
 pub use error::IrError;
 pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};
 pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn};
 pub use param::{Init, ParamId, ParamSpec};
 pub use program::{Optimizer, ParamGrad, TrainingProgram};
 pub use types::{DType, Shape, TensorData, TensorType};
+pub use validate::{validate, Problems};
