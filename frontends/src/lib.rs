@@ -12,8 +12,9 @@ pub mod zoo;
 pub use error::FrontendError;
 pub use zoo::{ZooConfig, ZooModel};
 
-use fsdpc_ir::{Optimizer, TrainingProgram};
+use fsdpc_ir::{DType, Graph, Op, Optimizer, TrainingProgram, ValueId};
 use std::collections::HashMap;
+use std::path::Path;
 
 /// How to load a model.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,4 +48,82 @@ pub struct LoadedModel {
     pub program: TrainingProgram,
     /// Tokens in one sample, for throughput figures.
     pub tokens_per_sample: u64,
+}
+
+/// Loads `model`: a path ending in `.json` (fsdpc IR) or `.onnx`, or else a zoo
+/// spec; then builds its training program with `opts.optimizer`.
+pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendError> {
+    let path = Path::new(model);
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("json") => load_ir_json(path, opts),
+        Some("onnx") => Err(FrontendError::OnnxUnavailable {
+            path: path.to_path_buf(),
+        }),
+        _ if path.is_file() => Err(FrontendError::UnsupportedFormat {
+            path: path.to_path_buf(),
+        }),
+        _ => {
+            let m = zoo::build(model)?;
+            let tokens = opts.tokens_per_sample.unwrap_or(m.tokens_per_sample);
+            finish(m.name, m.graph, m.loss, tokens, opts)
+        }
+    }
+}
+
+fn load_ir_json(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, FrontendError> {
+    let name = path.file_stem().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    match ir_json::load_json(path)? {
+        ir_json::JsonModel::Graph { graph, loss } => {
+            let tokens = opts
+                .tokens_per_sample
+                .unwrap_or_else(|| guess_tokens(&graph));
+            finish(name, graph, loss, tokens, opts)
+        }
+        ir_json::JsonModel::Program(program) => {
+            let tokens = opts
+                .tokens_per_sample
+                .unwrap_or_else(|| guess_tokens(&program.graph));
+            Ok(LoadedModel {
+                name,
+                program,
+                tokens_per_sample: tokens,
+            })
+        }
+    }
+}
+
+/// Builds the training program of a forward graph.
+fn finish(
+    name: String,
+    graph: Graph,
+    loss: ValueId,
+    tokens_per_sample: u64,
+    opts: &LoadOptions,
+) -> Result<LoadedModel, FrontendError> {
+    let program = fsdpc_ir::autodiff::build_training_program(graph, loss, opts.optimizer.clone())?;
+    Ok(LoadedModel {
+        name,
+        program,
+        tokens_per_sample,
+    })
+}
+
+/// Tokens per sample of an imported graph: the per-sample size of its first
+/// integer input of rank >= 2 (token ids `[batch, seq]`), else 1.
+fn guess_tokens(g: &Graph) -> u64 {
+    g.node_ids()
+        .map(|n| g.node(n))
+        .filter(|n| matches!(n.op, Op::Input { .. }))
+        .filter_map(|n| n.outputs.first())
+        .find(|t| t.dtype == DType::I64 && t.shape.rank() >= 2)
+        .map_or(1, |t| {
+            t.shape.dims()[1..].iter().map(|&d| d as u64).product()
+        })
 }
