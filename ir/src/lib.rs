@@ -8,6 +8,7 @@ pub mod autodiff;
 pub mod error;
 pub mod graph;
 mod hexbytes;
+pub mod init;
 pub mod op;
 pub mod ops;
 pub mod param;
