@@ -27,6 +27,7 @@ pub mod schedule;
 pub mod simulate;
 pub mod units;
 pub mod validate;
+mod validate_fsdp;
 
 pub use cluster::{Cluster, Hardware};
 pub use config::FsdpConfig;

@@ -1,0 +1,278 @@
+//! The FSDP-specific half of the verifier: gradient reduction and optimizer
+//! steps, collective order, and the arena.
+
+use crate::hb::Clocks;
+use crate::plan::*;
+use crate::validate::PlanViolation;
+use std::collections::HashMap;
+
+/// Checks gradients, collectives and the arena of `plan`, appending to `out`.
+pub(crate) struct FsdpChecks<'a> {
+    pub plan: &'a Plan,
+    pub out: &'a mut Vec<PlanViolation>,
+}
+
+impl FsdpChecks<'_> {
+    /// Each unit with gradients: every gradient written into its flat
+    /// gradient, reduced exactly once, then one optimizer step after the
+    /// reduction.
+    pub fn gradients(&mut self, clocks: &Clocks) {
+        let p = self.plan;
+        let trainable = self.grad_units();
+        let mut reductions: HashMap<UnitId, Vec<usize>> = HashMap::new();
+        let mut steps: HashMap<UnitId, Vec<usize>> = HashMap::new();
+        for (i, ins) in p.instructions.iter().enumerate() {
+            match ins.op {
+                InstrOp::ReduceScatter { unit, .. } | InstrOp::AllReduce { unit, .. } => {
+                    reductions.entry(unit).or_default().push(i)
+                }
+                InstrOp::OptimizerStep { unit, .. } => steps.entry(unit).or_default().push(i),
+                _ => {}
+            }
+        }
+        for (unit, _) in trainable {
+            let red = reductions.get(&unit).cloned().unwrap_or_default();
+            let opt = steps.get(&unit).cloned().unwrap_or_default();
+            match red.as_slice() {
+                [] => self.out.push(PlanViolation::GradientNotReduced { unit }),
+                [_, again, ..] => self.out.push(PlanViolation::GradientReducedTwice {
+                    instr: *again as u32,
+                    unit,
+                }),
+                [_] => {}
+            }
+            match (opt.first(), red.first()) {
+                (None, _) => self.out.push(PlanViolation::MissingOptimizerStep { unit }),
+                (Some(&o), Some(&r)) if r < o && clocks.hb(r, o) && self.reads_reduced(o, r) => {}
+                (Some(&o), _) => self.out.push(PlanViolation::OptimizerReadsUnreduced {
+                    instr: o as u32,
+                    unit,
+                }),
+            }
+        }
+        self.grads_written();
+    }
+
+    /// Units holding at least one gradient, with those (param, byte offset).
+    fn grad_units(&self) -> Vec<(UnitId, Vec<(fsdpc_ir::ParamId, u64)>)> {
+        let mut at: HashMap<fsdpc_ir::ParamId, (UnitId, u64)> = HashMap::new();
+        for u in &self.plan.units {
+            for fp in &u.params {
+                at.insert(fp.param, (u.id, fp.offset * 4));
+            }
+        }
+        let mut by_unit: std::collections::BTreeMap<UnitId, Vec<_>> = Default::default();
+        for g in &self.plan.training.grads {
+            if let Some(&(u, off)) = at.get(&g.param) {
+                by_unit.entry(u).or_default().push((g.param, off));
+            }
+        }
+        by_unit.into_iter().collect()
+    }
+
+    /// The optimizer step at `o` reads the buffer the reduction at `r` wrote.
+    fn reads_reduced(&self, o: usize, r: usize) -> bool {
+        let reduced = match self.plan.instructions[r].op {
+            InstrOp::ReduceScatter { dst, .. } => dst,
+            InstrOp::AllReduce { buffer, .. } => buffer,
+            _ => return false,
+        };
+        matches!(self.plan.instructions[o].op, InstrOp::OptimizerStep { grads, .. } if grads == reduced)
+    }
+
+    /// Every gradient value is written by its kernel into its unit's flat
+    /// gradient at the parameter's offset.
+    fn grads_written(&mut self) {
+        let p = self.plan;
+        let mut written: HashMap<fsdpc_ir::ValueId, Slot> = HashMap::new();
+        for ins in &p.instructions {
+            if let InstrOp::Kernel { node, outputs, .. } = &ins.op {
+                for (k, s) in outputs.iter().enumerate() {
+                    written.insert(
+                        fsdpc_ir::ValueId {
+                            node: *node,
+                            slot: k as u32,
+                        },
+                        *s,
+                    );
+                }
+            }
+        }
+        let grad_of: HashMap<_, _> = p.training.grads.iter().map(|g| (g.param, g.grad)).collect();
+        for (unit, params) in self.grad_units() {
+            for (param, off) in params {
+                let ok = grad_of
+                    .get(&param)
+                    .and_then(|v| written.get(v))
+                    .is_some_and(|s| {
+                        let b = &p.buffers[s.buffer.index()];
+                        b.kind == BufferKind::FlatGrads && b.unit == Some(unit) && s.offset == off
+                    });
+                if !ok {
+                    self.out
+                        .push(PlanViolation::GradientNotWritten { unit, param });
+                }
+            }
+        }
+    }
+
+    /// Collectives on their stream, with the right buffers; per unit, no
+    /// gather after its reduction; on each stream, collectives in the order
+    /// their results are needed (gathers) or their inputs are ready
+    /// (reductions).
+    pub fn collectives(&mut self) {
+        let p = self.plan;
+        let first_read = first_reads(p);
+        let last_write = last_writes(p);
+        let mut reduced: Vec<bool> = vec![false; p.units.len()];
+        let mut prev_gather: Option<(usize, usize)> = None;
+        let mut prev_reduce: Option<(usize, usize)> = None;
+        for (i, ins) in p.instructions.iter().enumerate() {
+            match ins.op {
+                InstrOp::AllGather { unit, src, dst, .. } => {
+                    self.on_stream(i, ins.stream, Stream::Unshard, unit);
+                    self.buffer_is(i, src, BufferKind::ShardParams, unit);
+                    self.buffer_is(i, dst, BufferKind::GatheredParams, unit);
+                    if reduced[unit.index()] {
+                        self.order(
+                            i,
+                            ins.stream,
+                            unit,
+                            "all-gather of a unit after its gradients were reduced".into(),
+                        );
+                    }
+                    let need = first_read[dst.index()].unwrap_or(usize::MAX);
+                    if let Some((g, prev_need)) = prev_gather.filter(|&(_, n)| n > need) {
+                        let _ = prev_need;
+                        self.order(
+                            i,
+                            ins.stream,
+                            unit,
+                            format!("gathered after instruction {g} but needed before it"),
+                        );
+                    }
+                    prev_gather = Some((i, need));
+                }
+                InstrOp::ReduceScatter { unit, src, .. }
+                | InstrOp::AllReduce {
+                    unit, buffer: src, ..
+                } => {
+                    self.on_stream(i, ins.stream, Stream::Reduce, unit);
+                    self.buffer_is(i, src, BufferKind::FlatGrads, unit);
+                    if let InstrOp::ReduceScatter { dst, .. } = ins.op {
+                        self.buffer_is(i, dst, BufferKind::ShardGrads, unit);
+                    }
+                    reduced[unit.index()] = true;
+                    let ready = last_write[src.index()].unwrap_or(0);
+                    if let Some((r, _)) = prev_reduce.filter(|&(_, prev_ready)| prev_ready > ready)
+                    {
+                        self.order(i, ins.stream, unit, format!("reduced after instruction {r} although its gradients are ready earlier"));
+                    }
+                    prev_reduce = Some((i, ready));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn on_stream(&mut self, i: usize, stream: Stream, expected: Stream, unit: UnitId) {
+        if stream != expected {
+            let reason =
+                format!("this collective must run on the {expected:?} stream, not {stream:?}");
+            self.order(i, stream, unit, reason);
+        }
+    }
+
+    fn order(&mut self, i: usize, stream: Stream, unit: UnitId, reason: String) {
+        self.out.push(PlanViolation::CollectiveOrder {
+            instr: i as u32,
+            stream,
+            unit,
+            reason,
+        });
+    }
+
+    fn buffer_is(&mut self, i: usize, b: BufferId, kind: BufferKind, unit: UnitId) {
+        let buf = &self.plan.buffers[b.index()];
+        if buf.kind != kind || buf.unit != Some(unit) {
+            self.out.push(PlanViolation::WrongBuffer {
+                instr: i as u32,
+                buffer: b,
+                expected: format!("{kind:?} of unit {unit}"),
+            });
+        }
+    }
+
+    /// No two buffers live at once overlap in the arena; a buffer that reuses
+    /// another's bytes is written only after the other's free; everything
+    /// lies inside the arena.
+    pub fn arena(&mut self, clocks: &Clocks) {
+        let p = self.plan;
+        let n = p.instructions.len();
+        let arena_bytes = p.memory.arena_bytes;
+        let mut order: Vec<&Buffer> = p.buffers.iter().filter(|b| b.bytes > 0).collect();
+        for b in &order {
+            let end = b.offset.saturating_add(b.bytes);
+            if end > arena_bytes {
+                self.out.push(PlanViolation::OutsideArena {
+                    buffer: b.id,
+                    end,
+                    arena_bytes,
+                });
+            }
+        }
+        order.sort_by_key(|b| (b.offset, b.id));
+        for (i, a) in order.iter().enumerate() {
+            for b in &order[i + 1..] {
+                if b.offset >= a.offset.saturating_add(a.bytes) {
+                    break;
+                }
+                self.arena_pair(clocks, n, a, b);
+            }
+        }
+    }
+
+    fn arena_pair(&mut self, clocks: &Clocks, n: usize, a: &Buffer, b: &Buffer) {
+        let last = n.saturating_sub(1) as u32;
+        let range = |x: &Buffer| (x.start, x.end.unwrap_or(last));
+        let (first, second) = if range(a).1 < range(b).0 {
+            (a, b)
+        } else if range(b).1 < range(a).0 {
+            (b, a)
+        } else {
+            self.out
+                .push(PlanViolation::ArenaOverlap { a: a.id, b: b.id });
+            return;
+        };
+        let Some(free) = first.end else { return };
+        let write = second.start as usize;
+        if write < n && !clocks.hb(free as usize, write) {
+            self.out.push(PlanViolation::ArenaReuseUnordered {
+                a: first.id,
+                b: second.id,
+            });
+        }
+    }
+}
+
+/// The first instruction reading each buffer.
+fn first_reads(p: &Plan) -> Vec<Option<usize>> {
+    let mut out = vec![None; p.buffers.len()];
+    for (i, ins) in p.instructions.iter().enumerate() {
+        for b in ins.op.reads() {
+            out[b.index()].get_or_insert(i);
+        }
+    }
+    out
+}
+
+/// The last instruction writing each buffer.
+fn last_writes(p: &Plan) -> Vec<Option<usize>> {
+    let mut out = vec![None; p.buffers.len()];
+    for (i, ins) in p.instructions.iter().enumerate() {
+        for b in ins.op.writes() {
+            out[b.index()] = Some(i);
+        }
+    }
+    out
+}
