@@ -2,8 +2,10 @@
 //! ids and inputs; ids are kept on the way back, so plans that refer to nodes
 //! stay valid.
 
+use crate::error::IrError;
 use crate::graph::{Graph, Module, Node, NodeId, ValueId};
 use crate::param::ParamSpec;
+use crate::program::TrainingProgram;
 use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Serialize, Deserialize)]
@@ -55,5 +57,29 @@ impl<'de> Deserialize<'de> for Graph {
             r.outputs,
         )
         .map_err(D::Error::custom)
+    }
+}
+
+impl Graph {
+    /// The graph as pretty-printed JSON (node ids kept).
+    pub fn to_json(&self) -> Result<String, IrError> {
+        serde_json::to_string_pretty(self).map_err(|e| IrError::Json(e.to_string()))
+    }
+
+    /// A graph from JSON written by `to_json` (node ids kept).
+    pub fn from_json(text: &str) -> Result<Graph, IrError> {
+        serde_json::from_str(text).map_err(|e| IrError::Json(e.to_string()))
+    }
+}
+
+impl TrainingProgram {
+    /// The program as pretty-printed JSON (node ids kept).
+    pub fn to_json(&self) -> Result<String, IrError> {
+        serde_json::to_string_pretty(self).map_err(|e| IrError::Json(e.to_string()))
+    }
+
+    /// A program from JSON written by `to_json` (node ids kept).
+    pub fn from_json(text: &str) -> Result<TrainingProgram, IrError> {
+        serde_json::from_str(text).map_err(|e| IrError::Json(e.to_string()))
     }
 }
