@@ -1,1 +1,35 @@
-//! placeholder
+//! fsdpc-runtime: executes a plan on CPU thread ranks.
+//!
+//! - `backend` / `cpu`: the kernel set (`Backend`) and its CPU implementation;
+//! - `comm`: the collective set (`Communicator`) and shared-memory collectives;
+//! - `exec`: the per-rank executor of a plan's streams, events and buffers;
+//! - `data`: the global data stream each rank takes its samples from;
+//! - `train`: the training API; `eval`: a plan-free reference evaluator.
+//!
+//! Architecture invariant: the runtime decides nothing — units, buffers,
+//! offsets and the instruction order all come from the plan.
+
+pub mod backend;
+pub mod comm;
+pub mod cpu;
+pub mod data;
+pub mod error;
+pub mod eval;
+pub mod exec;
+pub mod init;
+mod irinit;
+pub mod optim;
+pub mod rng;
+pub mod tensor;
+pub mod train;
+
+pub use backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
+pub use comm::shm::{CommConfig, ShmComm, ShmWorld};
+pub use comm::{Buf, BufMut, Communicator};
+pub use cpu::{CpuBackend, CpuConfig};
+pub use data::DataSpec;
+pub use error::{CommError, KernelError, RuntimeError};
+pub use eval::{eval_graph, init_params};
+pub use exec::ExecMode;
+pub use tensor::{HostTensor, TensorMut, TensorRef};
+pub use train::{train, StepReport, TrainOptions, TrainReport};

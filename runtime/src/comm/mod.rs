@@ -1,0 +1,83 @@
+//! Collectives over a group of ranks. `Communicator` is the set a backend
+//! provides; `shm` implements it for ranks that are threads of one process.
+//!
+//! Reduction order is fixed: element by element, the sum runs in group
+//! position order, `((x0 + x1) + x2) + ...`, accumulated in f32, then divided
+//! (`x / d as f32`). Reduce-scatter and all-reduce use the same order, so a
+//! reduce-scatter over N ranks and an all-reduce over the same N ranks give
+//! bit-identical values.
+
+pub mod shm;
+
+use crate::error::CommError;
+use fsdpc_ir::DType;
+
+/// A read-only buffer of `dtype` elements.
+#[derive(Copy, Clone, Debug)]
+pub struct Buf<'a> {
+    pub dtype: DType,
+    pub bytes: &'a [u8],
+}
+
+/// A writable buffer of `dtype` elements.
+#[derive(Debug)]
+pub struct BufMut<'a> {
+    pub dtype: DType,
+    pub bytes: &'a mut [u8],
+}
+
+impl Buf<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+impl BufMut<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+/// The collective set on one group of ranks. Every member calls the same
+/// collectives in the same order; a call blocks until all members have made
+/// it, a member has failed, or the timeout passes.
+pub trait Communicator: Send + Sync {
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+
+    /// This rank's position in the group.
+    fn position(&self) -> usize;
+
+    /// `recv` = the members' `send` buffers end to end in position order,
+    /// converted to `recv.dtype`.
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError>;
+
+    /// Sums the members' `send` buffers in position order, divides by
+    /// `divide_by`, and keeps this member's `1/size` slice in `recv`.
+    fn reduce_scatter(
+        &self,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        divide_by: u32,
+    ) -> Result<(), CommError>;
+
+    /// Sums `buf` over the members in position order and divides by
+    /// `divide_by`, in place.
+    fn all_reduce(&self, buf: BufMut<'_>, divide_by: u32) -> Result<(), CommError>;
+
+    /// Copies the buffer of member `root` into every member's `buf`.
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
+
+    /// Returns once every member has called it.
+    fn barrier(&self) -> Result<(), CommError>;
+}

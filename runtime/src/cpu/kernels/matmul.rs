@@ -1,0 +1,201 @@
+//! `MatMul { trans_a, trans_b }` through the `gemm` crate, and the one
+//! checked wrapper around `gemm::gemm` that the attention kernels share.
+//! Leading (batch) dimensions broadcast; a rank-1 operand is a row (`a`) or
+//! column (`b`) vector whose unit axis is dropped from the output, as numpy
+//! does. When `b` has no batch dimensions and `a` is not transposed, the batch
+//! folds into the rows of a single product.
+
+use super::layout::Blocks;
+use crate::error::KResult;
+use crate::tensor::{TensorMut, TensorRef};
+use gemm::Parallelism;
+
+/// A logical `rows x cols` matrix stored row-major, or transposed (stored as
+/// `cols x rows`).
+#[derive(Copy, Clone, Debug)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub trans: bool,
+}
+
+impl Mat<'_> {
+    /// (row stride, column stride) of the logical matrix.
+    fn strides(&self) -> (isize, isize) {
+        if self.trans {
+            (1, self.rows as isize)
+        } else {
+            (self.cols as isize, 1)
+        }
+    }
+}
+
+/// `out[m x n] = scale * a[m x k] b[k x n]` (plus `out` if `accumulate`).
+pub fn gemm_f32(
+    par: Parallelism,
+    out: &mut [f32],
+    a: Mat,
+    b: Mat,
+    scale: f32,
+    accumulate: bool,
+) -> KResult<()> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k || out.len() < m * n || a.data.len() < m * k || b.data.len() < k * n {
+        crate::kbail!(
+            "gemm: inconsistent operands ({m}x{k}) x ({}x{n}) into {}",
+            b.rows,
+            out.len()
+        );
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            out[..m * n].fill(0.0);
+        }
+        return Ok(());
+    }
+    let (a_rs, a_cs) = a.strides();
+    let (b_rs, b_cs) = b.strides();
+    // SAFETY: the checks above guarantee every index gemm forms,
+    // (rows-1)*rs + (cols-1)*cs, lies inside each slice; `out` is a unique
+    // borrow, so it aliases neither `a` nor `b`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a_cs,
+            a_rs,
+            b.data.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    Ok(())
+}
+
+/// Shapes of one matmul after promoting rank-1 operands.
+struct Dims {
+    batch_a: Vec<usize>,
+    batch_b: Vec<usize>,
+    batch_out: Vec<usize>,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+fn dims(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool, out: &[usize]) -> KResult<Dims> {
+    let pa: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let pb: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    if pa.len() < 2 || pb.len() < 2 {
+        crate::kbail!("matmul needs operands of rank >= 1, got {a:?} and {b:?}");
+    }
+    let (ra, rb) = (pa.len() - 2, pb.len() - 2);
+    let (m, ka) = if trans_a {
+        (pa[ra + 1], pa[ra])
+    } else {
+        (pa[ra], pa[ra + 1])
+    };
+    let (kb, n) = if trans_b {
+        (pb[rb + 1], pb[rb])
+    } else {
+        (pb[rb], pb[rb + 1])
+    };
+    if ka != kb {
+        crate::kbail!("matmul: inner dimensions differ ({a:?} x {b:?})");
+    }
+    let batch_out = super::layout::broadcast_shape(&pa[..ra], &pb[..rb])?;
+    let numel: usize = batch_out.iter().product::<usize>() * m * n;
+    if numel != out.iter().product::<usize>() {
+        crate::kbail!("matmul: output {out:?} does not match {a:?} x {b:?}");
+    }
+    Ok(Dims {
+        batch_a: pa[..ra].to_vec(),
+        batch_b: pb[..rb].to_vec(),
+        batch_out,
+        m,
+        k: ka,
+        n,
+    })
+}
+
+/// `MatMul`.
+pub fn matmul(
+    par: Parallelism,
+    trans_a: bool,
+    trans_b: bool,
+    a: &TensorRef,
+    b: &TensorRef,
+    y: &mut TensorMut,
+) -> KResult<()> {
+    let d = dims(a.dims(), b.dims(), trans_a, trans_b, y.dims())?;
+    let (av, bv, out) = (a.f32()?, b.f32()?, y.f32_mut()?);
+    let (m, k, n) = (d.m, d.k, d.n);
+    let batch: usize = d.batch_out.iter().product();
+    let a_batch: usize = d.batch_a.iter().product();
+    if !trans_a && d.batch_b.iter().product::<usize>() == 1 && a_batch == batch {
+        let am = Mat {
+            data: av,
+            rows: batch * m,
+            cols: k,
+            trans: false,
+        };
+        let bm = Mat {
+            data: bv,
+            rows: k,
+            cols: n,
+            trans: trans_b,
+        };
+        return gemm_f32(par, out, am, bm, 1.0, false);
+    }
+    let blocks = Blocks::new(&d.batch_out, [&d.batch_a, &d.batch_b])?;
+    let [sa, sb] = blocks.inner_strides;
+    let mut res = Ok(());
+    blocks.for_each(|[oa, ob], oo| {
+        for j in 0..blocks.inner {
+            let (ia, ib, io) = (
+                (oa + j * sa) * m * k,
+                (ob + j * sb) * k * n,
+                (oo + j) * m * n,
+            );
+            let am = Mat {
+                data: &av[ia..ia + m * k],
+                rows: m,
+                cols: k,
+                trans: trans_a,
+            };
+            let bm = Mat {
+                data: &bv[ib..ib + k * n],
+                rows: k,
+                cols: n,
+                trans: trans_b,
+            };
+            if res.is_ok() {
+                res = gemm_f32(par, &mut out[io..io + m * n], am, bm, 1.0, false);
+            }
+        }
+    });
+    res
+}

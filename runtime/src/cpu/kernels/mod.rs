@@ -1,0 +1,281 @@
+//! The CPU kernels, one file per op family, and `run`: the one table that
+//! maps every `Op` to its kernel.
+//!
+//! f32 is the compute type. Arithmetic ops given bf16/f16 operands run on
+//! promoted f32 copies (`promoted`), a slow path kept for mixed-precision
+//! plans; data-movement ops (`moves_data`) copy elements of any dtype.
+
+pub mod attention;
+pub mod cast;
+pub mod dropout;
+pub mod elementwise;
+pub mod gather;
+pub mod layout;
+pub mod loss;
+pub mod matmul;
+pub mod norm;
+pub mod reduce;
+pub mod shape;
+pub mod softmax;
+pub mod source;
+pub mod unary;
+
+use crate::backend::{KernelCtx, Workspace};
+use crate::error::KResult;
+use crate::tensor::{HostTensor, TensorMut, TensorRef};
+use fsdpc_ir::{DType, Op, TensorType};
+use gemm::Parallelism;
+use shape::SliceSpec;
+use softmax::Kind;
+
+/// Settings every kernel may read.
+#[derive(Copy, Clone, Debug)]
+pub struct Cfg {
+    /// How gemm parallelises a product.
+    pub par: Parallelism,
+}
+
+/// The inputs, checked for count.
+fn ins<'a, 'b, const N: usize>(xs: &'b [TensorRef<'a>]) -> KResult<[&'b TensorRef<'a>; N]> {
+    if xs.len() != N {
+        crate::kbail!("expected {N} inputs, got {}", xs.len());
+    }
+    Ok(std::array::from_fn(|i| &xs[i]))
+}
+
+/// The single output.
+fn out1<'a, 'b>(ys: &'b mut [TensorMut<'a>]) -> KResult<&'b mut TensorMut<'a>> {
+    match ys {
+        [y] => Ok(y),
+        _ => crate::kbail!("expected one output, got {}", ys.len()),
+    }
+}
+
+/// Runs `op` on `xs` into `ys`.
+pub fn run(
+    cfg: &Cfg,
+    op: &Op,
+    xs: &[TensorRef],
+    ys: &mut [TensorMut],
+    ctx: &KernelCtx,
+    ws: &mut Workspace,
+) -> KResult<()> {
+    let half = |d: DType| matches!(d, DType::Bf16 | DType::F16);
+    if !moves_data(op) && (xs.iter().any(|x| half(x.dtype())) || ys.iter().any(|y| half(y.dtype())))
+    {
+        return promoted(cfg, op, xs, ys, ctx, ws);
+    }
+    dispatch(cfg, op, xs, ys, ctx, ws)
+}
+
+/// Ops that copy or compare elements and so work on every dtype as is.
+fn moves_data(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Input { .. }
+            | Op::Param { .. }
+            | Op::Constant { .. }
+            | Op::Compare { .. }
+            | Op::Logical { .. }
+            | Op::Not
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Gather { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Expand { .. }
+            | Op::Pad { .. }
+            | Op::SliceGrad { .. }
+    )
+}
+
+/// Runs an arithmetic op on f32 copies of half-precision operands.
+fn promoted(
+    cfg: &Cfg,
+    op: &Op,
+    xs: &[TensorRef],
+    ys: &mut [TensorMut],
+    ctx: &KernelCtx,
+    ws: &mut Workspace,
+) -> KResult<()> {
+    let widen = |t: &TensorType| match t.dtype {
+        DType::Bf16 | DType::F16 => TensorType {
+            dtype: DType::F32,
+            shape: t.shape.clone(),
+        },
+        _ => t.clone(),
+    };
+    let mut xh = Vec::with_capacity(xs.len());
+    for x in xs {
+        let mut h = HostTensor::zeros(widen(x.ty));
+        cast::cast(x, &mut h.view_mut())?;
+        xh.push(h);
+    }
+    let mut yh: Vec<HostTensor> = ys.iter().map(|y| HostTensor::zeros(widen(y.ty))).collect();
+    let xv: Vec<TensorRef> = xh.iter().map(|h| h.view()).collect();
+    let mut yv: Vec<TensorMut> = yh.iter_mut().map(|h| h.view_mut()).collect();
+    dispatch(cfg, op, &xv, &mut yv, ctx, ws)?;
+    for (y, h) in ys.iter_mut().zip(&yh) {
+        cast::cast(&h.view(), y)?;
+    }
+    Ok(())
+}
+
+/// The table: one arm per op.
+fn dispatch(
+    cfg: &Cfg,
+    op: &Op,
+    xs: &[TensorRef],
+    ys: &mut [TensorMut],
+    ctx: &KernelCtx,
+    ws: &mut Workspace,
+) -> KResult<()> {
+    match op {
+        Op::Input { name } => {
+            crate::kbail!("input `{name}` is fed by the data source, not a kernel")
+        }
+        Op::Param { param } => crate::kbail!(
+            "parameter {} lives in its flat parameter, not a kernel",
+            param.0
+        ),
+        Op::Constant { value } => source::constant(value, out1(ys)?),
+        Op::Unary { f } => unary::unary(*f, ins::<1>(xs)?[0], out1(ys)?),
+        Op::UnaryGrad { f } => {
+            let [x, dy] = ins(xs)?;
+            unary::unary_grad(*f, x, dy, out1(ys)?)
+        }
+        Op::Binary { f } => {
+            let [a, b] = ins(xs)?;
+            elementwise::binary(*f, a, b, out1(ys)?)
+        }
+        Op::Compare { f } => {
+            let [a, b] = ins(xs)?;
+            elementwise::compare(*f, a, b, out1(ys)?)
+        }
+        Op::Logical { f } => {
+            let [a, b] = ins(xs)?;
+            elementwise::logical(*f, a, b, out1(ys)?)
+        }
+        Op::Not => elementwise::not(ins::<1>(xs)?[0], out1(ys)?),
+        Op::Where => {
+            let [c, a, b] = ins(xs)?;
+            elementwise::where_(c, a, b, out1(ys)?)
+        }
+        Op::Cast { .. } => cast::cast(ins::<1>(xs)?[0], out1(ys)?),
+        Op::Dropout { p, seed } => dropout::dropout(*p, *seed, ctx, ins::<1>(xs)?[0], out1(ys)?),
+        Op::MatMul { trans_a, trans_b } => {
+            let [a, b] = ins(xs)?;
+            matmul::matmul(cfg.par, *trans_a, *trans_b, a, b, out1(ys)?)
+        }
+        _ => dispatch_structured(cfg, op, xs, ys, ws),
+    }
+}
+
+/// Normalisation, attention, softmax, reductions, losses, shape ops.
+fn dispatch_structured(
+    cfg: &Cfg,
+    op: &Op,
+    xs: &[TensorRef],
+    ys: &mut [TensorMut],
+    ws: &mut Workspace,
+) -> KResult<()> {
+    match op {
+        Op::LayerNorm { eps } => match xs {
+            [x, g] => norm::layer_norm(*eps, x, g, None, out1(ys)?),
+            [x, g, b] => norm::layer_norm(*eps, x, g, Some(b), out1(ys)?),
+            _ => crate::kbail!("layer_norm takes (x, gamma[, beta])"),
+        },
+        Op::LayerNormGrad { eps, .. } => {
+            let [x, g, dy] = ins(xs)?;
+            norm::layer_norm_grad(*eps, x, g, dy, ys)
+        }
+        Op::RmsNorm { eps } => {
+            let [x, g] = ins(xs)?;
+            norm::rms_norm(*eps, x, g, out1(ys)?)
+        }
+        Op::RmsNormGrad { eps } => {
+            let [x, g, dy] = ins(xs)?;
+            norm::rms_norm_grad(*eps, x, g, dy, ys)
+        }
+        Op::Softmax { axis } => {
+            softmax::forward(Kind::Softmax, *axis, ins::<1>(xs)?[0], out1(ys)?, ws)
+        }
+        Op::LogSoftmax { axis } => {
+            softmax::forward(Kind::LogSoftmax, *axis, ins::<1>(xs)?[0], out1(ys)?, ws)
+        }
+        Op::SoftmaxGrad { axis } => {
+            let [y, dy] = ins(xs)?;
+            softmax::backward(Kind::Softmax, *axis, y, dy, out1(ys)?, ws)
+        }
+        Op::LogSoftmaxGrad { axis } => {
+            let [y, dy] = ins(xs)?;
+            softmax::backward(Kind::LogSoftmax, *axis, y, dy, out1(ys)?, ws)
+        }
+        Op::Attention { causal, scale } => {
+            attention::forward(cfg.par, *causal, *scale, ins(xs)?, out1(ys)?, ws)
+        }
+        Op::AttentionGrad { causal, scale } => {
+            attention::backward(cfg.par, *causal, *scale, ins(xs)?, ys, ws)
+        }
+        Op::CrossEntropy { ignore_index } => {
+            let [logits, labels] = ins(xs)?;
+            loss::forward(*ignore_index, logits, labels, out1(ys)?, ws)
+        }
+        Op::CrossEntropyGrad { ignore_index } => loss::backward(*ignore_index, ins(xs)?, out1(ys)?),
+        Op::Reduce { f, axes, .. } => reduce::reduce(*f, axes, ins::<1>(xs)?[0], out1(ys)?),
+        Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, ins(xs)?, out1(ys)?, ws),
+        Op::SumTo { .. } => reduce::sum_to(ins::<1>(xs)?[0], out1(ys)?),
+        _ => dispatch_shape(op, xs, ys),
+    }
+}
+
+/// Data-movement ops and the gather family.
+fn dispatch_shape(op: &Op, xs: &[TensorRef], ys: &mut [TensorMut]) -> KResult<()> {
+    match op {
+        Op::Gather { axis } => {
+            let [data, idx] = ins(xs)?;
+            gather::gather(*axis, data, idx, out1(ys)?)
+        }
+        Op::GatherGrad { axis, .. } => {
+            let [idx, dy] = ins(xs)?;
+            gather::gather_grad(*axis, idx, dy, out1(ys)?)
+        }
+        Op::Reshape { .. } => shape::reshape(ins::<1>(xs)?[0], out1(ys)?),
+        Op::Transpose { perm } => shape::transpose(perm, ins::<1>(xs)?[0], out1(ys)?),
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step,
+        } => {
+            let s = SliceSpec {
+                axis: *axis,
+                start: *start,
+                end: *end,
+                step: *step,
+            };
+            shape::slice(s, ins::<1>(xs)?[0], out1(ys)?)
+        }
+        Op::SliceGrad {
+            axis,
+            start,
+            end,
+            step,
+            ..
+        } => {
+            let s = SliceSpec {
+                axis: *axis,
+                start: *start,
+                end: *end,
+                step: *step,
+            };
+            shape::slice_grad(s, ins::<1>(xs)?[0], out1(ys)?)
+        }
+        Op::Concat { axis } => shape::concat(*axis, xs, out1(ys)?),
+        Op::Expand { .. } => shape::expand(ins::<1>(xs)?[0], out1(ys)?),
+        Op::Pad { pads, value } => shape::pad(pads, *value, ins::<1>(xs)?[0], out1(ys)?),
+        other => crate::kbail!("no CPU kernel for `{}`", other.name()),
+    }
+}

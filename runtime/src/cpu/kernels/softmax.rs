@@ -1,0 +1,127 @@
+//! `Softmax`, `LogSoftmax` along any axis and their gradients. Rows along the
+//! last axis run as contiguous loops; other axes gather the strided row into
+//! workspace first. Max-subtraction keeps the exponentials stable.
+
+use super::layout::split_axis;
+use crate::backend::Workspace;
+use crate::error::KResult;
+use crate::tensor::{TensorMut, TensorRef};
+
+/// Softmax of one contiguous row, in place from `x` into `y`.
+#[inline]
+pub fn softmax_row(x: &[f32], y: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = (v - max).exp();
+        sum += *o;
+    }
+    let inv = 1.0 / sum;
+    for o in y.iter_mut() {
+        *o *= inv;
+    }
+}
+
+/// Log-softmax of one contiguous row.
+#[inline]
+pub fn log_softmax_row(x: &[f32], y: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+    let lse = max + sum.ln();
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = v - lse;
+    }
+}
+
+/// Which row function and gradient a kernel runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Softmax,
+    LogSoftmax,
+}
+
+/// Runs `f(row inputs..., row output)` over every row along `axis`; rows
+/// off the last axis are copied through workspace.
+fn for_rows<const N: usize>(
+    dims: &[usize],
+    axis: usize,
+    ins: [&[f32]; N],
+    out: &mut [f32],
+    ws: &mut Workspace,
+    mut f: impl FnMut([&[f32]; N], &mut [f32]),
+) -> KResult<()> {
+    let (outer, len, inner) = split_axis(dims, axis)?;
+    if inner == 1 {
+        for r in 0..outer {
+            let rows: [&[f32]; N] = std::array::from_fn(|k| &ins[k][r * len..(r + 1) * len]);
+            f(rows, &mut out[r * len..(r + 1) * len]);
+        }
+        return Ok(());
+    }
+    let buf = ws.f32s((N + 1) * len);
+    for o in 0..outer {
+        for i in 0..inner {
+            let base = o * len * inner + i;
+            for k in 0..N {
+                for j in 0..len {
+                    buf[k * len + j] = ins[k][base + j * inner];
+                }
+            }
+            let (src, dst) = buf.split_at_mut(N * len);
+            let rows: [&[f32]; N] = std::array::from_fn(|k| &src[k * len..(k + 1) * len]);
+            f(rows, dst);
+            for j in 0..len {
+                out[base + j * inner] = dst[j];
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `Softmax { axis }` / `LogSoftmax { axis }`.
+pub fn forward(
+    kind: Kind,
+    axis: usize,
+    x: &TensorRef,
+    y: &mut TensorMut,
+    ws: &mut Workspace,
+) -> KResult<()> {
+    let (xs, ys) = (x.f32()?, y.f32_mut()?);
+    for_rows(x.dims(), axis, [xs], ys, ws, |[xr], yr| match kind {
+        Kind::Softmax => softmax_row(xr, yr),
+        Kind::LogSoftmax => log_softmax_row(xr, yr),
+    })
+}
+
+/// `SoftmaxGrad` / `LogSoftmaxGrad`: `(y, dy) -> dx`.
+pub fn backward(
+    kind: Kind,
+    axis: usize,
+    y: &TensorRef,
+    dy: &TensorRef,
+    dx: &mut TensorMut,
+    ws: &mut Workspace,
+) -> KResult<()> {
+    let (ys, dys, dxs) = (y.f32()?, dy.f32()?, dx.f32_mut()?);
+    for_rows(
+        y.dims(),
+        axis,
+        [ys, dys],
+        dxs,
+        ws,
+        |[yr, dyr], dxr| match kind {
+            Kind::Softmax => {
+                let dot: f32 = yr.iter().zip(dyr).map(|(a, b)| a * b).sum();
+                for j in 0..yr.len() {
+                    dxr[j] = yr[j] * (dyr[j] - dot);
+                }
+            }
+            Kind::LogSoftmax => {
+                let sum: f32 = dyr.iter().sum();
+                for j in 0..yr.len() {
+                    dxr[j] = dyr[j] - yr[j].exp() * sum;
+                }
+            }
+        },
+    )
+}

@@ -1,0 +1,175 @@
+//! Language-model data: `ids` and `labels` windows of a token stream.
+//!
+//! - Synthetic: each sample is a chain whose first token is drawn from
+//!   (seed, step, sample) and whose every next token is a fixed random
+//!   function of the previous one, keyed by the seed. A model that learns the
+//!   function predicts every token but the first, so the loss falls from
+//!   about `ln(vocab)` toward `ln(vocab) / seq`.
+//! - Corpus (a text file as bytes, or nanoGPT `.bin` u16 tokens): the window
+//!   starts at a position drawn from (seed, step, sample).
+
+use super::{Batch, DataSpec, InputDesc};
+use crate::error::RuntimeError;
+use crate::rng::below;
+use crate::tensor::TensorMut;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+const START_KEY: u64 = 0x5EED_57A7;
+const TABLE_KEY: u64 = 0x7AB1_E000;
+
+#[derive(Clone, Debug)]
+enum Tokens {
+    /// `next[t]` is the token after `t`.
+    Synthetic {
+        next: Arc<Vec<u32>>,
+    },
+    Corpus(Arc<Vec<u16>>),
+}
+
+/// The language-model task.
+#[derive(Clone, Debug)]
+pub struct Lm {
+    seq: usize,
+    tokens: Tokens,
+    seed: u64,
+}
+
+impl Lm {
+    /// An LM task if the graph has an integer `ids` input of rank 2.
+    pub fn detect(
+        inputs: &HashMap<String, InputDesc>,
+        spec: &DataSpec,
+        seed: u64,
+    ) -> Result<Option<Lm>, RuntimeError> {
+        let Some(ids) = inputs
+            .get("ids")
+            .filter(|d| d.ty.dtype.is_int() && d.ty.shape.rank() == 2)
+        else {
+            return Ok(None);
+        };
+        if let Some(l) = inputs.get("labels") {
+            if l.ty.shape != ids.ty.shape || !l.ty.dtype.is_int() {
+                return Err(RuntimeError::data(
+                    "labels",
+                    format!(
+                        "expected integer labels shaped like ids {}, got {}",
+                        ids.ty, l.ty
+                    ),
+                ));
+            }
+        }
+        let vocab = [ids.range, inputs.get("labels").and_then(|l| l.range)]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(vocab) = vocab.filter(|&v| v > 0) else {
+            return Err(RuntimeError::data(
+                "ids",
+                "cannot determine the vocabulary: `ids` feeds no embedding and `labels` no loss",
+            ));
+        };
+        let seq = ids.ty.shape.0[1];
+        let tokens = match spec {
+            DataSpec::Synthetic => Tokens::Synthetic {
+                next: Arc::new(
+                    (0..vocab as u64)
+                        .map(|t| below(&[seed, TABLE_KEY, t], vocab as u64) as u32)
+                        .collect(),
+                ),
+            },
+            DataSpec::TextFile(p) => {
+                Tokens::Corpus(Arc::new(read(p)?.into_iter().map(u16::from).collect()))
+            }
+            DataSpec::TokenBin(p) => Tokens::Corpus(Arc::new(read_u16(p)?)),
+        };
+        if let Tokens::Corpus(c) = &tokens {
+            check_corpus(c, vocab, seq, spec)?;
+        }
+        Ok(Some(Lm { seq, tokens, seed }))
+    }
+
+    /// Token `i` (0..=seq) of the window of global sample `sample`.
+    fn window(&self, step: u64, sample: u64, out: &mut [i64]) {
+        match &self.tokens {
+            Tokens::Synthetic { next } => {
+                let mut t = below(&[self.seed, step, sample, START_KEY], next.len() as u64) as u32;
+                for o in out.iter_mut() {
+                    *o = t as i64;
+                    t = next[t as usize];
+                }
+            }
+            Tokens::Corpus(c) => {
+                let start = below(
+                    &[self.seed, step, sample, START_KEY],
+                    (c.len() - self.seq) as u64,
+                ) as usize;
+                for (o, &t) in out.iter_mut().zip(&c[start..]) {
+                    *o = t as i64;
+                }
+            }
+        }
+    }
+
+    /// Fills `ids` or `labels`; gives `out` back for any other input.
+    pub fn fill<'a>(
+        &self,
+        name: &str,
+        batch: Batch,
+        mut out: TensorMut<'a>,
+    ) -> Result<Option<TensorMut<'a>>, RuntimeError> {
+        let shift = match name {
+            "ids" => 0,
+            "labels" => 1,
+            _ => return Ok(Some(out)),
+        };
+        let b = out.dims()[0];
+        let mut win = vec![0i64; self.seq + 1];
+        for s in 0..b {
+            self.window(batch.step, batch.first_sample + s as u64, &mut win);
+            for i in 0..self.seq {
+                out.set_i64(s * self.seq + i, win[i + shift]);
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn check_corpus(c: &[u16], vocab: i64, seq: usize, spec: &DataSpec) -> Result<(), RuntimeError> {
+    let what = format!("{spec:?}");
+    if c.len() <= seq {
+        return Err(RuntimeError::data(
+            "ids",
+            format!("{what} has {} tokens, a window needs {}", c.len(), seq + 1),
+        ));
+    }
+    if let Some(&t) = c.iter().find(|&&t| t as i64 >= vocab) {
+        return Err(RuntimeError::data(
+            "ids",
+            format!("{what} contains token {t}, the model's vocabulary is {vocab}"),
+        ));
+    }
+    Ok(())
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, RuntimeError> {
+    std::fs::read(p).map_err(|e| RuntimeError::Io {
+        path: p.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn read_u16(p: &Path) -> Result<Vec<u16>, RuntimeError> {
+    let bytes = read(p)?;
+    if bytes.len() % 2 != 0 {
+        return Err(RuntimeError::Io {
+            path: p.display().to_string(),
+            reason: "odd length: not a file of u16 tokens".into(),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect())
+}

@@ -1,0 +1,169 @@
+//! The global data stream. Step `s` has a global batch of `world x b`
+//! samples; rank `r` takes samples `[r*b, (r+1)*b)`. Every value is a pure
+//! function of (seed, step, global sample index, ...), so `--ranks 1` with
+//! batch 32 and `--ranks 4` with batch 8 see the same data.
+//!
+//! Inputs are fed by name. Language models have `ids` and `labels`, i64
+//! `[b, seq]`, where `labels` is `ids` shifted by one position of the same
+//! token window. Classifiers (an `x` float input and `labels` i64 `[b]`) get
+//! a learnable teacher task. Any other input gets standard normal floats or
+//! uniform integers in the range its consumer (an embedding, a loss) allows.
+
+mod inputs;
+mod lm;
+mod teacher;
+
+pub use inputs::{analyse, InputDesc};
+
+use crate::error::RuntimeError;
+use crate::tensor::TensorMut;
+use fsdpc_ir::Graph;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where training data comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum DataSpec {
+    /// A deterministic synthetic task a small model can learn.
+    #[default]
+    Synthetic,
+    /// A byte-level text file (vocabulary 256).
+    TextFile(PathBuf),
+    /// nanoGPT-style `.bin`: little-endian u16 tokens.
+    TokenBin(PathBuf),
+}
+
+/// Which of a rank's samples an input request covers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub step: u64,
+    /// Global index of the first sample.
+    pub first_sample: u64,
+}
+
+/// A global data stream; shared read-only by all ranks.
+pub trait DataSource: Send + Sync {
+    /// Writes input `name` for `batch` into `out` (its type is the input's
+    /// type; axis 0 is the batch).
+    fn fill(&self, name: &str, batch: Batch, out: TensorMut<'_>) -> Result<(), RuntimeError>;
+}
+
+/// What the model's inputs ask for.
+#[derive(Clone, Debug)]
+enum Task {
+    /// `ids`/`labels` windows of a token stream.
+    Lm(lm::Lm),
+    /// Teacher-labelled Gaussian features.
+    Teacher(teacher::Teacher),
+    /// Only generic inputs.
+    Generic,
+}
+
+/// The data source for a graph's inputs.
+#[derive(Clone, Debug)]
+pub struct GraphData {
+    inputs: HashMap<String, InputDesc>,
+    task: Task,
+    seed: u64,
+}
+
+/// Opens the data source `spec` for the inputs of `graph`.
+pub fn open(
+    spec: &DataSpec,
+    graph: &Graph,
+    seed: u64,
+) -> Result<Arc<dyn DataSource>, RuntimeError> {
+    let inputs: HashMap<String, InputDesc> = analyse(graph)
+        .into_iter()
+        .map(|d| (d.name.clone(), d))
+        .collect();
+    let task = if let Some(l) = lm::Lm::detect(&inputs, spec, seed)? {
+        Task::Lm(l)
+    } else if *spec != DataSpec::Synthetic {
+        return Err(RuntimeError::data(
+            "ids",
+            "file data needs a language model with an integer `ids` input [batch, seq]",
+        ));
+    } else if let Some(t) = teacher::Teacher::detect(&inputs, seed) {
+        Task::Teacher(t)
+    } else {
+        Task::Generic
+    };
+    Ok(Arc::new(GraphData { inputs, task, seed }))
+}
+
+impl DataSource for GraphData {
+    fn fill(&self, name: &str, batch: Batch, out: TensorMut<'_>) -> Result<(), RuntimeError> {
+        let desc = self
+            .inputs
+            .get(name)
+            .ok_or_else(|| RuntimeError::data(name, "the model has no input of this name"))?;
+        if desc.ty != *out.ty {
+            return Err(RuntimeError::data(
+                name,
+                format!(
+                    "the model declares {}, the buffer holds {}",
+                    desc.ty, out.ty
+                ),
+            ));
+        }
+        let handled = match &self.task {
+            Task::Lm(l) => l.fill(name, batch, out)?,
+            Task::Teacher(t) => t.fill(name, batch, out)?,
+            Task::Generic => Some(out),
+        };
+        match handled {
+            None => Ok(()),
+            Some(out) => generic(desc, self.seed, batch, out),
+        }
+    }
+}
+
+/// Standard normal floats or uniform integers in the input's range.
+fn generic(
+    desc: &InputDesc,
+    seed: u64,
+    batch: Batch,
+    mut out: TensorMut<'_>,
+) -> Result<(), RuntimeError> {
+    let per = per_sample(out.dims());
+    let key = name_key(&desc.name);
+    if desc.ty.dtype.is_float() {
+        for i in 0..out.numel() {
+            let (s, e) = ((i / per) as u64 + batch.first_sample, (i % per) as u64);
+            out.set_f64(i, crate::rng::normal(&[seed, batch.step, s, key, e]));
+        }
+        return Ok(());
+    }
+    let range =
+        match (desc.ty.dtype, desc.range) {
+            (fsdpc_ir::DType::Bool, _) => 2,
+            (_, Some(r)) if r > 0 => r as u64,
+            _ => return Err(RuntimeError::data(
+                &desc.name,
+                "cannot determine the range of this integer input (it feeds no embedding or loss)",
+            )),
+        };
+    for i in 0..out.numel() {
+        let (s, e) = ((i / per) as u64 + batch.first_sample, (i % per) as u64);
+        out.set_i64(
+            i,
+            crate::rng::below(&[seed, batch.step, s, key, e], range) as i64,
+        );
+    }
+    Ok(())
+}
+
+/// Elements per sample (axis 0 is the batch).
+fn per_sample(dims: &[usize]) -> usize {
+    match dims.split_first() {
+        Some((&b, rest)) if b > 0 => rest.iter().product::<usize>().max(1),
+        _ => 1,
+    }
+}
+
+/// A key for an input name.
+fn name_key(name: &str) -> u64 {
+    crate::rng::hash(&name.bytes().map(u64::from).collect::<Vec<_>>())
+}

@@ -1,0 +1,111 @@
+//! Errors of the runtime. Every failure a user can cause (a bad plan, a bad
+//! data file, a kernel given inconsistent shapes, a failed rank) is one of
+//! these structured variants; nothing input can reach panics.
+
+use std::time::Duration;
+use thiserror::Error;
+
+/// What went wrong inside one kernel; the executor adds the node and op.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[error("{0}")]
+pub struct KernelError(pub String);
+
+impl KernelError {
+    /// A kernel error with this reason.
+    pub fn new(reason: impl Into<String>) -> KernelError {
+        KernelError(reason.into())
+    }
+}
+
+/// Shorthand for kernel results.
+pub type KResult<T> = Result<T, KernelError>;
+
+/// Returns early from a kernel with a formatted `KernelError`.
+#[macro_export]
+macro_rules! kbail {
+    ($($arg:tt)*) => { return Err($crate::error::KernelError(format!($($arg)*))) };
+}
+
+/// Errors of collectives.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum CommError {
+    /// Another rank of the world failed; every blocked collective reports it.
+    #[error("rank {rank} failed: {reason}")]
+    RankFailed { rank: usize, reason: String },
+    /// A wait ran past the communicator's timeout.
+    #[error("collective `{op}` timed out after {waited:?} waiting for the other ranks")]
+    Timeout { op: String, waited: Duration },
+    /// The ranks called the collective with inconsistent arguments.
+    #[error("collective `{op}`: {reason}")]
+    Mismatch { op: String, reason: String },
+}
+
+/// Errors of the runtime.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RuntimeError {
+    /// A rank failed (error or panic); names the rank that failed first.
+    #[error("rank {rank} failed: {reason}")]
+    RankFailed { rank: usize, reason: String },
+    /// A wait (collective or event) ran past its timeout.
+    #[error("rank {rank}: {what} timed out after {waited:?}")]
+    Timeout {
+        rank: usize,
+        what: String,
+        waited: Duration,
+    },
+    /// A kernel failed.
+    #[error("kernel of node {node} ({op}): {reason}")]
+    Kernel {
+        node: String,
+        op: String,
+        reason: String,
+    },
+    /// A collective failed.
+    #[error("rank {rank}: {source}")]
+    Comm {
+        rank: usize,
+        #[source]
+        source: CommError,
+    },
+    /// The data source could not produce an input.
+    #[error("data input `{input}`: {reason}")]
+    Data { input: String, reason: String },
+    /// The plan cannot be executed as written.
+    #[error("plan: {reason} (instruction {instr:?})")]
+    Plan {
+        instr: Option<usize>,
+        reason: String,
+    },
+    /// The reference evaluator was given inconsistent feeds or parameters.
+    #[error("eval: {0}")]
+    Eval(String),
+    /// Reading a file.
+    #[error("{path}: {reason}")]
+    Io { path: String, reason: String },
+}
+
+impl RuntimeError {
+    /// A plan error without an instruction index.
+    pub fn plan(reason: impl Into<String>) -> RuntimeError {
+        RuntimeError::Plan {
+            instr: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// A plan error at instruction `instr`.
+    pub fn plan_at(instr: usize, reason: impl Into<String>) -> RuntimeError {
+        RuntimeError::Plan {
+            instr: Some(instr),
+            reason: reason.into(),
+        }
+    }
+
+    /// A data error for input `input`.
+    pub fn data(input: &str, reason: impl Into<String>) -> RuntimeError {
+        RuntimeError::Data {
+            input: input.to_string(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The reference evaluator: runs a graph node by node with the CPU kernels,
+//! without a plan, holding every value. Used for finite-difference gradient
+//! checks and conformance tests.
+
+use crate::backend::{Backend, KernelCtx, Workspace};
+use crate::cpu::CpuBackend;
+use crate::error::RuntimeError;
+use crate::tensor::{HostTensor, TensorMut, TensorRef};
+use fsdpc_ir::{Graph, NodeId, Op, ParamId, ValueId};
+use std::collections::HashMap;
+
+/// Every parameter's initial value, from the IR's counter-based init.
+pub fn init_params(graph: &Graph, seed: u64) -> HashMap<ParamId, HostTensor> {
+    graph
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let mut t = HostTensor::zeros(fsdpc_ir::TensorType::new(
+                fsdpc_ir::DType::F32,
+                spec.ty.shape.0.clone(),
+            ));
+            let n = spec.ty.numel() as usize;
+            let mut vals = vec![0.0f32; n];
+            crate::irinit::fill_f32(spec, seed, 0, &mut vals);
+            t.bytes_mut().copy_from_slice(bytemuck::cast_slice(&vals));
+            (ParamId(i as u32), cast_to(&t, spec.ty.dtype))
+        })
+        .collect()
+}
+
+fn cast_to(t: &HostTensor, dt: fsdpc_ir::DType) -> HostTensor {
+    if t.ty.dtype == dt {
+        return t.clone();
+    }
+    let mut out = HostTensor::zeros(fsdpc_ir::TensorType {
+        dtype: dt,
+        shape: t.ty.shape.clone(),
+    });
+    // Same element count by construction, so the cast cannot fail.
+    let _ = crate::cpu::kernels::cast::cast(&t.view(), &mut out.view_mut());
+    out
+}
+
+/// Evaluates every node of `graph` in a topological order: `Input` nodes from
+/// `feeds` (by name), `Param` nodes from `params`, everything else with the
+/// CPU kernels. Returns every value.
+pub fn eval_graph(
+    graph: &Graph,
+    feeds: &HashMap<String, HostTensor>,
+    params: &HashMap<ParamId, HostTensor>,
+    ctx: &KernelCtx,
+) -> Result<HashMap<ValueId, HostTensor>, RuntimeError> {
+    let order = graph
+        .topo_order()
+        .map_err(|c| RuntimeError::Eval(format!("graph has a cycle through {c:?}")))?;
+    let backend = CpuBackend::default();
+    let mut ws = Workspace::default();
+    let mut values: HashMap<ValueId, HostTensor> = HashMap::new();
+    for n in order {
+        let outs = eval_node(graph, n, feeds, params, &values, &backend, ctx, &mut ws)?;
+        for (slot, t) in outs.into_iter().enumerate() {
+            values.insert(
+                ValueId {
+                    node: n,
+                    slot: slot as u32,
+                },
+                t,
+            );
+        }
+    }
+    Ok(values)
+}
+
+/// The outputs of one node.
+#[allow(clippy::too_many_arguments)]
+fn eval_node(
+    graph: &Graph,
+    n: NodeId,
+    feeds: &HashMap<String, HostTensor>,
+    params: &HashMap<ParamId, HostTensor>,
+    values: &HashMap<ValueId, HostTensor>,
+    backend: &CpuBackend,
+    ctx: &KernelCtx,
+    ws: &mut Workspace,
+) -> Result<Vec<HostTensor>, RuntimeError> {
+    let node = graph.node(n);
+    let source =
+        match &node.op {
+            Op::Input { name } => Some(
+                feeds
+                    .get(name)
+                    .ok_or_else(|| RuntimeError::Eval(format!("no feed for input `{name}`")))?,
+            ),
+            Op::Param { param } => Some(params.get(param).ok_or_else(|| {
+                RuntimeError::Eval(format!("no value for parameter {}", param.0))
+            })?),
+            _ => None,
+        };
+    if let Some(t) = source {
+        let want = node.outputs.first();
+        if want != Some(&t.ty) {
+            return Err(RuntimeError::Eval(format!(
+                "node {} ({}) expects {:?}, was given {}",
+                n, node.name, want, t.ty
+            )));
+        }
+        return Ok(vec![t.clone()]);
+    }
+    let mut ins: Vec<TensorRef> = Vec::new();
+    for v in graph.inputs(n) {
+        let t = values
+            .get(&v)
+            .ok_or_else(|| RuntimeError::Eval(format!("value {v} used before it is computed")))?;
+        ins.push(t.view());
+    }
+    let mut outs: Vec<HostTensor> = node
+        .outputs
+        .iter()
+        .map(|t| HostTensor::zeros(t.clone()))
+        .collect();
+    let mut views: Vec<TensorMut> = outs.iter_mut().map(|t| t.view_mut()).collect();
+    backend
+        .run(node, &ins, &mut views, ctx, ws)
+        .map_err(|e| RuntimeError::Kernel {
+            node: format!("{} ({})", n, node.name),
+            op: node.op.name(),
+            reason: e.0,
+        })?;
+    Ok(outs)
+}

@@ -1,0 +1,21 @@
+//! The executor: runs a plan's instruction list on every rank, honouring
+//! streams and events (`rank`), in the plan's arena or, in debug mode, with
+//! one allocation per buffer (`memory`), after resolving and checking the
+//! plan once (`prepare`).
+
+pub mod events;
+pub mod memory;
+pub mod prepare;
+pub mod rank;
+
+/// How a rank executes the plan.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum ExecMode {
+    /// One thread per stream, every buffer at its offset in one arena.
+    #[default]
+    Arena,
+    /// The instruction list serially in list order; each buffer allocated
+    /// just before its first write and dropped at its `Free`, measuring the
+    /// peak of live bytes (which must equal the plan's `peak_bytes`).
+    DebugAlloc,
+}

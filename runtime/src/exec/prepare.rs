@@ -1,0 +1,384 @@
+//! Resolves a plan's instructions once, before any rank runs: buffer and
+//! slot ids become checked byte regions, kernel operands get their types from
+//! the graph, and every bound the executor relies on for memory safety is
+//! verified here (regions inside their buffers, buffers inside the arena,
+//! kernel outputs disjoint from each other and from the inputs).
+
+use crate::error::RuntimeError;
+use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
+use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Plan, Slot, Stream, UnitId};
+
+/// `len` bytes at byte `offset` of a buffer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub buffer: BufferId,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// One resolved instruction.
+#[derive(Debug)]
+pub enum Step<'p> {
+    AllGather {
+        src: BufferId,
+        dst: BufferId,
+    },
+    ReduceScatter {
+        unit: UnitId,
+        src: BufferId,
+        dst: BufferId,
+    },
+    AllReduce {
+        unit: UnitId,
+        buffer: BufferId,
+        group: Group,
+        divide_by: u32,
+    },
+    LoadInput {
+        name: &'p str,
+        ty: &'p TensorType,
+        dst: Region,
+    },
+    Kernel {
+        id: NodeId,
+        node: &'p Node,
+        ins: Vec<(Region, &'p TensorType)>,
+        outs: Vec<(Region, &'p TensorType)>,
+    },
+    Optimizer {
+        params: BufferId,
+        grads: BufferId,
+        state: &'p [BufferId],
+    },
+    Free(BufferId),
+    Record(usize),
+    Wait(usize),
+}
+
+/// A plan resolved for execution; shared read-only by all ranks.
+#[derive(Debug)]
+pub struct Prepared<'p> {
+    pub plan: &'p Plan,
+    pub graph: &'p Graph,
+    pub steps: Vec<Step<'p>>,
+    /// Instruction indices of each stream, in list order.
+    pub streams: Vec<(Stream, Vec<usize>)>,
+    /// Per unit: element ranges of its flat gradient no `requires_grad`
+    /// parameter covers (padding, frozen parameters).
+    pub uncovered: Vec<Vec<(usize, usize)>>,
+    /// Per instruction index: non-persistent buffers first written there.
+    pub starts: Vec<Vec<BufferId>>,
+    /// The loss scalar.
+    pub loss: Region,
+    /// Samples per rank (axis 0 of the data inputs).
+    pub batch: usize,
+}
+
+fn err(i: usize, reason: String) -> RuntimeError {
+    RuntimeError::plan_at(i, reason)
+}
+
+/// Resolves `plan`.
+pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
+    check_buffers(plan)?;
+    let graph = &plan.training.graph;
+    let mut steps = Vec::with_capacity(plan.instructions.len());
+    for (i, ins) in plan.instructions.iter().enumerate() {
+        steps.push(resolve(plan, graph, i, &ins.op)?);
+    }
+    let streams = Stream::ALL
+        .iter()
+        .map(|&s| {
+            (
+                s,
+                plan.instructions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.stream == s)
+                    .map(|(i, _)| i)
+                    .collect(),
+            )
+        })
+        .collect();
+    let mut starts = vec![Vec::new(); plan.instructions.len()];
+    for b in plan.buffers.iter().filter(|b| !b.persistent()) {
+        let s = starts.get_mut(b.start as usize).ok_or_else(|| {
+            RuntimeError::plan(format!(
+                "buffer {} starts at instruction {} past the end",
+                b.id, b.start
+            ))
+        })?;
+        s.push(b.id);
+    }
+    let loss =
+        region(plan, plan.loss, 4).map_err(|e| RuntimeError::plan(format!("loss slot: {e}")))?;
+    Ok(Prepared {
+        plan,
+        graph,
+        steps,
+        streams,
+        uncovered: uncovered(plan),
+        starts,
+        loss,
+        batch: batch_size(graph),
+    })
+}
+
+fn check_buffers(plan: &Plan) -> Result<(), RuntimeError> {
+    for (i, b) in plan.buffers.iter().enumerate() {
+        if b.id.index() != i {
+            return Err(RuntimeError::plan(format!(
+                "buffer {} is listed at index {i}",
+                b.id
+            )));
+        }
+        if b.offset
+            .checked_add(b.bytes)
+            .is_none_or(|end| end > plan.memory.arena_bytes)
+        {
+            return Err(RuntimeError::plan(format!(
+                "buffer {} ({} bytes at {}) does not fit the arena of {} bytes",
+                b.id, b.bytes, b.offset, plan.memory.arena_bytes
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The region of `len` bytes at `slot`, checked against its buffer.
+fn region(plan: &Plan, slot: Slot, len: u64) -> Result<Region, String> {
+    let b = plan
+        .buffers
+        .get(slot.buffer.index())
+        .ok_or_else(|| format!("buffer {} does not exist", slot.buffer))?;
+    if slot.offset.checked_add(len).is_none_or(|end| end > b.bytes) {
+        return Err(format!(
+            "{len} bytes at offset {} overflow buffer {} of {} bytes",
+            slot.offset, b.id, b.bytes
+        ));
+    }
+    Ok(Region {
+        buffer: slot.buffer,
+        offset: slot.offset as usize,
+        len: len as usize,
+    })
+}
+
+fn buffer(plan: &Plan, i: usize, id: BufferId) -> Result<BufferId, RuntimeError> {
+    match plan.buffers.get(id.index()) {
+        Some(_) => Ok(id),
+        None => Err(err(i, format!("buffer {id} does not exist"))),
+    }
+}
+
+fn event(plan: &Plan, i: usize, e: u32) -> Result<usize, RuntimeError> {
+    if e >= plan.events {
+        return Err(err(
+            i,
+            format!("event {e} out of range (the plan has {})", plan.events),
+        ));
+    }
+    Ok(e as usize)
+}
+
+fn unit(plan: &Plan, i: usize, u: UnitId) -> Result<UnitId, RuntimeError> {
+    match plan.units.get(u.index()) {
+        Some(_) => Ok(u),
+        None => Err(err(i, format!("unit {u} does not exist"))),
+    }
+}
+
+fn resolve<'p>(
+    plan: &'p Plan,
+    graph: &'p Graph,
+    i: usize,
+    op: &'p InstrOp,
+) -> Result<Step<'p>, RuntimeError> {
+    Ok(match op {
+        InstrOp::AllGather {
+            unit: u, src, dst, ..
+        } => {
+            unit(plan, i, *u)?;
+            Step::AllGather {
+                src: buffer(plan, i, *src)?,
+                dst: buffer(plan, i, *dst)?,
+            }
+        }
+        InstrOp::ReduceScatter {
+            unit: u, src, dst, ..
+        } => Step::ReduceScatter {
+            unit: unit(plan, i, *u)?,
+            src: buffer(plan, i, *src)?,
+            dst: buffer(plan, i, *dst)?,
+        },
+        InstrOp::AllReduce {
+            unit: u,
+            buffer: b,
+            group,
+            divide_by,
+            ..
+        } => {
+            if *divide_by == 0 {
+                return Err(err(i, "all_reduce divides by zero".into()));
+            }
+            Step::AllReduce {
+                unit: unit(plan, i, *u)?,
+                buffer: buffer(plan, i, *b)?,
+                group: *group,
+                divide_by: *divide_by,
+            }
+        }
+        InstrOp::LoadInput { node, name, dst } => {
+            let n = graph
+                .try_node(*node)
+                .ok_or_else(|| err(i, format!("node {node} does not exist")))?;
+            let ty = n
+                .outputs
+                .first()
+                .ok_or_else(|| err(i, format!("input node {node} has no output")))?;
+            Step::LoadInput {
+                name,
+                ty,
+                dst: region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
+            }
+        }
+        InstrOp::Kernel {
+            node,
+            inputs,
+            outputs,
+            ..
+        } => kernel(plan, graph, i, *node, inputs, outputs)?,
+        InstrOp::OptimizerStep {
+            params,
+            grads,
+            state,
+            ..
+        } => {
+            let all: Vec<BufferId> = [*params, *grads]
+                .into_iter()
+                .chain(state.iter().copied())
+                .collect();
+            for (k, b) in all.iter().enumerate() {
+                buffer(plan, i, *b)?;
+                if all[..k].contains(b) {
+                    return Err(err(i, format!("optimizer step names buffer {b} twice")));
+                }
+            }
+            Step::Optimizer {
+                params: *params,
+                grads: *grads,
+                state,
+            }
+        }
+        InstrOp::Free { buffer: b } => Step::Free(buffer(plan, i, *b)?),
+        InstrOp::Record { event: e } => Step::Record(event(plan, i, e.0)?),
+        InstrOp::Wait { event: e } => Step::Wait(event(plan, i, e.0)?),
+    })
+}
+
+fn kernel<'p>(
+    plan: &'p Plan,
+    graph: &'p Graph,
+    i: usize,
+    id: NodeId,
+    inputs: &[Slot],
+    outputs: &[Slot],
+) -> Result<Step<'p>, RuntimeError> {
+    let node = graph
+        .try_node(id)
+        .ok_or_else(|| err(i, format!("node {id} does not exist")))?;
+    let in_vals: Vec<ValueId> = graph.inputs(id);
+    if in_vals.len() != inputs.len() || node.outputs.len() != outputs.len() {
+        return Err(err(
+            i,
+            format!(
+                "node {id} ({}) has {} inputs and {} outputs, the instruction gives {} and {}",
+                node.name,
+                in_vals.len(),
+                node.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            ),
+        ));
+    }
+    let mut ins = Vec::with_capacity(inputs.len());
+    for (slot, v) in inputs.iter().zip(&in_vals) {
+        let ty = graph
+            .try_value_type(*v)
+            .ok_or_else(|| err(i, format!("value {v} does not exist")))?;
+        ins.push((region(plan, *slot, ty.bytes()).map_err(|e| err(i, e))?, ty));
+    }
+    let mut outs = Vec::with_capacity(outputs.len());
+    for (slot, ty) in outputs.iter().zip(&node.outputs) {
+        outs.push((region(plan, *slot, ty.bytes()).map_err(|e| err(i, e))?, ty));
+    }
+    for (k, (o, _)) in outs.iter().enumerate() {
+        let clash = ins.iter().chain(&outs[..k]).any(|(r, _)| overlaps(r, o));
+        if clash {
+            return Err(err(i, format!("node {id} ({}): output {k} overlaps another operand (in-place kernels are not supported)", node.name)));
+        }
+    }
+    Ok(Step::Kernel {
+        id,
+        node,
+        ins,
+        outs,
+    })
+}
+
+fn overlaps(a: &Region, b: &Region) -> bool {
+    a.buffer == b.buffer
+        && a.offset < b.offset + b.len
+        && b.offset < a.offset + a.len
+        && a.len > 0
+        && b.len > 0
+}
+
+/// Element ranges of each unit's flat parameter not covered by a parameter
+/// that requires a gradient.
+fn uncovered(plan: &Plan) -> Vec<Vec<(usize, usize)>> {
+    plan.units
+        .iter()
+        .map(|u| {
+            let mut cov: Vec<(u64, u64)> = u
+                .params
+                .iter()
+                .filter(|p| p.requires_grad)
+                .map(|p| (p.offset, p.offset + p.numel))
+                .collect();
+            cov.sort();
+            let mut gaps = Vec::new();
+            let mut at = 0u64;
+            for (s, e) in cov {
+                if s > at {
+                    gaps.push((at as usize, s as usize));
+                }
+                at = at.max(e);
+            }
+            if at < u.padded_numel {
+                gaps.push((at as usize, u.padded_numel as usize));
+            }
+            gaps
+        })
+        .collect()
+}
+
+/// Samples per rank: axis 0 of the first data input (1 if none).
+fn batch_size(graph: &Graph) -> usize {
+    graph
+        .node_ids()
+        .find_map(|n| match graph.node(n).op {
+            fsdpc_ir::Op::Input { .. } => graph
+                .node(n)
+                .outputs
+                .first()
+                .and_then(|t| t.shape.0.first().copied()),
+            _ => None,
+        })
+        .unwrap_or(1)
+}
+
+/// The kind of buffer `id` (for zeroing flat gradients).
+pub fn kind(plan: &Plan, id: BufferId) -> Option<BufferKind> {
+    plan.buffers.get(id.index()).map(|b| b.kind)
+}

@@ -1,0 +1,423 @@
+//! One rank's execution of a step: the semantics of every instruction, the
+//! stream threads of arena mode, and the serial list-order loop of debug mode.
+
+use super::events::Events;
+use super::memory::Memory;
+use super::prepare::{kind, Prepared, Step};
+use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
+use crate::comm::shm::{ShmComm, ShmWorld};
+use crate::comm::{Buf, BufMut, Communicator};
+use crate::data::{Batch, DataSource};
+use crate::error::{CommError, RuntimeError};
+use crate::tensor::{TensorMut, TensorRef};
+use fsdpc_ir::DType;
+use fsdpc_planner::plan::{BufferId, BufferKind, Group, Stream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// What one rank needs to execute steps.
+pub struct RankEnv<'a> {
+    pub rank: usize,
+    pub world: &'a Arc<ShmWorld>,
+    pub prep: &'a Prepared<'a>,
+    pub backend: &'a dyn Backend,
+    pub data: &'a dyn DataSource,
+    pub seed: u64,
+    comms: Vec<((Stream, Group), ShmComm)>,
+    events: Events,
+}
+
+/// The ranks of `rank`'s group of kind `g`.
+pub fn group_ranks(g: Group, rank: usize, world: usize, f: usize) -> Vec<usize> {
+    match g {
+        Group::Shard => ((rank / f) * f..(rank / f + 1) * f).collect(),
+        Group::Replicate => (0..world / f).map(|k| rank % f + k * f).collect(),
+    }
+}
+
+/// A panic payload as text.
+pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+impl<'a> RankEnv<'a> {
+    /// Sets up rank `rank`: one communicator per (stream, group).
+    pub fn new(
+        rank: usize,
+        world: &'a Arc<ShmWorld>,
+        prep: &'a Prepared<'a>,
+        backend: &'a dyn Backend,
+        data: &'a dyn DataSource,
+        seed: u64,
+    ) -> Result<RankEnv<'a>, RuntimeError> {
+        let n = world.world();
+        let f = prep.plan.config.shard_factor as usize;
+        if f == 0 || !n.is_multiple_of(f) {
+            return Err(RuntimeError::plan(format!(
+                "shard factor {f} does not divide the world {n}"
+            )));
+        }
+        let mut comms = Vec::new();
+        for s in Stream::ALL {
+            for g in [Group::Shard, Group::Replicate] {
+                let ranks = group_ranks(g, rank, n, f);
+                let c = world
+                    .communicator(&ranks, &format!("{s:?}/{g:?}"), rank)
+                    .map_err(|e| comm_err(rank, e))?;
+                comms.push(((s, g), c));
+            }
+        }
+        Ok(RankEnv {
+            rank,
+            world,
+            prep,
+            backend,
+            data,
+            seed,
+            comms,
+            events: Events::new(prep.plan.events as usize),
+        })
+    }
+
+    fn comm(&self, s: Stream, g: Group) -> &ShmComm {
+        // Every (stream, group) pair was created in `new`.
+        self
+            .comms
+            .iter()
+            .find(|(k, _)| *k == (s, g))
+            .map(|(_, c)| c)
+            .unwrap_or(&self.comms[0].1)
+    }
+
+    fn dtype(&self, b: BufferId) -> DType {
+        self.prep.plan.buffers[b.index()].dtype
+    }
+
+    /// Records a failure so every blocked rank and stream stops.
+    pub fn fail(&self, e: &RuntimeError) {
+        if !matches!(e, RuntimeError::RankFailed { .. }) {
+            self.world.poison(self.rank, &e.to_string());
+        }
+    }
+
+    /// Runs one instruction (all but `Free`, which only debug mode acts on).
+    fn exec(
+        &self,
+        mem: &Memory,
+        i: usize,
+        step: u64,
+        ws: &mut Workspace,
+    ) -> Result<(), RuntimeError> {
+        let stream = self.prep.plan.instructions[i].stream;
+        let ce = |e: CommError| comm_err(self.rank, e);
+        // SAFETY (all `view`/`view_mut` below): regions come from `prepare`;
+        // the plan orders conflicting accesses (see `Memory::view`).
+        unsafe {
+            match &self.prep.steps[i] {
+                Step::AllGather { src, dst } => {
+                    let send = Buf {
+                        dtype: self.dtype(*src),
+                        bytes: mem.view(mem.whole(*src))?,
+                    };
+                    let recv = BufMut {
+                        dtype: self.dtype(*dst),
+                        bytes: mem.view_mut(mem.whole(*dst))?,
+                    };
+                    self.comm(stream, Group::Shard)
+                        .all_gather(send, recv)
+                        .map_err(ce)
+                }
+                Step::ReduceScatter { unit, src, dst } => {
+                    self.zero_uncovered(mem, unit.index(), *src)?;
+                    let send = Buf {
+                        dtype: self.dtype(*src),
+                        bytes: mem.view(mem.whole(*src))?,
+                    };
+                    let recv = BufMut {
+                        dtype: self.dtype(*dst),
+                        bytes: mem.view_mut(mem.whole(*dst))?,
+                    };
+                    self.comm(stream, Group::Shard)
+                        .reduce_scatter(send, recv, self.world.world() as u32)
+                        .map_err(ce)
+                }
+                Step::AllReduce {
+                    unit,
+                    buffer,
+                    group,
+                    divide_by,
+                } => {
+                    if kind(self.prep.plan, *buffer) == Some(BufferKind::FlatGrads) {
+                        self.zero_uncovered(mem, unit.index(), *buffer)?;
+                    }
+                    let buf = BufMut {
+                        dtype: self.dtype(*buffer),
+                        bytes: mem.view_mut(mem.whole(*buffer))?,
+                    };
+                    self.comm(stream, *group)
+                        .all_reduce(buf, *divide_by)
+                        .map_err(ce)
+                }
+                Step::LoadInput { name, ty, dst } => {
+                    let out = TensorMut {
+                        ty,
+                        bytes: mem.view_mut(*dst)?,
+                    };
+                    let first_sample = (self.rank * self.prep.batch) as u64;
+                    self.data.fill(name, Batch { step, first_sample }, out)
+                }
+                Step::Kernel { .. } => self.kernel(mem, i, step, ws),
+                Step::Optimizer {
+                    params,
+                    grads,
+                    state,
+                } => self.optimizer(mem, step, *params, *grads, state),
+                Step::Free(_) => Ok(()),
+                Step::Record(e) => {
+                    self.events.record(*e);
+                    Ok(())
+                }
+                Step::Wait(e) => self.events.wait(*e, self.rank, self.world),
+            }
+        }
+    }
+
+    /// Zeroes the regions of a flat gradient no trainable parameter covers.
+    unsafe fn zero_uncovered(
+        &self,
+        mem: &Memory,
+        unit: usize,
+        b: BufferId,
+    ) -> Result<(), RuntimeError> {
+        let es = self.dtype(b).size();
+        let bytes = mem.view_mut(mem.whole(b))?;
+        for &(s, e) in &self.prep.uncovered[unit] {
+            let (s, e) = ((s * es).min(bytes.len()), (e * es).min(bytes.len()));
+            bytes[s..e].fill(0);
+        }
+        Ok(())
+    }
+
+    unsafe fn kernel(
+        &self,
+        mem: &Memory,
+        i: usize,
+        step: u64,
+        ws: &mut Workspace,
+    ) -> Result<(), RuntimeError> {
+        let Step::Kernel {
+            id,
+            node,
+            ins,
+            outs,
+        } = &self.prep.steps[i]
+        else {
+            return Ok(());
+        };
+        let mut xs = Vec::with_capacity(ins.len());
+        for (r, ty) in ins {
+            xs.push(TensorRef {
+                ty,
+                bytes: mem.view(*r)?,
+            });
+        }
+        let mut ys = Vec::with_capacity(outs.len());
+        for (r, ty) in outs {
+            ys.push(TensorMut {
+                ty,
+                bytes: mem.view_mut(*r)?,
+            });
+        }
+        let ctx = KernelCtx {
+            step,
+            sample_offset: (self.rank * self.prep.batch) as u64,
+            seed: self.seed,
+        };
+        self.backend
+            .run(node, &xs, &mut ys, &ctx, ws)
+            .map_err(|e| RuntimeError::Kernel {
+                node: format!("{id} ({})", node.name),
+                op: node.op.name(),
+                reason: e.0,
+            })
+    }
+
+    unsafe fn optimizer(
+        &self,
+        mem: &Memory,
+        step: u64,
+        params: BufferId,
+        grads: BufferId,
+        state: &[BufferId],
+    ) -> Result<(), RuntimeError> {
+        let f32s = |b: BufferId| -> Result<&mut [f32], RuntimeError> {
+            if self.dtype(b) != DType::F32 {
+                return Err(RuntimeError::plan(format!(
+                    "optimizer buffer {b} must be f32, it is {}",
+                    self.dtype(b)
+                )));
+            }
+            bytemuck::try_cast_slice_mut(mem.view_mut(mem.whole(b))?)
+                .map_err(|_| RuntimeError::plan(format!("buffer {b} is not 4-byte aligned")))
+        };
+        let mut st = Vec::with_capacity(state.len());
+        for b in state {
+            st.push(f32s(*b)?);
+        }
+        let args = OptimizerArgs {
+            optimizer: &self.prep.plan.training.optimizer,
+            step,
+            params: f32s(params)?,
+            grads: f32s(grads)?,
+            state: st,
+        };
+        self.backend
+            .optimizer_step(args)
+            .map_err(|e| RuntimeError::Kernel {
+                node: format!("optimizer step of buffer {params}"),
+                op: "optimizer".into(),
+                reason: e.0,
+            })
+    }
+
+    /// Runs one stream's instructions of a step, in list order.
+    fn run_stream(
+        &self,
+        mem: &Memory,
+        k: usize,
+        step: u64,
+        ws: &mut Workspace,
+    ) -> Result<(), RuntimeError> {
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            for &i in &self.prep.streams[k].1 {
+                self.exec(mem, i, step, ws)?;
+            }
+            Ok(())
+        }))
+        .unwrap_or_else(|p| {
+            Err(RuntimeError::RankFailed {
+                rank: self.rank,
+                reason: format!("panic: {}", panic_text(&*p)),
+            })
+        });
+        if let Err(e) = &res {
+            if let RuntimeError::RankFailed { rank, reason } = e {
+                if *rank == self.rank {
+                    self.world.poison(*rank, reason);
+                }
+            }
+            self.fail(e);
+        }
+        res
+    }
+
+    /// Arena mode: one thread per stream; all streams join at the end.
+    pub fn step_arena(
+        &self,
+        mem: &Memory,
+        step: u64,
+        wss: &mut [Workspace],
+    ) -> Result<(), RuntimeError> {
+        self.events.reset();
+        let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
+            let mut handles = Vec::new();
+            let mut own = None;
+            for (k, ws) in wss.iter_mut().enumerate().take(self.prep.streams.len()) {
+                if self.prep.streams[k].1.is_empty() {
+                    continue;
+                }
+                if self.prep.streams[k].0 == Stream::Compute {
+                    own = Some((k, ws));
+                } else {
+                    handles.push(s.spawn(move || self.run_stream(mem, k, step, ws)));
+                }
+            }
+            let mut res = vec![own.map_or(Ok(()), |(k, ws)| self.run_stream(mem, k, step, ws))];
+            for h in handles {
+                res.push(h.join().unwrap_or_else(|p| {
+                    Err(RuntimeError::RankFailed {
+                        rank: self.rank,
+                        reason: panic_text(&*p),
+                    })
+                }));
+            }
+            res
+        });
+        first_error(results)
+    }
+
+    /// Debug mode: every instruction serially in list order, each buffer
+    /// allocated just before its first write and dropped at its `Free`.
+    pub fn step_debug(
+        &self,
+        mem: &mut Memory,
+        step: u64,
+        ws: &mut Workspace,
+    ) -> Result<(), RuntimeError> {
+        self.events.reset();
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            for i in 0..self.prep.steps.len() {
+                for &b in &self.prep.starts[i] {
+                    mem.alloc(b);
+                }
+                match &self.prep.steps[i] {
+                    Step::Free(b) => mem.free(*b),
+                    Step::Wait(e) if !self.events.is_recorded(*e) => {
+                        return Err(RuntimeError::plan_at(
+                            i,
+                            format!("waits on event {e}, which is recorded later in list order"),
+                        ));
+                    }
+                    _ => self.exec(mem, i, step, ws)?,
+                }
+            }
+            Ok(())
+        }))
+        .unwrap_or_else(|p| {
+            Err(RuntimeError::RankFailed {
+                rank: self.rank,
+                reason: format!("panic: {}", panic_text(&*p)),
+            })
+        });
+        if let Err(e) = &res {
+            self.fail(e);
+        }
+        res
+    }
+
+    /// The loss scalar after a step.
+    pub fn read_loss(&self, mem: &Memory) -> Result<f32, RuntimeError> {
+        // SAFETY: called between steps, when no stream runs.
+        let b = unsafe { mem.view(self.prep.loss)? };
+        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// The first error of a set of stream results, preferring a rank's own
+/// error over a report that another rank failed.
+pub fn first_error(results: Vec<Result<(), RuntimeError>>) -> Result<(), RuntimeError> {
+    let errs: Vec<RuntimeError> = results.into_iter().filter_map(|r| r.err()).collect();
+    match errs
+        .iter()
+        .position(|e| !matches!(e, RuntimeError::RankFailed { .. }))
+    {
+        Some(i) => Err(errs[i].clone()),
+        None => errs.into_iter().next().map_or(Ok(()), Err),
+    }
+}
+
+/// A collective error as a runtime error of `rank`.
+pub fn comm_err(rank: usize, e: CommError) -> RuntimeError {
+    match e {
+        CommError::RankFailed { rank, reason } => RuntimeError::RankFailed { rank, reason },
+        CommError::Timeout { op, waited } => RuntimeError::Timeout {
+            rank,
+            what: format!("collective `{op}`"),
+            waited,
+        },
+        source => RuntimeError::Comm { rank, source },
+    }
+}

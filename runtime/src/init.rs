@@ -1,0 +1,47 @@
+//! Parameter initialisation, shard by shard: a rank creates only its own
+//! shard of each unit's flat parameter — elements `[pos*shard, (pos+1)*shard)`
+//! of the flat buffer, mapped back to (parameter, element index) through the
+//! unit's layout — from the IR's counter-based init, so the values are the
+//! same for every F. Padding is zero.
+
+use crate::error::RuntimeError;
+use fsdpc_ir::ParamSpec;
+use fsdpc_planner::plan::Unit;
+
+/// Fills `out` (the shard at position `pos`) of `unit`'s flat parameter.
+pub fn fill_shard(
+    unit: &Unit,
+    params: &[ParamSpec],
+    pos: u64,
+    seed: u64,
+    out: &mut [f32],
+) -> Result<(), RuntimeError> {
+    if out.len() as u64 != unit.shard_numel {
+        return Err(RuntimeError::plan(format!(
+            "unit {}: shard buffer holds {} elements, the layout says {}",
+            unit.id,
+            out.len(),
+            unit.shard_numel
+        )));
+    }
+    let (lo, hi) = (pos * unit.shard_numel, (pos + 1) * unit.shard_numel);
+    out.fill(0.0);
+    for fp in &unit.params {
+        let spec = params.get(fp.param.0 as usize).ok_or_else(|| {
+            RuntimeError::plan(format!(
+                "unit {}: parameter {} does not exist",
+                unit.id, fp.param.0
+            ))
+        })?;
+        let (s, e) = (fp.offset.max(lo), (fp.offset + fp.numel).min(hi));
+        if s < e {
+            crate::irinit::fill_f32(
+                spec,
+                seed,
+                s - fp.offset,
+                &mut out[(s - lo) as usize..(e - lo) as usize],
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! Optimizers over a flat fp32 shard, element by element exactly as PyTorch's
+//! single-tensor (`foreach=False`) `torch.optim.SGD` and `torch.optim.AdamW`:
+//! step-dependent scalars in f64, the element updates in f32.
+
+use crate::backend::OptimizerArgs;
+use crate::error::KResult;
+use fsdpc_ir::Optimizer;
+
+/// Applies `args.optimizer` to `args.params`.
+pub fn step(args: OptimizerArgs<'_>) -> KResult<()> {
+    let OptimizerArgs {
+        optimizer,
+        step,
+        params,
+        grads,
+        mut state,
+    } = args;
+    if grads.len() != params.len() || state.iter().any(|s| s.len() != params.len()) {
+        crate::kbail!("optimizer: params, grads and state must have the same length");
+    }
+    if state.len() != optimizer.state_slots() {
+        crate::kbail!(
+            "optimizer needs {} state buffers, got {}",
+            optimizer.state_slots(),
+            state.len()
+        );
+    }
+    match *optimizer {
+        Optimizer::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
+            let buf = state.first_mut().map(|s| &mut **s);
+            sgd(
+                SgdArgs {
+                    lr: lr as f32,
+                    momentum: momentum as f32,
+                    wd: weight_decay as f32,
+                },
+                params,
+                grads,
+                buf,
+            );
+        }
+        Optimizer::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            let [m, v] = state.as_mut_slice() else {
+                crate::kbail!("adamw needs two state buffers");
+            };
+            let h = AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            };
+            adamw(&h, step + 1, params, grads, m, v);
+        }
+    }
+    Ok(())
+}
+
+/// SGD hyper-parameters in f32.
+struct SgdArgs {
+    lr: f32,
+    momentum: f32,
+    wd: f32,
+}
+
+/// `g += wd * p; buf = momentum * buf + g; p -= lr * buf` (dampening 0; the
+/// zero-initialised buffer equals PyTorch's first-step `buf = g`).
+fn sgd(h: SgdArgs, p: &mut [f32], g: &[f32], buf: Option<&mut [f32]>) {
+    match buf {
+        Some(b) => {
+            for i in 0..p.len() {
+                let d = g[i] + h.wd * p[i];
+                b[i] = h.momentum * b[i] + d;
+                p[i] -= h.lr * b[i];
+            }
+        }
+        None => {
+            for i in 0..p.len() {
+                let d = g[i] + h.wd * p[i];
+                p[i] -= h.lr * d;
+            }
+        }
+    }
+}
+
+/// AdamW hyper-parameters as the program states them.
+struct AdamW {
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+}
+
+/// One AdamW step at `t` (1-based), following `torch.optim.adamw._single_tensor_adamw`.
+fn adamw(h: &AdamW, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    let decay = (1.0 - h.lr * h.weight_decay) as f32;
+    let w1 = (1.0 - h.beta1) as f32;
+    let (b2, w2) = (h.beta2 as f32, (1.0 - h.beta2) as f32);
+    let bc1 = 1.0 - h.beta1.powi(t as i32);
+    let bc2_sqrt = (1.0 - h.beta2.powi(t as i32)).sqrt() as f32;
+    let step_size = (h.lr / bc1) as f32;
+    let eps = h.eps as f32;
+    for i in 0..p.len() {
+        p[i] *= decay;
+        m[i] = lerp(m[i], g[i], w1);
+        v[i] = v[i] * b2 + w2 * g[i] * g[i];
+        let denom = v[i].sqrt() / bc2_sqrt + eps;
+        p[i] += -step_size * (m[i] / denom);
+    }
+}
+
+/// `torch.lerp(start, end, weight)` as ATen computes it on CPU.
+#[inline]
+fn lerp(start: f32, end: f32, weight: f32) -> f32 {
+    if weight.abs() < 0.5 {
+        start + weight * (end - start)
+    } else {
+        end - (end - start) * (1.0 - weight)
+    }
+}

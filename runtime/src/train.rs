@@ -1,0 +1,376 @@
+//! The training API: runs a plan for a number of steps on `world` thread
+//! ranks and reports the loss of every step, the final parameters (assembled
+//! from the shards by original name) and the measured memory.
+
+use crate::backend::Workspace;
+use crate::comm::shm::{CommConfig, ShmWorld};
+use crate::cpu::{CpuBackend, CpuConfig};
+use crate::data::{self, DataSource, DataSpec};
+use crate::error::RuntimeError;
+use crate::exec::memory::{Arena, Memory};
+use crate::exec::prepare::{prepare, Prepared};
+use crate::exec::rank::{panic_text, RankEnv};
+use crate::exec::ExecMode;
+use fsdpc_planner::plan::{BufferKind, Plan};
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How to train.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainOptions {
+    pub steps: u64,
+    pub seed: u64,
+    pub data: DataSpec,
+    pub mode: ExecMode,
+    /// Threads each rank's matrix products may use.
+    pub threads_per_rank: usize,
+    /// How long a rank waits for the others (collectives, events).
+    pub comm_timeout: Duration,
+}
+
+impl Default for TrainOptions {
+    fn default() -> TrainOptions {
+        TrainOptions {
+            steps: 10,
+            seed: 0,
+            data: DataSpec::Synthetic,
+            mode: ExecMode::Arena,
+            threads_per_rank: 1,
+            comm_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One finished step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    pub step: u64,
+    /// The global mean loss: the mean of every rank's local-mean loss.
+    pub loss: f32,
+    /// Tokens (all ranks) per second of this step.
+    pub tokens_per_s: f64,
+    /// Arena mode: the arena size; debug mode: the largest measured peak of
+    /// live bytes so far, over ranks.
+    pub peak_bytes: u64,
+    /// Wall time of this step.
+    pub elapsed: Duration,
+}
+
+/// A finished training run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainReport {
+    pub losses: Vec<f32>,
+    /// Full parameters by original name, in unit and layout order.
+    pub final_params: Vec<(String, Vec<f32>)>,
+    /// Debug mode: the measured peak of live bytes (max over ranks); arena
+    /// mode: the arena size.
+    pub measured_peak_bytes: u64,
+    /// Tokens (all ranks) per second over the whole run.
+    pub tokens_per_s: f64,
+    pub elapsed: Duration,
+    pub world: usize,
+}
+
+enum Msg {
+    Step {
+        rank: usize,
+        step: u64,
+        loss: f32,
+        peak: u64,
+    },
+    Done {
+        rank: usize,
+        out: Result<RankOut, RuntimeError>,
+    },
+}
+
+/// What a rank hands back at the end: its fp32 shard of every unit.
+struct RankOut {
+    shards: Vec<Vec<f32>>,
+    peak: u64,
+}
+
+/// Trains `plan` on `plan.cluster.world` thread ranks.
+pub fn train(
+    plan: &Plan,
+    opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    let prep = prepare(plan)?;
+    let world = plan.cluster.world as usize;
+    if world == 0 {
+        return Err(RuntimeError::plan("the cluster has no ranks"));
+    }
+    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
+    let backend = CpuBackend::new(CpuConfig {
+        threads: opts.threads_per_rank.max(1),
+    });
+    let shm = ShmWorld::new(
+        world,
+        CommConfig {
+            timeout: opts.comm_timeout,
+        },
+    );
+    let mut arenas: Vec<Arena> = match opts.mode {
+        ExecMode::Arena => (0..world)
+            .map(|_| Arena::new(plan.memory.arena_bytes))
+            .collect(),
+        ExecMode::DebugAlloc => Vec::new(),
+    };
+    let (tx, rx) = mpsc::channel();
+    let start = Instant::now();
+    let (losses, outs) = std::thread::scope(|s| {
+        let mut arena_iter = arenas.iter_mut();
+        for rank in 0..world {
+            let arena = arena_iter.next();
+            let (tx, shm, prep, backend, data) = (tx.clone(), &shm, &prep, &backend, &*data);
+            s.spawn(move || {
+                let ctx = RankCtx {
+                    rank,
+                    shm,
+                    prep,
+                    backend,
+                    data,
+                    opts,
+                    tx: &tx,
+                };
+                let out = catch_unwind(AssertUnwindSafe(|| ctx.run(arena))).unwrap_or_else(|p| {
+                    Err(RuntimeError::RankFailed {
+                        rank,
+                        reason: format!("panic: {}", panic_text(&*p)),
+                    })
+                });
+                if let Err(e) = &out {
+                    shm.poison(rank, &e.to_string());
+                }
+                let _ = tx.send(Msg::Done { rank, out });
+            });
+        }
+        drop(tx);
+        collect(rx, world, plan, on_step)
+    });
+    let outs = pick_error(outs, &shm)?;
+    let elapsed = start.elapsed();
+    let tokens = (plan.model.tokens_per_rank_step * world as u64 * opts.steps) as f64;
+    Ok(TrainReport {
+        losses,
+        final_params: assemble(plan, &outs)?,
+        measured_peak_bytes: outs.iter().map(|o| o.peak).max().unwrap_or(0),
+        tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
+        elapsed,
+        world,
+    })
+}
+
+/// Receives step reports in order and every rank's result.
+fn collect(
+    rx: mpsc::Receiver<Msg>,
+    world: usize,
+    plan: &Plan,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> (Vec<f32>, Vec<Option<Result<RankOut, RuntimeError>>>) {
+    let mut pending: BTreeMap<u64, Vec<Option<(f32, u64)>>> = BTreeMap::new();
+    let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
+    let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), 0u64);
+    let tokens = (plan.model.tokens_per_rank_step * world as u64) as f64;
+    for msg in rx {
+        match msg {
+            Msg::Step {
+                rank,
+                step,
+                loss,
+                peak: p,
+            } => pending.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((loss, p)),
+            Msg::Done { rank, out } => outs[rank] = Some(out),
+        }
+        while let Some(entry) = pending.get(&(losses.len() as u64)) {
+            let Some(vals) = entry.iter().copied().collect::<Option<Vec<(f32, u64)>>>() else {
+                break;
+            };
+            let step = losses.len() as u64;
+            pending.remove(&step);
+            let loss = vals.iter().map(|v| v.0).fold(0.0f32, |a, b| a + b) / world as f32;
+            peak = peak.max(vals.iter().map(|v| v.1).max().unwrap_or(0));
+            let elapsed = last.elapsed();
+            last = Instant::now();
+            losses.push(loss);
+            on_step(&StepReport {
+                step,
+                loss,
+                tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
+                peak_bytes: peak,
+                elapsed,
+            });
+        }
+    }
+    (losses, outs)
+}
+
+/// The ranks' outputs, or the error of the rank that failed first.
+fn pick_error(
+    outs: Vec<Option<Result<RankOut, RuntimeError>>>,
+    shm: &ShmWorld,
+) -> Result<Vec<RankOut>, RuntimeError> {
+    let mut errs: Vec<(usize, RuntimeError)> = Vec::new();
+    let mut ok = Vec::new();
+    for (rank, o) in outs.into_iter().enumerate() {
+        match o {
+            Some(Ok(out)) => ok.push(out),
+            Some(Err(e)) => errs.push((rank, e)),
+            None => errs.push((
+                rank,
+                RuntimeError::RankFailed {
+                    rank,
+                    reason: "the rank thread ended without a result".into(),
+                },
+            )),
+        }
+    }
+    if errs.is_empty() {
+        return Ok(ok);
+    }
+    if let Some((first, reason)) = shm.failure() {
+        if let Some((_, e)) = errs
+            .iter()
+            .find(|(r, e)| *r == first && !matches!(e, RuntimeError::RankFailed { .. }))
+        {
+            return Err(e.clone());
+        }
+        return Err(RuntimeError::RankFailed {
+            rank: first,
+            reason,
+        });
+    }
+    Err(errs.swap_remove(0).1)
+}
+
+/// Full parameters from the shards of the first shard group.
+fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let f = plan.config.shard_factor as usize;
+    let mut params = Vec::new();
+    for (u, unit) in plan.units.iter().enumerate() {
+        let mut flat = Vec::with_capacity(unit.padded_numel as usize);
+        for o in outs.iter().take(f) {
+            flat.extend_from_slice(o.shards.get(u).map(|s| s.as_slice()).unwrap_or(&[]));
+        }
+        for p in &unit.params {
+            let vals = flat
+                .get(p.offset as usize..(p.offset + p.numel) as usize)
+                .ok_or_else(|| {
+                    RuntimeError::plan(format!(
+                        "unit {}: parameter {} lies outside the gathered shards",
+                        unit.id, p.name
+                    ))
+                })?;
+            params.push((p.name.clone(), vals.to_vec()));
+        }
+    }
+    Ok(params)
+}
+
+/// Everything one rank thread uses.
+struct RankCtx<'a> {
+    rank: usize,
+    shm: &'a Arc<ShmWorld>,
+    prep: &'a Prepared<'a>,
+    backend: &'a CpuBackend,
+    data: &'a dyn DataSource,
+    opts: &'a TrainOptions,
+    tx: &'a mpsc::Sender<Msg>,
+}
+
+impl RankCtx<'_> {
+    fn run(&self, arena: Option<&mut Arena>) -> Result<RankOut, RuntimeError> {
+        let plan = self.prep.plan;
+        let env = RankEnv::new(
+            self.rank,
+            self.shm,
+            self.prep,
+            self.backend,
+            self.data,
+            self.opts.seed,
+        )?;
+        let mut mem = match arena {
+            Some(a) => Memory::arena(plan, a),
+            None => {
+                let mut m = Memory::debug(plan);
+                for b in plan.buffers.iter().filter(|b| b.persistent()) {
+                    m.alloc(b.id);
+                }
+                m
+            }
+        };
+        self.init_shards(&mem)?;
+        let mut wss: Vec<Workspace> = (0..3).map(|_| Workspace::default()).collect();
+        for step in 0..self.opts.steps {
+            match self.opts.mode {
+                ExecMode::Arena => env.step_arena(&mem, step, &mut wss)?,
+                ExecMode::DebugAlloc => env.step_debug(&mut mem, step, &mut wss[0])?,
+            }
+            let loss = env.read_loss(&mem)?;
+            let _ = self.tx.send(Msg::Step {
+                rank: self.rank,
+                step,
+                loss,
+                peak: mem.peak(),
+            });
+        }
+        Ok(RankOut {
+            shards: self.shards(&mem)?,
+            peak: mem.peak(),
+        })
+    }
+
+    /// The ShardParams buffer of each unit.
+    fn shard_buffers(&self) -> Vec<Option<&fsdpc_planner::plan::Buffer>> {
+        let plan = self.prep.plan;
+        plan.units
+            .iter()
+            .map(|u| {
+                plan.buffers
+                    .iter()
+                    .find(|b| b.kind == BufferKind::ShardParams && b.unit == Some(u.id))
+            })
+            .collect()
+    }
+
+    fn init_shards(&self, mem: &Memory) -> Result<(), RuntimeError> {
+        let plan = self.prep.plan;
+        let pos = (self.rank % plan.config.shard_factor as usize) as u64;
+        for (u, b) in self.shard_buffers().into_iter().enumerate() {
+            let Some(b) = b else { continue };
+            // SAFETY: before the first step no stream runs.
+            let bytes = unsafe { mem.view_mut(mem.whole(b.id))? };
+            let out: &mut [f32] = bytemuck::try_cast_slice_mut(bytes).map_err(|_| {
+                RuntimeError::plan(format!("shard buffer {} is not f32-aligned", b.id))
+            })?;
+            crate::init::fill_shard(
+                &plan.units[u],
+                &plan.training.graph.params,
+                pos,
+                self.opts.seed,
+                out,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn shards(&self, mem: &Memory) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let mut out = Vec::new();
+        for b in self.shard_buffers() {
+            let vals = match b {
+                // SAFETY: after the last step no stream runs.
+                Some(b) => unsafe { mem.view(mem.whole(b.id))? }
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                None => Vec::new(),
+            };
+            out.push(vals);
+        }
+        Ok(out)
+    }
+}

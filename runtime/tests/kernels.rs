@@ -1,0 +1,257 @@
+//! Kernel unit tests against hand-computed values.
+
+use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType, UnaryFn};
+use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, TensorMut, TensorRef, Workspace};
+
+fn f32t(shape: &[usize], v: &[f32]) -> HostTensor {
+    HostTensor::from_f32(shape, v).unwrap()
+}
+
+fn run(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> Result<Vec<HostTensor>, String> {
+    let node = Node {
+        op,
+        name: "t".into(),
+        module: ModuleId::ROOT,
+        phase: Phase::Forward,
+        outputs: outs.to_vec(),
+    };
+    let mut out: Vec<HostTensor> = outs.iter().map(|t| HostTensor::zeros(t.clone())).collect();
+    let views: Vec<TensorRef> = ins.iter().map(|t| t.view()).collect();
+    let mut ov: Vec<TensorMut> = out.iter_mut().map(|t| t.view_mut()).collect();
+    CpuBackend::default()
+        .run(
+            &node,
+            &views,
+            &mut ov,
+            &KernelCtx::default(),
+            &mut Workspace::default(),
+        )
+        .map_err(|e| e.0)?;
+    Ok(out)
+}
+
+fn ty(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, shape.to_vec())
+}
+
+fn close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn binary_broadcasts_rows_and_columns() {
+    let a = f32t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+    let row = f32t(&[3], &[10., 20., 30.]);
+    let col = f32t(&[2, 1], &[100., 200.]);
+    let r = run(
+        Op::Binary { f: BinaryFn::Add },
+        &[a.clone(), row],
+        &[ty(&[2, 3])],
+    )
+    .unwrap();
+    close(&r[0].to_f32(), &[11., 22., 33., 14., 25., 36.]);
+    let r = run(Op::Binary { f: BinaryFn::Mul }, &[col, a], &[ty(&[2, 3])]).unwrap();
+    close(&r[0].to_f32(), &[100., 200., 300., 800., 1000., 1200.]);
+}
+
+#[test]
+fn matmul_with_transposes_and_batch_broadcast() {
+    // a: [2, 2, 3] (batch 2), b: [3, 2]
+    let a = f32t(
+        &[2, 2, 3],
+        &[1., 2., 3., 4., 5., 6., 1., 0., 0., 0., 1., 0.],
+    );
+    let b = f32t(&[3, 2], &[1., 2., 3., 4., 5., 6.]);
+    let r = run(
+        Op::MatMul {
+            trans_a: false,
+            trans_b: false,
+        },
+        &[a.clone(), b],
+        &[ty(&[2, 2, 2])],
+    )
+    .unwrap();
+    close(&r[0].to_f32(), &[22., 28., 49., 64., 1., 2., 3., 4.]);
+    // b^T given as [2, 3]
+    let bt = f32t(&[2, 3], &[1., 3., 5., 2., 4., 6.]);
+    let r = run(
+        Op::MatMul {
+            trans_a: false,
+            trans_b: true,
+        },
+        &[a, bt],
+        &[ty(&[2, 2, 2])],
+    )
+    .unwrap();
+    close(&r[0].to_f32(), &[22., 28., 49., 64., 1., 2., 3., 4.]);
+    // trans_a: a^T of [3, 2] -> [2, 3] x [3, 1]
+    let at = f32t(&[3, 2], &[1., 4., 2., 5., 3., 6.]);
+    let c = f32t(&[3, 1], &[1., 1., 1.]);
+    let r = run(
+        Op::MatMul {
+            trans_a: true,
+            trans_b: false,
+        },
+        &[at, c],
+        &[ty(&[2, 1])],
+    )
+    .unwrap();
+    close(&r[0].to_f32(), &[6., 15.]);
+}
+
+#[test]
+fn layer_norm_and_softmax_rows() {
+    let x = f32t(&[1, 4], &[1., 2., 3., 4.]);
+    let g = f32t(&[4], &[1., 1., 1., 1.]);
+    let b = f32t(&[4], &[0., 0., 0., 1.]);
+    let r = run(
+        Op::LayerNorm { eps: 0.0 },
+        &[x.clone(), g, b],
+        &[ty(&[1, 4])],
+    )
+    .unwrap();
+    let s = 1.25f32.sqrt();
+    close(
+        &r[0].to_f32(),
+        &[-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s + 1.0],
+    );
+    let r = run(Op::Softmax { axis: 1 }, &[x], &[ty(&[1, 4])]).unwrap();
+    let e: Vec<f32> = [1f32, 2., 3., 4.].iter().map(|v| v.exp()).collect();
+    let z: f32 = e.iter().sum();
+    close(&r[0].to_f32(), &e.iter().map(|v| v / z).collect::<Vec<_>>());
+}
+
+#[test]
+fn cross_entropy_ignores_rows_and_rejects_bad_labels() {
+    let logits = f32t(&[2, 2], &[0., 0., 1., 1.]);
+    let labels = HostTensor::from_i64(&[2], &[1, -100]).unwrap();
+    let op = Op::CrossEntropy {
+        ignore_index: Some(-100),
+    };
+    let r = run(op.clone(), &[logits.clone(), labels], &[ty(&[])]).unwrap();
+    close(&r[0].to_f32(), &[std::f32::consts::LN_2]);
+    let bad = HostTensor::from_i64(&[2], &[1, 7]).unwrap();
+    let e = run(op, &[logits, bad], &[ty(&[])]).unwrap_err();
+    assert!(e.contains("out of range"), "{e}");
+}
+
+#[test]
+fn attention_causal_first_row_sees_only_itself() {
+    let q = f32t(&[1, 1, 2, 1], &[1., 1.]);
+    let k = f32t(&[1, 1, 2, 1], &[0., 0.]);
+    let v = f32t(&[1, 1, 2, 1], &[3., 5.]);
+    let r = run(
+        Op::Attention {
+            causal: true,
+            scale: 1.0,
+        },
+        &[q, k, v],
+        &[ty(&[1, 1, 2, 1])],
+    )
+    .unwrap();
+    close(&r[0].to_f32(), &[3., 4.]);
+}
+
+#[test]
+fn gather_and_gather_grad() {
+    let data = f32t(&[3, 2], &[1., 2., 3., 4., 5., 6.]);
+    let idx = HostTensor::from_i64(&[3], &[2, 0, 2]).unwrap();
+    let r = run(Op::Gather { axis: 0 }, &[data, idx.clone()], &[ty(&[3, 2])]).unwrap();
+    close(&r[0].to_f32(), &[5., 6., 1., 2., 5., 6.]);
+    let dy = f32t(&[3, 2], &[1., 1., 1., 1., 1., 1.]);
+    let op = Op::GatherGrad {
+        axis: 0,
+        data_shape: vec![3, 2],
+    };
+    let r = run(op, &[idx, dy], &[ty(&[3, 2])]).unwrap();
+    close(&r[0].to_f32(), &[1., 1., 0., 0., 2., 2.]);
+}
+
+#[test]
+fn shape_ops() {
+    let x = f32t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+    let r = run(
+        Op::Transpose { perm: vec![1, 0] },
+        &[x.clone()],
+        &[ty(&[3, 2])],
+    )
+    .unwrap();
+    close(&r[0].to_f32(), &[1., 4., 2., 5., 3., 6.]);
+    let op = Op::Slice {
+        axis: 1,
+        start: 0,
+        end: 3,
+        step: 2,
+    };
+    let r = run(op, &[x.clone()], &[ty(&[2, 2])]).unwrap();
+    close(&r[0].to_f32(), &[1., 3., 4., 6.]);
+    let r = run(
+        Op::Concat { axis: 1 },
+        &[x.clone(), x.clone()],
+        &[ty(&[2, 6])],
+    )
+    .unwrap();
+    close(
+        &r[0].to_f32(),
+        &[1., 2., 3., 1., 2., 3., 4., 5., 6., 4., 5., 6.],
+    );
+    let r = run(
+        Op::Pad {
+            pads: vec![(0, 1), (1, 0)],
+            value: 9.0,
+        },
+        &[x.clone()],
+        &[ty(&[3, 4])],
+    )
+    .unwrap();
+    close(
+        &r[0].to_f32(),
+        &[9., 1., 2., 3., 9., 4., 5., 6., 9., 9., 9., 9.],
+    );
+    let r = run(
+        Op::Expand {
+            shape: vec![2, 2, 3],
+        },
+        &[x.clone()],
+        &[ty(&[2, 2, 3])],
+    )
+    .unwrap();
+    close(&r[0].to_f32()[6..], &[1., 2., 3., 4., 5., 6.]);
+    let op = Op::Reduce {
+        f: ReduceFn::Mean,
+        axes: vec![1],
+        keepdims: false,
+    };
+    let r = run(op, &[x.clone()], &[ty(&[2])]).unwrap();
+    close(&r[0].to_f32(), &[2., 5.]);
+    let r = run(Op::SumTo { shape: vec![3] }, &[x], &[ty(&[3])]).unwrap();
+    close(&r[0].to_f32(), &[5., 7., 9.]);
+}
+
+#[test]
+fn unary_and_cast() {
+    let x = f32t(&[3], &[-1., 0., 2.]);
+    let r = run(Op::Unary { f: UnaryFn::Relu }, &[x.clone()], &[ty(&[3])]).unwrap();
+    close(&r[0].to_f32(), &[0., 0., 2.]);
+    let bt = TensorType::new(DType::Bf16, vec![3]);
+    let r = run(Op::Cast { to: DType::Bf16 }, &[x.clone()], &[bt]).unwrap();
+    close(&r[0].to_f32(), &[-1., 0., 2.]);
+    let it = TensorType::new(DType::I64, vec![3]);
+    let r = run(
+        Op::Cast { to: DType::I64 },
+        &[f32t(&[3], &[-1.7, 0.2, 2.9])],
+        &[it],
+    )
+    .unwrap();
+    assert_eq!(r[0].to_i64(), vec![-1, 0, 2]);
+}
+
+#[test]
+fn wrong_input_count_is_an_error() {
+    let x = f32t(&[3], &[1., 2., 3.]);
+    let e = run(Op::Binary { f: BinaryFn::Add }, &[x], &[ty(&[3])]).unwrap_err();
+    assert!(e.contains("expected 2 inputs"), "{e}");
+}
