@@ -265,14 +265,19 @@ fn param_grads(
             totals.insert(param, t);
         }
     }
-    let mut out = Vec::new();
-    let mut taken = HashSet::new();
+    let mut natural = Vec::new();
     for (&param, ns) in &nodes {
-        let Some(grad) = tied_total(g, &ties, &totals, param, ns[0])? else {
-            continue;
-        };
-        let grad = owned(g, grad, &taken, ns[0])?;
-        taken.insert(grad);
+        if let Some(grad) = tied_total(g, &ties, &totals, param, ns[0])? {
+            natural.push((param, grad, ns[0]));
+        }
+    }
+    let mut wanted: HashMap<ValueId, usize> = HashMap::new();
+    for (_, grad, _) in &natural {
+        *wanted.entry(*grad).or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for (param, grad, at) in natural {
+        let grad = owned(g, grad, wanted[&grad] > 1, at)?;
         out.push(ParamGrad { param, grad });
     }
     Ok(out)
@@ -318,19 +323,21 @@ fn tied_total(
 }
 
 /// `grad` itself if it is a value of its own (produced by a backward,
-/// non-source node, read by nothing, not another parameter's grad), else an
-/// explicit copy of it in `param_node`'s module.
+/// non-source node, read by nothing, not `shared` with another parameter),
+/// else an explicit copy of it in `param_node`'s module. Decided for every
+/// parameter before any copy is added, so a copy never makes another
+/// parameter's grad a value that is read.
 fn owned(
     g: &mut Graph,
     grad: ValueId,
-    taken: &HashSet<ValueId>,
+    shared: bool,
     param_node: NodeId,
 ) -> Result<ValueId, IrError> {
     let node = g.node(grad.node);
     let own = node.phase == Phase::Backward
         && !node.op.is_source()
         && g.users(grad).is_empty()
-        && !taken.contains(&grad);
+        && !shared;
     if own {
         return Ok(grad);
     }

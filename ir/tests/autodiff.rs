@@ -547,3 +547,29 @@ fn non_differentiable_ops_say_so() {
     let err = fsdpc_ir::ops::vjp(&mut g, c.node, dy, &[true, true]).unwrap_err();
     assert!(err.to_string().contains("not differentiable"), "{err}");
 }
+
+/// Regression (found by `random_graphs_differentiate`): in `x + p1 + p2` both
+/// parameters' natural gradient is the same value; each gets its own copy and
+/// no grad is read by another node.
+#[test]
+fn params_sharing_a_natural_grad_get_unread_copies() {
+    let mut g = Graph::new("shared");
+    let x = g.add_input("x", f32t(&[1, 1]));
+    let p1 = param(&mut g, "p1", &[1, 1], Init::Zeros, ModuleId::ROOT);
+    let p2 = param(&mut g, "p2", &[1, 1], Init::Zeros, ModuleId::ROOT);
+    let add = Op::Binary { f: BinaryFn::Add };
+    let y = g.add1(add.clone(), &[x, p1], "a1", ModuleId::ROOT).unwrap();
+    let y = g.add1(add, &[y, p2], "a2", ModuleId::ROOT).unwrap();
+    let y = g
+        .add1(Op::Unary { f: UnaryFn::Tanh }, &[y], "t", ModuleId::ROOT)
+        .unwrap();
+    let mean = Op::Reduce {
+        f: ReduceFn::Mean,
+        axes: vec![],
+        keepdims: false,
+    };
+    let loss = g.add1(mean, &[y], "loss", ModuleId::ROOT).unwrap();
+    let p = build(g, loss);
+    assert_contract(&p);
+    assert_ne!(p.grads[0].grad, p.grads[1].grad);
+}
