@@ -1,1 +1,268 @@
-//! Summaries of a plan for people: `fsdpc inspect`.
+//! Summaries of a plan for people (`fsdpc inspect`): a serialisable
+//! `Summary` and a text rendering with human units.
+
+use crate::plan::*;
+use serde::Serialize;
+use std::fmt::Write;
+
+/// What `fsdpc inspect` shows, as data.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub model: String,
+    pub params: u64,
+    pub preset: String,
+    pub world: u32,
+    pub ranks_per_node: u32,
+    pub strategy: String,
+    pub shard_factor: u32,
+    pub wrap: WrapPolicy,
+    pub backward_prefetch: BackwardPrefetch,
+    pub limit_all_gathers: u32,
+    pub peak_bytes_per_rank: u64,
+    /// Instruction index of the peak.
+    pub peak_at: u32,
+    pub arena_bytes: u64,
+    pub capacity_bytes: u64,
+    /// Live bytes at the peak, by buffer kind.
+    pub breakdown: Vec<(BufferKind, u64)>,
+    pub units: Vec<UnitSummary>,
+    pub comm_bytes_per_step: u64,
+    pub all_gathers: usize,
+    pub reduce_scatters: usize,
+    pub all_reduces: usize,
+    pub instructions: usize,
+    pub instructions_per_stream: Vec<(Stream, usize)>,
+    pub buffers: usize,
+    pub events: u32,
+    pub flops_per_rank_step: f64,
+    pub step_time_s: f64,
+    pub exposed_comm_s: f64,
+    pub tflops_per_rank: f64,
+    pub mfu: f64,
+}
+
+/// One unit's line.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UnitSummary {
+    pub id: UnitId,
+    pub module: String,
+    pub kind: String,
+    /// Number of original parameters in the unit.
+    pub params: usize,
+    pub flat_numel: u64,
+    pub padded_numel: u64,
+    pub shard_numel: u64,
+}
+
+/// The summary of `plan`.
+pub fn summary(plan: &Plan) -> Summary {
+    let count = |f: fn(&InstrOp) -> bool| plan.instructions.iter().filter(|i| f(&i.op)).count();
+    let per_stream = Stream::ALL
+        .iter()
+        .map(|&s| {
+            (
+                s,
+                plan.instructions.iter().filter(|i| i.stream == s).count(),
+            )
+        })
+        .collect();
+    let e = &plan.estimates;
+    Summary {
+        model: plan.model.name.clone(),
+        params: plan.model.params,
+        preset: plan.cluster.preset.clone(),
+        world: plan.cluster.world,
+        ranks_per_node: plan.cluster.ranks_per_node,
+        strategy: plan.config.strategy.name().to_string(),
+        shard_factor: plan.config.shard_factor,
+        wrap: plan.config.wrap.clone(),
+        backward_prefetch: plan.config.backward_prefetch,
+        limit_all_gathers: plan.config.limit_all_gathers,
+        peak_bytes_per_rank: plan.memory.peak_bytes,
+        peak_at: plan.memory.peak_at,
+        arena_bytes: plan.memory.arena_bytes,
+        capacity_bytes: plan.cluster.memory_bytes,
+        breakdown: plan.memory.breakdown.clone(),
+        units: plan.units.iter().map(unit_summary).collect(),
+        comm_bytes_per_step: e.comm_bytes_per_step,
+        all_gathers: count(|op| matches!(op, InstrOp::AllGather { .. })),
+        reduce_scatters: count(|op| matches!(op, InstrOp::ReduceScatter { .. })),
+        all_reduces: count(|op| matches!(op, InstrOp::AllReduce { .. })),
+        instructions: plan.instructions.len(),
+        instructions_per_stream: per_stream,
+        buffers: plan.buffers.len(),
+        events: plan.events,
+        flops_per_rank_step: e.flops_per_rank_step,
+        step_time_s: e.step_time_s,
+        exposed_comm_s: e.exposed_comm_s,
+        tflops_per_rank: e.tflops_per_rank,
+        mfu: e.mfu,
+    }
+}
+
+fn unit_summary(u: &Unit) -> UnitSummary {
+    UnitSummary {
+        id: u.id,
+        module: if u.module.is_empty() {
+            "(root)".into()
+        } else {
+            u.module.clone()
+        },
+        kind: u.kind.clone(),
+        params: u.params.len(),
+        flat_numel: u.flat_numel,
+        padded_numel: u.padded_numel,
+        shard_numel: u.shard_numel,
+    }
+}
+
+/// Bytes in binary units: `512 B`, `1.50 KiB`, `13.50 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut x = b as f64;
+    let mut i = 0;
+    while x >= 1024.0 && i + 1 < UNITS.len() {
+        x /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.2} {}", UNITS[i])
+    }
+}
+
+/// Counts in decimal units: `950`, `12.3 K`, `1.81 B`.
+pub fn human_count(n: u64) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.1} K", n as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.2} M", n as f64 / 1e6),
+        _ => format!("{:.2} B", n as f64 / 1e9),
+    }
+}
+
+/// The plan as a table a person can read.
+pub fn render_text(plan: &Plan) -> String {
+    let s = summary(plan);
+    let mut out = String::new();
+    header(&mut out, &s);
+    units_table(&mut out, &s);
+    memory_table(&mut out, &s);
+    estimates(&mut out, &s);
+    out
+}
+
+fn header(out: &mut String, s: &Summary) {
+    let _ = writeln!(
+        out,
+        "model     {} ({} parameters)",
+        s.model,
+        human_count(s.params)
+    );
+    let _ = writeln!(
+        out,
+        "cluster   {} x {} ranks per node = world {} ({})",
+        s.world / s.ranks_per_node.max(1),
+        s.ranks_per_node,
+        s.world,
+        s.preset
+    );
+    let _ = writeln!(
+        out,
+        "strategy  {} (F = {}), wrap {}, backward prefetch {:?}, limit_all_gathers {}",
+        s.strategy,
+        s.shard_factor,
+        wrap_text(&s.wrap),
+        s.backward_prefetch,
+        s.limit_all_gathers
+    );
+    let streams: Vec<String> = s
+        .instructions_per_stream
+        .iter()
+        .map(|(st, n)| format!("{st:?} {n}").to_lowercase())
+        .collect();
+    let _ = writeln!(
+        out,
+        "schedule  {} instructions ({}), {} buffers, {} events",
+        s.instructions,
+        streams.join(", "),
+        s.buffers,
+        s.events
+    );
+}
+
+fn wrap_text(w: &WrapPolicy) -> String {
+    match w {
+        WrapPolicy::Blocks => "blocks".into(),
+        WrapPolicy::Kind { kind } => format!("kind:{kind}"),
+        WrapPolicy::Size { min_numel } => format!("size:{min_numel}"),
+        WrapPolicy::Paths { paths } => format!("paths:{}", paths.join(",")),
+    }
+}
+
+fn units_table(out: &mut String, s: &Summary) {
+    let _ = writeln!(out, "\nunits");
+    let _ = writeln!(
+        out,
+        "  {:>4}  {:<28} {:<18} {:>6} {:>12} {:>12} {:>12}",
+        "id", "module", "kind", "params", "elements", "padded", "shard/rank"
+    );
+    for u in &s.units {
+        let _ = writeln!(
+            out,
+            "  {:>4}  {:<28} {:<18} {:>6} {:>12} {:>12} {:>12}",
+            u.id.0,
+            u.module,
+            u.kind,
+            u.params,
+            human_count(u.flat_numel),
+            human_count(u.padded_numel),
+            human_bytes(u.shard_numel * 4)
+        );
+    }
+}
+
+fn memory_table(out: &mut String, s: &Summary) {
+    let fits = if s.peak_bytes_per_rank <= s.capacity_bytes {
+        "fits"
+    } else {
+        "DOES NOT FIT"
+    };
+    let _ = writeln!(
+        out,
+        "\nmemory per rank: peak {} at instruction {} (arena {}, capacity {}: {})",
+        human_bytes(s.peak_bytes_per_rank),
+        s.peak_at,
+        human_bytes(s.arena_bytes),
+        human_bytes(s.capacity_bytes),
+        fits
+    );
+    for (kind, bytes) in &s.breakdown {
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>12}",
+            format!("{kind:?}"),
+            human_bytes(*bytes)
+        );
+    }
+}
+
+fn estimates(out: &mut String, s: &Summary) {
+    let _ = writeln!(
+        out,
+        "\ncommunication per rank and step: {} ({} all-gathers, {} reduce-scatters, {} all-reduces)",
+        human_bytes(s.comm_bytes_per_step),
+        s.all_gathers,
+        s.reduce_scatters,
+        s.all_reduces
+    );
+    let _ = writeln!(
+        out,
+        "estimates: step {:.6} s, exposed communication {:.6} s, {:.3} TFLOP/s per rank, MFU {:.1}%",
+        s.step_time_s,
+        s.exposed_comm_s,
+        s.tflops_per_rank,
+        s.mfu * 100.0
+    );
+}
