@@ -70,11 +70,99 @@ pub enum FrontendError {
         /// The file.
         path: PathBuf,
     },
-    /// ONNX import was requested but is not available in this build.
-    #[error("ONNX import is not available yet (`{}`); use a zoo spec or an fsdpc IR `.json` file", .path.display())]
-    OnnxUnavailable {
-        /// The ONNX file.
+    /// An ONNX file that cannot be decoded (truncated, corrupt, not ONNX).
+    #[error("`{}` is not a readable ONNX model: {reason}", .path.display())]
+    OnnxDecode {
+        /// The file.
         path: PathBuf,
+        /// What the decoder said.
+        reason: String,
+    },
+    /// An ONNX model whose default-domain opset is outside what fsdpc reads.
+    #[error(
+        "`{}` uses ONNX opset {version}; fsdpc reads opsets {min} to {max}: re-export with \
+         `torch.onnx.export(..., opset_version={max})`",
+        .path.display()
+    )]
+    OnnxOpset {
+        /// The file.
+        path: PathBuf,
+        /// The model's opset.
+        version: i64,
+        /// Oldest opset read.
+        min: i64,
+        /// Newest opset read.
+        max: i64,
+    },
+    /// An ONNX tensor (initializer or constant) whose data is unusable.
+    #[error("`{}`: tensor `{tensor}`: {reason}", .path.display())]
+    OnnxTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// External data of an ONNX tensor that cannot be read.
+    #[error(
+        "`{}`: tensor `{tensor}` keeps its data in `{}`, which cannot be read: {reason} \
+         (external data files must sit next to the model)",
+        .path.display(), .file.display()
+    )]
+    OnnxExternalData {
+        /// The model file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The external data file.
+        file: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// ONNX ops the importer does not map; every one found is listed.
+    #[error(
+        "`{}` uses ops fsdpc cannot import: {}",
+        .path.display(),
+        .ops.iter().map(|o| o.to_string()).collect::<Vec<_>>().join("; ")
+    )]
+    UnsupportedOps {
+        /// The file.
+        path: PathBuf,
+        /// Each unsupported op with the first node that uses it.
+        ops: Vec<UnsupportedOp>,
+    },
+    /// Symbolic dimensions of the model's inputs with no value.
+    #[error(
+        "`{}` has symbolic dimensions with no value: {}; bind each with `--dim NAME=SIZE` \
+         (LoadOptions::dims)",
+        .path.display(), .dims.join(", ")
+    )]
+    UnboundDims {
+        /// The file.
+        path: PathBuf,
+        /// Each unbound dimension and where it occurs (`seq (input ids, axis 1)`).
+        dims: Vec<String>,
+    },
+    /// An ONNX node that cannot be converted.
+    #[error("`{}`: node `{node}` ({op}): {reason}", .path.display())]
+    OnnxNode {
+        /// The file.
+        path: PathBuf,
+        /// The node's name (or its first output when unnamed).
+        node: String,
+        /// The ONNX op type.
+        op: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An ONNX model that imported but cannot be trained as it is.
+    #[error("`{}`: {reason}", .path.display())]
+    OnnxModel {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// The IR rejected the graph (a shape rule failed, autodiff failed).
     #[error(transparent)]
@@ -88,5 +176,26 @@ impl FrontendError {
             spec: spec.to_string(),
             reason: reason.into(),
         }
+    }
+}
+
+/// One ONNX op that the importer does not map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsupportedOp {
+    /// The op type (`NonZero`), with its domain when not the default one.
+    pub op: String,
+    /// The first node that uses it.
+    pub node: String,
+    /// The model's opset for the op's domain.
+    pub opset: i64,
+}
+
+impl std::fmt::Display for UnsupportedOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (node `{}`, opset {})",
+            self.op, self.node, self.opset
+        )
     }
 }

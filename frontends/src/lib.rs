@@ -1,12 +1,13 @@
 //! fsdpc-frontends: turns a model description into a training program. A model
 //! is a zoo spec (`gpt2`, `gpt:layers=2,...`), an fsdpc IR JSON file (a forward
-//! graph or a training program) or, later, an ONNX file.
+//! graph or a training program) or an ONNX file exported from PyTorch.
 //!
 //! Architecture invariant: frontends depend only on `fsdpc-ir`; they describe
 //! parameters (`Init`) and never materialise them.
 
 pub mod error;
 pub mod ir_json;
+pub mod onnx;
 pub mod zoo;
 
 pub use error::FrontendError;
@@ -60,9 +61,13 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendErro
         .map(str::to_ascii_lowercase);
     match ext.as_deref() {
         Some("json") => load_ir_json(path, opts),
-        Some("onnx") => Err(FrontendError::OnnxUnavailable {
-            path: path.to_path_buf(),
-        }),
+        Some("onnx") => {
+            let m = onnx::import(path, &opts.dims)?;
+            let tokens = opts
+                .tokens_per_sample
+                .unwrap_or_else(|| guess_tokens(&m.graph));
+            finish(m.name, m.graph, m.loss, tokens, opts)
+        }
         _ if path.is_file() => Err(FrontendError::UnsupportedFormat {
             path: path.to_path_buf(),
         }),

@@ -73,10 +73,10 @@ fn program_json_keeps_its_own_optimizer() {
 }
 
 #[test]
-fn onnx_and_other_files_are_reported() {
+fn missing_and_foreign_files_are_reported() {
     assert!(matches!(
-        load("model.onnx", &opts()),
-        Err(FrontendError::OnnxUnavailable { .. })
+        load("missing.onnx", &opts()),
+        Err(FrontendError::Io { .. })
     ));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let path = dir.path().join("weights.pt");

@@ -1,0 +1,54 @@
+//! Type conversion and pass-through — ONNX operators Cast (opsets 13–21),
+//! Identity (13–21) and Dropout (13–21: identity unless `training_mode` is
+//! true, then the IR's counter-based dropout with a seed per site).
+
+use super::Convert;
+use crate::onnx::context::{NodeCx, Val};
+use crate::onnx::proto::dtype;
+use fsdpc_ir::Op;
+
+pub(super) const OPS: &[(&str, Convert)] =
+    &[("Cast", cast), ("Identity", identity), ("Dropout", dropout)];
+
+fn cast(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    let to = i32::try_from(cx.attr_i("to", 0)?)
+        .map_err(|_| "attribute `to` is out of range".to_string())?;
+    let to = dtype(to)?;
+    let y = match cx.val(0)?.clone() {
+        Val::Const(t) => Val::Const(t.cast(to)),
+        Val::Ir(v) if cx.imp.g.value_type(v).dtype == to => Val::Ir(v),
+        Val::Ir(v) => Val::Ir(cx.add(Op::Cast { to }, &[v], "cast")?),
+    };
+    cx.set(0, y);
+    Ok(())
+}
+
+fn identity(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    let v = cx.val(0)?.clone();
+    cx.set(0, v);
+    Ok(())
+}
+
+fn dropout(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    if cx.wants(1) {
+        return Err("the mask output is not supported".into());
+    }
+    let p = cx
+        .opt_konst(1, "ratio")?
+        .map_or(0.5, |t| t.as_f64().first().copied().unwrap_or(0.5));
+    let training = cx
+        .opt_konst(2, "training_mode")?
+        .is_some_and(|t| t.as_i64().first().is_some_and(|&b| b != 0));
+    if !training || p == 0.0 {
+        return identity(cx);
+    }
+    if !(0.0..1.0).contains(&p) {
+        return Err(format!("ratio {p} is not in [0, 1)"));
+    }
+    let seed = cx.imp.next_seed;
+    cx.imp.next_seed += 1;
+    let x = cx.ir(0)?;
+    let y = cx.add(Op::Dropout { p, seed }, &[x], "dropout")?;
+    cx.set(0, Val::Ir(y));
+    Ok(())
+}

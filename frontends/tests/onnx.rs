@@ -1,0 +1,196 @@
+//! ONNX import on the fixtures written by `tests/fixtures/make_fixtures.py`:
+//! models load with their parameters, module tree and loss; bad files give
+//! the error that says what to fix.
+
+use fsdpc_frontends::onnx::import;
+use fsdpc_frontends::{load, FrontendError, LoadOptions};
+use fsdpc_ir::{Graph, Init, Op};
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn dims(pairs: &[(&str, usize)]) -> HashMap<String, usize> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn module_of_param(g: &Graph, name: &str) -> String {
+    let n = g
+        .node_ids()
+        .find(|&n| g.node(n).name == name && matches!(g.node(n).op, Op::Param { .. }))
+        .unwrap_or_else(|| panic!("no param {name}"));
+    g.module_info(g.node(n).module).path.clone()
+}
+
+#[test]
+fn mlp_imports_with_torchscript_module_paths_and_a_cross_entropy_loss() {
+    let m = import(&fixture("mlp.onnx"), &dims(&[("batch", 4)])).unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    assert_eq!(g.param_numel(), 16 * 32 + 32 + 32 * 4 + 4);
+    assert_eq!(g.value_type(m.loss).shape.rank(), 0);
+    assert_eq!(module_of_param(g, "layers.0.fc.weight"), "layers.0.fc");
+    let relu = g.node_ids().find(|&n| g.node(n).op.name() == "unary.relu");
+    let relu = relu.unwrap_or_else(|| panic!("no relu"));
+    assert_eq!(g.module_info(g.node(relu).module).path, "layers.0.act");
+    // The logits output got a `labels` input and a cross-entropy.
+    let labels = g
+        .node_ids()
+        .find(|&n| matches!(&g.node(n).op, Op::Input { name } if name == "labels"));
+    let labels = labels.unwrap_or_else(|| panic!("no labels input"));
+    assert_eq!(g.node(labels).outputs[0].shape.dims(), &[4]);
+    let Init::Data { data } = &g.params[0].init else {
+        panic!("initializer should carry its data")
+    };
+    assert_eq!(data.bytes.len(), 32 * 16 * 4);
+}
+
+#[test]
+fn scalar_loss_output_is_used_as_is() {
+    let m =
+        import(&fixture("mlp_loss.onnx"), &dims(&[("batch", 8)])).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        m.graph.node(m.loss.node).op,
+        Op::CrossEntropy { ignore_index: None }
+    );
+}
+
+#[test]
+fn external_data_is_read_from_next_to_the_model() {
+    let m = import(&fixture("mlp_external.onnx"), &dims(&[("batch", 2)]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.graph.param_numel(), 16 * 32 + 32 + 32 * 4 + 4);
+}
+
+#[test]
+fn missing_external_data_names_the_file() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("mlp_external.onnx");
+    std::fs::copy(fixture("mlp_external.onnx"), &path).unwrap_or_else(|e| panic!("{e}"));
+    match import(&path, &dims(&[("batch", 2)])) {
+        Err(e @ FrontendError::OnnxExternalData { .. }) => {
+            assert!(e.to_string().contains("mlp_external.onnx.data"), "{e}")
+        }
+        other => panic!("expected OnnxExternalData, got {other:?}"),
+    }
+}
+
+#[test]
+fn unbound_symbolic_dims_are_listed() {
+    match import(&fixture("tiny_gpt.onnx"), &dims(&[("batch", 2)])) {
+        Err(e @ FrontendError::UnboundDims { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("`seq` (input `ids`, axis 1)") && msg.contains("--dim"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected UnboundDims, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncated_file_is_a_decode_error() {
+    let bytes = std::fs::read(fixture("mlp.onnx")).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("cut.onnx");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap_or_else(|e| panic!("{e}"));
+    let r = import(&path, &dims(&[("batch", 2)]));
+    assert!(matches!(r, Err(FrontendError::OnnxDecode { .. })), "{r:?}");
+    std::fs::write(&path, b"definitely not protobuf \xff\xff\xff")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = import(&path, &dims(&[("batch", 2)]));
+    assert!(matches!(r, Err(FrontendError::OnnxDecode { .. })), "{r:?}");
+}
+
+#[test]
+fn unsupported_ops_are_all_listed_once() {
+    match import(&fixture("unsupported.onnx"), &HashMap::new()) {
+        Err(FrontendError::UnsupportedOps { ops, .. }) => {
+            let shown: Vec<String> = ops.iter().map(|o| o.to_string()).collect();
+            assert_eq!(
+                shown,
+                vec![
+                    "NonZero (node `/find/NonZero`, opset 17)",
+                    "com.example::FusedThing (node `/custom/FusedThing`, opset 17)"
+                ]
+            );
+        }
+        other => panic!("expected UnsupportedOps, got {other:?}"),
+    }
+}
+
+#[test]
+fn too_new_opset_is_refused() {
+    let r = import(&fixture("opset99.onnx"), &dims(&[("batch", 2)]));
+    match r {
+        Err(e @ FrontendError::OnnxOpset { version: 99, .. }) => {
+            assert!(e.to_string().contains("opset_version=21"))
+        }
+        other => panic!("expected OnnxOpset, got {other:?}"),
+    }
+}
+
+/// Modules and non-constant nodes of a graph, one per line.
+fn dump(g: &Graph) -> String {
+    let mut s = String::from("modules:\n");
+    for m in &g.modules {
+        let path = if m.path.is_empty() { "<root>" } else { &m.path };
+        let _ = writeln!(s, "  {path:<34} {}", m.kind);
+    }
+    s.push_str("nodes:\n");
+    for n in g.node_ids() {
+        let node = g.node(n);
+        let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
+        let module = &g.module_info(node.module).path;
+        let _ = writeln!(
+            s,
+            "  {:<26} {:<14} -> {:<16} in `{module}`",
+            node.name,
+            node.op.name(),
+            types.join(", ")
+        );
+    }
+    s
+}
+
+#[test]
+fn tiny_gpt_folds_shape_subgraphs_and_keeps_the_module_tree() {
+    let m = import(
+        &fixture("tiny_gpt.onnx"),
+        &dims(&[("batch", 2), ("seq", 4)]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    // Same parameters as the zoo's gpt:layers=1,hidden=8,heads=2,vocab=16 with 8 positions.
+    assert_eq!(g.param_numel(), 1_048 + 4 * 8);
+    let names: Vec<String> = g.node_ids().map(|n| g.node(n).op.name()).collect();
+    for folded in ["shape", "range", "constant_of_shape"] {
+        assert!(
+            !names.iter().any(|n| n == folded),
+            "{folded} left in the graph"
+        );
+    }
+    insta::assert_snapshot!(dump(g));
+}
+
+#[test]
+fn onnx_models_load_into_training_programs() {
+    let opts = LoadOptions {
+        dims: dims(&[("batch", 2), ("seq", 4)]),
+        ..LoadOptions::default()
+    };
+    for f in ["tiny_gpt.onnx", "mlp.onnx", "mlp_loss.onnx"] {
+        let path = fixture(f);
+        let m =
+            load(path.to_str().unwrap_or_default(), &opts).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert_eq!(m.program.grads.len(), m.program.graph.params.len(), "{f}");
+    }
+    let path = fixture("tiny_gpt.onnx");
+    let m = load(path.to_str().unwrap_or_default(), &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((m.name.as_str(), m.tokens_per_sample), ("tiny_gpt", 4));
+}
