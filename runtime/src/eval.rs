@@ -10,23 +10,16 @@ use fsdpc_ir::{Graph, NodeId, Op, ParamId, ValueId};
 use std::collections::HashMap;
 
 /// Every parameter's initial value, from the IR's counter-based init.
-pub fn init_params(graph: &Graph, seed: u64) -> HashMap<ParamId, HostTensor> {
-    graph
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, spec)| {
-            let mut t = HostTensor::zeros(fsdpc_ir::TensorType::new(
-                fsdpc_ir::DType::F32,
-                spec.ty.shape.0.clone(),
-            ));
-            let n = spec.ty.numel() as usize;
-            let mut vals = vec![0.0f32; n];
-            crate::irinit::fill_f32(spec, seed, 0, &mut vals);
-            t.bytes_mut().copy_from_slice(bytemuck::cast_slice(&vals));
-            (ParamId(i as u32), cast_to(&t, spec.ty.dtype))
-        })
-        .collect()
+pub fn init_params(graph: &Graph, seed: u64) -> Result<HashMap<ParamId, HostTensor>, RuntimeError> {
+    let mut out = HashMap::new();
+    for (i, spec) in graph.params.iter().enumerate() {
+        let mut vals = vec![0.0f32; spec.ty.numel() as usize];
+        crate::irinit::fill_f32(spec, seed, 0, &mut vals)?;
+        let t =
+            HostTensor::from_f32(&spec.ty.shape.0, &vals).map_err(|e| RuntimeError::Eval(e.0))?;
+        out.insert(ParamId(i as u32), cast_to(&t, spec.ty.dtype));
+    }
+    Ok(out)
 }
 
 fn cast_to(t: &HostTensor, dt: fsdpc_ir::DType) -> HostTensor {

@@ -40,7 +40,7 @@ pub fn fill_shard(
                 seed,
                 s - fp.offset,
                 &mut out[(s - lo) as usize..(e - lo) as usize],
-            );
+            )?;
         }
     }
     Ok(())

@@ -1,5 +1,7 @@
 //! Kernel unit tests against hand-computed values.
 
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
 use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType, UnaryFn};
 use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, TensorMut, TensorRef, Workspace};
 

@@ -2,9 +2,9 @@
 //!
 //! - Synthetic: each sample is a chain whose first token is drawn from
 //!   (seed, step, sample) and whose every next token is a fixed random
-//!   function of the previous one, keyed by the seed. A model that learns the
-//!   function predicts every token but the first, so the loss falls from
-//!   about `ln(vocab)` toward `ln(vocab) / seq`.
+//!   function of the previous one, keyed by the seed. Every label is that
+//!   function of the token before it, so a model that learns the function
+//!   drives the loss from about `ln(vocab)` toward 0.
 //! - Corpus (a text file as bytes, or nanoGPT `.bin` u16 tokens): the window
 //!   starts at a position drawn from (seed, step, sample).
 

@@ -84,8 +84,7 @@ impl<'a> RankEnv<'a> {
 
     fn comm(&self, s: Stream, g: Group) -> &ShmComm {
         // Every (stream, group) pair was created in `new`.
-        self
-            .comms
+        self.comms
             .iter()
             .find(|(k, _)| *k == (s, g))
             .map(|(_, c)| c)

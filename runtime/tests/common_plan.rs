@@ -1,0 +1,28 @@
+//! Shared helpers for executor tests: zoo model -> training program -> plan.
+
+#![allow(dead_code)]
+
+use fsdpc_ir::{build_training_program, Optimizer};
+use fsdpc_planner::{compile, count_params, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+
+/// A plan for zoo model `spec` on `world` cpu-local ranks.
+pub fn plan(spec: &str, world: u32, strategy: Strategy, optimizer: Optimizer) -> Plan {
+    let m = fsdpc_frontends::zoo::build(spec).unwrap();
+    let batch = m.graph.node_ids().find_map(|n| match &m.graph.node(n).op {
+        fsdpc_ir::Op::Input { .. } => m.graph.node(n).outputs[0].shape.0.first().copied(),
+        _ => None,
+    });
+    let tokens = m.tokens_per_sample * batch.unwrap_or(1) as u64;
+    let prog = build_training_program(m.graph, m.loss, optimizer).unwrap();
+    let model = ModelInfo {
+        name: m.name.clone(),
+        params: count_params(&prog),
+        tokens_per_rank_step: tokens,
+    };
+    let cluster = Cluster::preset("cpu-local", world, world).unwrap();
+    let cfg = FsdpConfig {
+        strategy,
+        ..FsdpConfig::default()
+    };
+    compile(prog, model, &cluster, &cfg).unwrap()
+}
