@@ -170,11 +170,11 @@ fn header(out: &mut String, s: &Summary) {
     );
     let _ = writeln!(
         out,
-        "strategy  {} (F = {}), wrap {}, backward prefetch {:?}, limit_all_gathers {}",
+        "strategy  {} (F = {}), wrap {}, backward prefetch {}, limit_all_gathers {}",
         s.strategy,
         s.shard_factor,
         wrap_text(&s.wrap),
-        s.backward_prefetch,
+        format!("{:?}", s.backward_prefetch).to_lowercase(),
         s.limit_all_gathers
     );
     let streams: Vec<String> = s

@@ -35,6 +35,90 @@ fn gpt3_175b_world_128_full_shard_peak_is_plausible() {
     for (k, b) in &plan.memory.breakdown {
         eprintln!("  {k:?}: {:.2} GiB", *b as f64 / 2f64.powi(30));
     }
+    let t = Instant::now();
+    assert_eq!(plan.validate(), Ok(()));
+    eprintln!("validated in {:.3}s", t.elapsed().as_secs_f64());
     assert!(peak > persistent);
     assert!(peak < persistent + 400e9);
+}
+
+#[test]
+fn gpt3_175b_world_512_plans_fast_and_does_not_grow_with_world() {
+    let cfg = FsdpConfig {
+        check_fits: false,
+        ..FsdpConfig::default()
+    };
+    let (small, _) = gpt3(8, &cfg);
+    let (plan, secs) = gpt3(512, &cfg);
+    eprintln!(
+        "gpt3-175b world 512: planned in {secs:.3}s, peak {:.2} GiB",
+        plan.memory.peak_bytes as f64 / 2f64.powi(30)
+    );
+    assert!(secs < 5.0, "planning took {secs}s");
+    assert_eq!(plan.instructions.len(), small.instructions.len());
+    assert_eq!(plan.buffers.len(), small.buffers.len());
+}
+
+#[test]
+fn no_shard_gpt3_does_not_fit_and_says_what_would() {
+    let (p, info) = program("gpt3-175b");
+    let cluster = Cluster::preset("a100-80g-roce", 128, 8).unwrap();
+    let cfg = FsdpConfig {
+        strategy: Strategy::NoShard,
+        ..FsdpConfig::default()
+    };
+    match compile(p, info, &cluster, &cfg) {
+        Err(PlanError::DoesNotFit {
+            needed_bytes,
+            capacity_bytes,
+            over_by,
+            suggestion,
+        }) => {
+            eprintln!("no_shard: needs {needed_bytes}, capacity {capacity_bytes}: {suggestion}");
+            assert_eq!(over_by, needed_bytes - capacity_bytes);
+            assert!(
+                suggestion.contains("does not fit at any world size"),
+                "{suggestion}"
+            );
+        }
+        r => panic!(
+            "expected DoesNotFit, got {:?}",
+            r.map(|p| p.memory.peak_bytes)
+        ),
+    }
+}
+
+#[test]
+fn does_not_fit_suggests_the_smallest_world_that_fits() {
+    // gpt2-xl with AdamW in f32 needs ~25 GB of persistent state: with 8 GiB
+    // ranks (cpu-local at 3 ranks per node) it fits only once sharded enough.
+    let (p, info) = program("gpt2-xl");
+    let cluster = Cluster::preset("cpu-local", 3, 3).unwrap();
+    match compile(p.clone(), info.clone(), &cluster, &FsdpConfig::default()) {
+        Err(PlanError::DoesNotFit { suggestion, .. }) => {
+            eprintln!("{suggestion}");
+            let world: u32 = suggestion
+                .split("world >= ")
+                .nth(1)
+                .and_then(|s| s.split(' ').next())
+                .and_then(|s| s.parse().ok())
+                .expect("a world size in the suggestion");
+            let bigger = Cluster::preset("cpu-local", world, 3).unwrap();
+            let bigger = Cluster {
+                memory_bytes: cluster.memory_bytes,
+                ..bigger
+            };
+            compile(p.clone(), info.clone(), &bigger, &FsdpConfig::default())
+                .expect("the suggested world fits");
+            let smaller = Cluster {
+                memory_bytes: cluster.memory_bytes,
+                ..bigger.with_world(world - 3).unwrap()
+            };
+            assert!(compile(p, info, &smaller, &FsdpConfig::default()).is_err());
+        }
+        r => panic!(
+            "expected DoesNotFit, got {:?}",
+            r.map(|p| p.memory.peak_bytes)
+        ),
+    }
 }
