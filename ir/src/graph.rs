@@ -174,7 +174,7 @@ impl Graph {
     // ---- nodes ----
 
     /// Adds a node with already known output types. Builders normally call
-    /// `crate::builder` helpers, which infer the types.
+    /// `Graph::add` (or the helpers in `crate::builder`), which infer them.
     pub fn add_node_typed(&mut self, node: Node, inputs: &[ValueId]) -> NodeId {
         let idx = self.g.add_node(node);
         for (dst_slot, v) in inputs.iter().enumerate() {

@@ -5,6 +5,7 @@
 //! knows nothing about sharding, devices or kernels.
 
 pub mod autodiff;
+mod builder;
 mod display;
 pub mod error;
 pub mod graph;

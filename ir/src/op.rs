@@ -76,7 +76,8 @@ pub enum Op {
         axis: usize,
     },
     /// Scaled dot-product attention over `q, k, v: [batch, heads, seq, head_dim]`,
-    /// optionally causal. Output has the shape of `q`.
+    /// optionally causal. Output has the shape of `q`. `k` and `v` have the
+    /// same shape and may have another sequence length than `q` unless causal.
     Attention {
         causal: bool,
         scale: f64,
@@ -85,7 +86,9 @@ pub enum Op {
     Gather {
         axis: usize,
     },
-    /// Inverted dropout with a counter-based mask keyed by (seed, step, element).
+    /// Inverted dropout with a counter-based mask keyed by (seed, step, element):
+    /// element `e` is kept iff `crate::init::dropout_keep(seed, step, e, p)`,
+    /// and kept elements are scaled by `1 / (1 - p)`. `0 <= p < 1`.
     Dropout {
         p: f64,
         seed: u64,
@@ -98,7 +101,8 @@ pub enum Op {
     Transpose {
         perm: Vec<usize>,
     },
-    /// One axis; `end` exclusive, `step >= 1`.
+    /// One axis; `end` exclusive (clamped to the axis length, as numpy
+    /// does), `start <= length`, `step >= 1`.
     Slice {
         axis: usize,
         start: usize,
@@ -108,7 +112,8 @@ pub enum Op {
     Concat {
         axis: usize,
     },
-    /// Broadcast to `shape` (numpy rules).
+    /// Broadcast to `shape` (numpy `broadcast_to`: the input must broadcast
+    /// to exactly `shape`).
     Expand {
         shape: Vec<usize>,
     },
@@ -117,6 +122,8 @@ pub enum Op {
         pads: Vec<(usize, usize)>,
         value: f64,
     },
+    /// Reduce over `axes` (distinct; empty means every axis, as ONNX), keeping
+    /// them as 1s if `keepdims`. `Mean` needs floating point.
     Reduce {
         f: ReduceFn,
         axes: Vec<usize>,
@@ -125,6 +132,7 @@ pub enum Op {
 
     // ---- losses ----
     /// `(logits[n, c], labels[n] int)` -> scalar mean over the non-ignored rows.
+    /// The loss is f32 whatever the logits' dtype.
     CrossEntropy {
         ignore_index: Option<i64>,
     },

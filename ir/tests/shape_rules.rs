@@ -331,3 +331,20 @@ proptest! {
         prop_assert_eq!(check(Op::Transpose { perm: inv }, &[t]), Ok(f32t(&shape)));
     }
 }
+
+#[test]
+fn builder_helpers_infer_types() {
+    let mut g = Graph::new("b");
+    let m = ModuleId::ROOT;
+    let x = g.add_input("x", f32t(&[2, 3]));
+    let w = g.add_input("w", f32t(&[3, 4]));
+    let y = g.matmul(x, w, "mm", m).unwrap();
+    let y = g.unary(UnaryFn::Relu, y, "relu", m).unwrap();
+    let two = g.scalar(DType::F32, 2.0, "two", m).unwrap();
+    let y = g.binary(BinaryFn::Mul, y, two, "scale", m).unwrap();
+    let y = g.transpose(y, &[1, 0], "t", m).unwrap();
+    let y = g.reshape(y, &[8], "flat", m).unwrap();
+    let y = g.mean(y, &[], false, "mean", m).unwrap();
+    assert_eq!(g.value_type(y), &f32t(&[]));
+    assert!(g.reshape(x, &[5], "bad", m).is_err());
+}
