@@ -1,9 +1,10 @@
 //! Loading fsdpc IR JSON files: a forward `Graph` (whose first output is the
 //! scalar loss) or a whole `TrainingProgram`, as fsdpc-ir's serde writes them.
-//! Errors name the file and serde's line and column.
+//! Errors name the file and serde's line and column; a file that parses is
+//! checked by the IR's verifier, and every problem it finds is reported.
 
 use crate::error::FrontendError;
-use fsdpc_ir::{Graph, Op, TrainingProgram, ValueId};
+use fsdpc_ir::{Graph, TrainingProgram, ValueId};
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Deserialize;
 use std::path::Path;
@@ -79,7 +80,7 @@ fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, FrontendErro
 
 fn graph_from_str(path: &Path, text: &str) -> Result<(Graph, ValueId), FrontendError> {
     let graph: Graph = parse(path, text)?;
-    let mut problems = graph_problems(&graph);
+    let mut problems = ir_problems(fsdpc_ir::validate(&graph));
     match graph.outputs.first() {
         None => {
             problems.push("the graph has no outputs; outputs[0] must be the scalar loss".into())
@@ -93,23 +94,7 @@ fn graph_from_str(path: &Path, text: &str) -> Result<(Graph, ValueId), FrontendE
 
 fn program_from_str(path: &Path, text: &str) -> Result<TrainingProgram, FrontendError> {
     let program: TrainingProgram = parse(path, text)?;
-    let g = &program.graph;
-    let mut problems = graph_problems(g);
-    problems.extend(loss_problem(g, program.loss, "loss"));
-    for (i, pg) in program.grads.iter().enumerate() {
-        if pg.param.0 as usize >= g.params.len() {
-            problems.push(format!(
-                "grads[{i}] names parameter {} which does not exist",
-                pg.param.0
-            ));
-        }
-        if !value_exists(g, pg.grad) {
-            problems.push(format!(
-                "grads[{i}] refers to value {} which does not exist",
-                pg.grad
-            ));
-        }
-    }
+    let problems = ir_problems(program.validate());
     finish(path, problems)?;
     Ok(program)
 }
@@ -125,23 +110,11 @@ fn finish(path: &Path, problems: Vec<String>) -> Result<(), FrontendError> {
     }
 }
 
-/// References the deserialiser does not check: `Param` nodes naming a
-/// parameter that does not exist.
-fn graph_problems(g: &Graph) -> Vec<String> {
-    g.node_ids()
-        .filter_map(|n| {
-            let node = g.node(n);
-            match node.op {
-                Op::Param { param } if param.0 as usize >= g.params.len() => Some(format!(
-                    "node {n} ({}) refers to parameter {} but the graph has {} parameters",
-                    node.name,
-                    param.0,
-                    g.params.len()
-                )),
-                _ => None,
-            }
-        })
-        .collect()
+/// The verifier's problems as strings.
+fn ir_problems(r: Result<(), fsdpc_ir::Problems>) -> Vec<String> {
+    r.err()
+        .map(|p| p.0.iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
 }
 
 fn value_exists(g: &Graph, v: ValueId) -> bool {

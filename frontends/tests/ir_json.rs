@@ -4,7 +4,8 @@
 
 use fsdpc_frontends::ir_json::{self, JsonModel};
 use fsdpc_frontends::{zoo, FrontendError};
-use fsdpc_ir::{Optimizer, TrainingProgram};
+use fsdpc_ir::autodiff::build_training_program;
+use fsdpc_ir::Optimizer;
 use std::path::{Path, PathBuf};
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -39,12 +40,8 @@ fn graph_round_trips() {
 #[test]
 fn program_round_trips() {
     let m = zoo::build("mlp-mini").unwrap_or_else(|e| panic!("{e}"));
-    let program = TrainingProgram {
-        graph: m.graph,
-        loss: m.loss,
-        grads: vec![],
-        optimizer: Optimizer::adamw(3e-4),
-    };
+    let program = build_training_program(m.graph, m.loss, Optimizer::adamw(3e-4));
+    let program = program.unwrap_or_else(|e| panic!("{e}"));
     let dir = tmp();
     let path = write(dir.path(), "mlp.json", &json(&program));
     let back = ir_json::load_program(&path).unwrap_or_else(|e| panic!("{e}"));
@@ -120,6 +117,25 @@ fn graph_without_scalar_loss_is_rejected() {
         Err(FrontendError::BadGraph { problems, .. }) => {
             assert!(
                 problems[0].contains("must be a floating-point scalar"),
+                "{problems:?}"
+            )
+        }
+        other => panic!("expected BadGraph, got {other:?}"),
+    }
+}
+
+#[test]
+fn stored_types_are_checked_by_the_verifier() {
+    let m = zoo::build("mlp-mini").unwrap_or_else(|e| panic!("{e}"));
+    let mut v = serde_json::to_value(&m.graph).unwrap_or_else(|e| panic!("{e}"));
+    // Node 4 is the first matmul, [16, 64]; claim it is [16, 65].
+    v["nodes"][4]["outputs"][0]["shape"] = serde_json::json!([16, 65]);
+    let dir = tmp();
+    let path = write(dir.path(), "tampered.json", &json(&v));
+    match ir_json::load_graph(&path) {
+        Err(FrontendError::BadGraph { problems, .. }) => {
+            assert!(
+                problems.iter().any(|p| p.contains("layers.0.fc.matmul")),
                 "{problems:?}"
             )
         }

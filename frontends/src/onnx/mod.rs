@@ -233,6 +233,7 @@ fn input_type(
             }
         });
     }
+    tensor::check_numel(&out).map_err(|e| format!("input `{}`: {e}", vi.name))?;
     Ok((dtype, out))
 }
 

@@ -280,3 +280,16 @@ pub(crate) fn check_size(shape: &[usize]) -> Result<(), String> {
         )),
     }
 }
+
+/// The most elements any tensor of an imported graph may have (2^40).
+pub(crate) const MAX_NUMEL: usize = 1 << 40;
+
+/// Fails if a graph tensor of `shape` would be implausibly large (and keeps
+/// every later product of its dimensions from overflowing).
+pub(crate) fn check_numel(shape: &[usize]) -> Result<(), String> {
+    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    match n {
+        Some(n) if n <= MAX_NUMEL => Ok(()),
+        _ => Err(format!("a tensor of shape {shape:?} is implausibly large")),
+    }
+}

@@ -6,7 +6,9 @@
 
 use super::Convert;
 use crate::onnx::context::{norm_axis, NodeCx, Val};
-use crate::onnx::tensor::{broadcast, broadcast_indices, check_size, strides, HostTensor};
+use crate::onnx::tensor::{
+    broadcast, broadcast_indices, check_numel, check_size, strides, HostTensor,
+};
 use fsdpc_ir::Op;
 
 pub(super) const OPS: &[(&str, Convert)] = &[
@@ -59,6 +61,8 @@ fn reshape(cx: &mut NodeCx<'_>) -> Result<(), String> {
 /// `allow_zero`; one -1 is inferred).
 fn target(input: &[usize], spec: &[i64], allow_zero: bool) -> Result<Vec<usize>, String> {
     let numel: usize = input.iter().product();
+    let as_dims: Vec<usize> = spec.iter().map(|&d| d.max(1) as usize).collect();
+    check_numel(&as_dims)?;
     let mut infer = None;
     let mut dims = Vec::with_capacity(spec.len());
     for (i, &d) in spec.iter().enumerate() {
@@ -208,6 +212,7 @@ fn expand(cx: &mut NodeCx<'_>) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let input = cx.ty(0)?.shape.dims().to_vec();
     let out = broadcast(&input, &spec)?;
+    check_numel(&out)?;
     if let Val::Const(t) = cx.val(0)? {
         check_size(&out)?;
         let y = t.pick(&broadcast_indices(&t.shape, &out), out);

@@ -4,7 +4,7 @@
 
 use super::Convert;
 use crate::onnx::context::{norm_axis, NodeCx, Val};
-use crate::onnx::tensor::{check_size, HostTensor};
+use crate::onnx::tensor::{check_numel, check_size, HostTensor};
 use fsdpc_ir::{Op, ValueId};
 
 pub(super) const OPS: &[(&str, Convert)] = &[
@@ -254,6 +254,13 @@ fn pad(cx: &mut NodeCx<'_>) -> Result<(), String> {
     for (k, &a) in axes.iter().enumerate() {
         pairs[a] = (pads[k] as usize, pads[k + axes.len()] as usize);
     }
+    let dims = cx.ty(0)?.shape.dims().to_vec();
+    let padded: Option<Vec<usize>> = dims
+        .iter()
+        .zip(&pairs)
+        .map(|(&d, &(b, e))| d.checked_add(b)?.checked_add(e))
+        .collect();
+    check_numel(&padded.ok_or("pads overflow")?)?;
     let x = cx.ir(0)?;
     let y = cx.add(Op::Pad { pads: pairs, value }, &[x], "pad")?;
     cx.set(0, Val::Ir(y));
