@@ -1,11 +1,11 @@
 //! Executor tests: tiny GPT and MLP plans trained on thread ranks.
 
-mod common_plan;
+mod support;
 
-use common_plan::plan;
 use fsdpc_ir::Optimizer;
 use fsdpc_planner::Strategy;
 use fsdpc_runtime::{train, ExecMode, TrainOptions, TrainReport};
+use support::plan::plan;
 
 const GPT: &str = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
 const MLP: &str = "mlp:layers=2,in=8,hidden=16,classes=4,batch=4";

@@ -1,7 +1,5 @@
 //! Shared helpers for executor tests: zoo model -> training program -> plan.
 
-#![allow(dead_code)]
-
 use fsdpc_ir::{build_training_program, Optimizer};
 use fsdpc_planner::{compile, count_params, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
 
