@@ -98,6 +98,7 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph named `name` with only the root module.
     pub fn new(name: impl Into<String>) -> Graph {
         let mut g = Graph {
             name: name.into(),
@@ -139,10 +140,12 @@ impl Graph {
         self.modules[id.0 as usize].kind = kind.to_string();
     }
 
+    /// The module `id` (panics if it does not exist).
     pub fn module_info(&self, id: ModuleId) -> &Module {
         &self.modules[id.0 as usize]
     }
 
+    /// The module at dotted `path`, if any.
     pub fn module_by_path(&self, path: &str) -> Option<ModuleId> {
         self.module_by_path.get(path).copied()
     }
@@ -162,11 +165,13 @@ impl Graph {
 
     // ---- parameters ----
 
+    /// Registers a parameter without a node (see `add_param`).
     pub fn add_param_spec(&mut self, spec: ParamSpec) -> ParamId {
         self.params.push(spec);
         ParamId(self.params.len() as u32 - 1)
     }
 
+    /// The parameter `id` (panics if it does not exist).
     pub fn param(&self, id: ParamId) -> &ParamSpec {
         &self.params[id.0 as usize]
     }
@@ -190,22 +195,27 @@ impl Graph {
         NodeId(idx.index() as u32)
     }
 
+    /// True if node `n` exists.
     pub fn contains(&self, n: NodeId) -> bool {
         self.g.contains_node(NodeIndex::new(n.0 as usize))
     }
 
+    /// Node `n` (panics if it does not exist; see `try_node`).
     pub fn node(&self, n: NodeId) -> &Node {
         &self.g[NodeIndex::new(n.0 as usize)]
     }
 
+    /// Node `n`, mutably (panics if it does not exist).
     pub fn node_mut(&mut self, n: NodeId) -> &mut Node {
         &mut self.g[NodeIndex::new(n.0 as usize)]
     }
 
+    /// Node `n`, if it exists.
     pub fn try_node(&self, n: NodeId) -> Option<&Node> {
         self.g.node_weight(NodeIndex::new(n.0 as usize))
     }
 
+    /// The type of `v` (panics if it does not exist; see `try_value_type`).
     pub fn value_type(&self, v: ValueId) -> &TensorType {
         &self.node(v.node).outputs[v.slot as usize]
     }
@@ -215,6 +225,7 @@ impl Graph {
         self.try_node(v.node)?.outputs.get(v.slot as usize)
     }
 
+    /// Number of nodes.
     pub fn node_count(&self) -> usize {
         self.g.node_count()
     }
@@ -278,6 +289,7 @@ impl Graph {
         );
     }
 
+    /// Removes node `n` and its edges; other ids are unchanged.
     pub fn remove_node(&mut self, n: NodeId) -> Option<Node> {
         self.g.remove_node(NodeIndex::new(n.0 as usize))
     }
