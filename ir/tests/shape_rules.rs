@@ -348,3 +348,21 @@ fn builder_helpers_infer_types() {
     assert_eq!(g.value_type(y), &f32t(&[]));
     assert!(g.reshape(x, &[5], "bad", m).is_err());
 }
+
+proptest! {
+    /// A rejected node's error carries the node's name, the op and a reason.
+    #[test]
+    fn rejected_nodes_are_named(a in shape_strategy(3), b in shape_strategy(3), name in "[a-z]{1,8}(\\.[a-z0-9]{1,4}){0,3}") {
+        prop_assume!(a.iter().product::<usize>() != b.iter().product::<usize>());
+        let mut g = Graph::new("p");
+        let x = g.add_input("x", f32t(&a));
+        match g.add1(Op::Reshape { shape: b }, &[x], name.clone(), ModuleId::ROOT) {
+            Err(IrError::Shape { node, op, reason }) => {
+                prop_assert_eq!(node, name);
+                prop_assert_eq!(op, "reshape");
+                prop_assert!(reason.contains("cannot reshape"));
+            }
+            other => prop_assert!(false, "expected a shape error, got {:?}", other),
+        }
+    }
+}
