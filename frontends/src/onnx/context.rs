@@ -131,7 +131,7 @@ impl NodeCx<'_> {
 
     /// A `Constant` node holding `t`.
     pub fn constant(&mut self, t: &HostTensor) -> Result<ValueId, String> {
-        let value = t.to_data()?;
+        let value = t.to_data();
         self.add(Op::Constant { value }, &[], "const")
     }
 

@@ -106,7 +106,7 @@ impl HostTensor {
     }
 
     /// Little-endian bytes in the layout of `dtype`, for a `Constant` node.
-    pub fn to_data(&self) -> Result<TensorData, String> {
+    pub fn to_data(&self) -> TensorData {
         let bytes: Vec<u8> = match self.dtype {
             DType::F32 => self
                 .as_f64()
@@ -124,15 +124,24 @@ impl HostTensor {
                 .flat_map(|&x| (x as i32).to_le_bytes())
                 .collect(),
             DType::Bool => self.as_i64().iter().map(|&x| u8::from(x != 0)).collect(),
-            d => return Err(format!("constants of type {d} cannot be folded yet")),
+            DType::F16 => self
+                .as_f64()
+                .iter()
+                .flat_map(|&x| half::f16::from_f64(x).to_le_bytes())
+                .collect(),
+            DType::Bf16 => self
+                .as_f64()
+                .iter()
+                .flat_map(|&x| half::bf16::from_f64(x).to_le_bytes())
+                .collect(),
         };
-        Ok(TensorData {
+        TensorData {
             ty: TensorType::new(self.dtype, self.shape.clone()),
             bytes,
-        })
+        }
     }
 
-    /// Reads a constant from its bytes (f32, i64, i32, bool).
+    /// Reads a constant from its bytes.
     pub fn from_data(d: &TensorData) -> Result<HostTensor, String> {
         let shape = d.ty.shape.dims().to_vec();
         let b = &d.bytes;
@@ -161,7 +170,20 @@ impl HostTensor {
                 shape,
                 b.iter().map(|&x| i64::from(x != 0)).collect(),
             ),
-            other => return Err(format!("constants of type {other} cannot be folded yet")),
+            DType::F16 => HostTensor::floats(
+                DType::F16,
+                shape,
+                chunks::<2>(b)
+                    .map(|c| half::f16::from_le_bytes(c).to_f64())
+                    .collect(),
+            ),
+            DType::Bf16 => HostTensor::floats(
+                DType::Bf16,
+                shape,
+                chunks::<2>(b)
+                    .map(|c| half::bf16::from_le_bytes(c).to_f64())
+                    .collect(),
+            ),
         };
         if t.numel()
             != match &t.data {

@@ -42,3 +42,6 @@ pub(crate) fn registry() -> HashMap<&'static str, Convert> {
     .copied()
     .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! Unit tests of the op converters: each runs one ONNX node on inputs that are
+//! graph values or constants and checks the IR it produced or the constant it
+//! folded.
+
+use super::registry;
+use crate::onnx::context::{Importer, NodeCx, Val};
+use crate::onnx::tensor::{HostData, HostTensor};
+use fsdpc_ir::{DType, Graph, ModuleId, Op, TensorType};
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::{AttributeProto, NodeProto};
+use std::collections::HashMap;
+
+struct T {
+    imp: Importer,
+}
+
+fn importer(opset: i64) -> Importer {
+    Importer {
+        g: Graph::new("t"),
+        vals: HashMap::new(),
+        opset,
+        next_seed: 0,
+        log_softmax_of: HashMap::new(),
+        decode: Box::new(|_| Err("no tensors here".into())),
+    }
+}
+
+impl T {
+    fn new(opset: i64) -> T {
+        T {
+            imp: importer(opset),
+        }
+    }
+
+    fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> &mut T {
+        let v = self
+            .imp
+            .g
+            .add_input(name, TensorType::new(dtype, shape.to_vec()));
+        self.imp.vals.insert(name.into(), Val::Ir(v));
+        self
+    }
+
+    fn konst(&mut self, name: &str, t: HostTensor) -> &mut T {
+        self.imp.vals.insert(name.into(), Val::Const(t));
+        self
+    }
+
+    fn run(
+        &mut self,
+        op: &str,
+        ins: &[&str],
+        outs: &[&str],
+        attrs: Vec<AttributeProto>,
+    ) -> Result<(), String> {
+        let node = NodeProto {
+            op_type: op.into(),
+            name: format!("/m/{op}"),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            attribute: attrs,
+            ..NodeProto::default()
+        };
+        let table = registry();
+        let convert = table.get(op).ok_or(format!("{op} is not in the table"))?;
+        let mut cx = NodeCx {
+            imp: &mut self.imp,
+            node: &node,
+            module: ModuleId::ROOT,
+        };
+        convert(&mut cx)
+    }
+
+    fn ok(&mut self, op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> &mut T {
+        if let Err(e) = self.run(op, ins, outs, attrs) {
+            panic!("{op}: {e}");
+        }
+        self
+    }
+
+    /// The folded constant `name`.
+    fn c(&self, name: &str) -> HostTensor {
+        match self.imp.vals.get(name) {
+            Some(Val::Const(t)) => t.clone(),
+            other => panic!("{name} is not a constant: {other:?}"),
+        }
+    }
+
+    /// `op name` and type of graph value `name`.
+    fn ir(&self, name: &str) -> String {
+        match self.imp.vals.get(name) {
+            Some(Val::Ir(v)) => {
+                let n = self.imp.g.node(v.node);
+                format!("{} {}", n.op.name(), n.outputs[v.slot as usize])
+            }
+            other => panic!("{name} is not a graph value: {other:?}"),
+        }
+    }
+
+    fn op(&self, name: &str) -> Op {
+        match self.imp.vals.get(name) {
+            Some(Val::Ir(v)) => self.imp.g.node(v.node).op.clone(),
+            other => panic!("{name} is not a graph value: {other:?}"),
+        }
+    }
+}
+
+fn ints(v: &[i64]) -> HostTensor {
+    HostTensor::vec_i64(v.to_vec())
+}
+
+fn scalar_i(v: i64) -> HostTensor {
+    HostTensor::ints(DType::I64, vec![], vec![v])
+}
+
+fn scalar_f(v: f64) -> HostTensor {
+    HostTensor::floats(DType::F32, vec![], vec![v])
+}
+
+fn a_i(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        i: v,
+        type_: AttributeType::INT.into(),
+        ..AttributeProto::default()
+    }
+}
+
+fn a_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        ints: v.to_vec(),
+        type_: AttributeType::INTS.into(),
+        ..AttributeProto::default()
+    }
+}
+
+fn a_f(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        f: v,
+        type_: AttributeType::FLOAT.into(),
+        ..AttributeProto::default()
+    }
+}
+
+fn a_s(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        s: v.as_bytes().to_vec(),
+        type_: AttributeType::STRING.into(),
+        ..AttributeProto::default()
+    }
+}
+
+#[test]
+fn shape_gather_concat_reshape_folds() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 3, 8])
+        .konst("zero", scalar_i(0))
+        .konst("axes0", ints(&[0]))
+        .konst("heads", ints(&[2, 4]))
+        .ok("Shape", &["x"], &["s"], vec![])
+        .ok("Gather", &["s", "zero"], &["b"], vec![a_i("axis", 0)])
+        .ok("Unsqueeze", &["b", "axes0"], &["b1"], vec![])
+        .ok(
+            "Shape",
+            &["x"],
+            &["s2"],
+            vec![a_i("start", 1), a_i("end", 2)],
+        )
+        .ok(
+            "Concat",
+            &["b1", "s2", "heads"],
+            &["shape"],
+            vec![a_i("axis", 0)],
+        )
+        .ok("Reshape", &["x", "shape"], &["y"], vec![]);
+    assert_eq!(t.c("shape").as_i64(), vec![2, 3, 2, 4]);
+    assert_eq!(t.ir("y"), "reshape f32[2, 3, 2, 4]");
+}
+
+#[test]
+fn reshape_with_zero_and_minus_one() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 3, 8])
+        .konst("s", ints(&[0, -1]))
+        .ok("Reshape", &["x", "s"], &["y"], vec![]);
+    assert_eq!(t.ir("y"), "reshape f32[2, 24]");
+    t.konst("bad", ints(&[5, -1]));
+    assert!(t.run("Reshape", &["x", "bad"], &["z"], vec![]).is_err());
+}
+
+#[test]
+fn run_time_shapes_are_refused_with_a_reason() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 3])
+        .input("s", DType::I64, &[2]);
+    let e = t
+        .run("Reshape", &["x", "s"], &["y"], vec![])
+        .err()
+        .unwrap_or_default();
+    assert!(
+        e.contains("must be known when the model is compiled"),
+        "{e}"
+    );
+}
+
+#[test]
+fn slice_clamps_counts_from_the_end_and_steps() {
+    let mut t = T::new(17);
+    t.konst("v", ints(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]))
+        .konst("st", ints(&[-8]))
+        .konst("en", ints(&[i64::MAX]))
+        .konst("ax", ints(&[-1]))
+        .konst("step", ints(&[3]))
+        .ok("Slice", &["v", "st", "en", "ax", "step"], &["y"], vec![]);
+    assert_eq!(t.c("y").as_i64(), vec![2, 5, 8]);
+    t.input("x", DType::F32, &[4, 6])
+        .konst("s1", ints(&[1]))
+        .konst("e1", ints(&[-1]))
+        .konst("a1", ints(&[1]));
+    t.ok("Slice", &["x", "s1", "e1", "a1"], &["z"], vec![]);
+    assert_eq!(t.ir("z"), "slice f32[4, 4]");
+    t.konst("neg", ints(&[-1]));
+    let e = t
+        .run("Slice", &["x", "s1", "e1", "a1", "neg"], &["w"], vec![])
+        .err()
+        .unwrap_or_default();
+    assert!(e.contains("only positive steps"), "{e}");
+}
+
+#[test]
+fn split_by_sizes_and_by_count() {
+    let mut t = T::new(18);
+    t.input("x", DType::F32, &[2, 8]).ok(
+        "Split",
+        &["x"],
+        &["a", "b", "c"],
+        vec![a_i("axis", 1), a_i("num_outputs", 3)],
+    );
+    assert_eq!(
+        [t.ir("a"), t.ir("b"), t.ir("c")],
+        ["slice f32[2, 3]", "slice f32[2, 3]", "slice f32[2, 2]"].map(String::from)
+    );
+    t.konst("sizes", ints(&[5, 3])).ok(
+        "Split",
+        &["x", "sizes"],
+        &["d", "e"],
+        vec![a_i("axis", -1)],
+    );
+    assert_eq!(t.ir("e"), "slice f32[2, 3]");
+}
+
+#[test]
+fn squeeze_unsqueeze_expand() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[1, 3, 1])
+        .ok("Squeeze", &["x"], &["a"], vec![])
+        .konst("ax", ints(&[0, -1]))
+        .ok("Unsqueeze", &["a", "ax"], &["b"], vec![])
+        .konst("shape", ints(&[2, 1, 4]))
+        .konst(
+            "col",
+            HostTensor::ints(DType::I64, vec![3, 1], vec![1, 2, 3]),
+        )
+        .ok("Expand", &["b", "shape"], &["c"], vec![])
+        .ok("Expand", &["col", "shape"], &["d"], vec![]);
+    assert_eq!(t.ir("a"), "reshape f32[3]");
+    assert_eq!(t.ir("b"), "reshape f32[1, 3, 1]");
+    assert_eq!(t.ir("c"), "expand f32[2, 3, 4]");
+    assert_eq!(t.c("d").shape, vec![2, 3, 4]);
+    assert_eq!(t.c("d").as_i64()[..8], [1, 1, 1, 1, 2, 2, 2, 2]);
+}
+
+#[test]
+fn range_trilu_equal_where_fold_a_causal_mask() {
+    let mut t = T::new(17);
+    t.konst("n", ints(&[3, 3]))
+        .ok("ConstantOfShape", &["n"], &["ones"], vec![])
+        .konst("one", scalar_f(1.0))
+        .ok("Add", &["ones", "one"], &["ones1"], vec![])
+        .ok("Trilu", &["ones1"], &["tril"], vec![a_i("upper", 0)])
+        .konst("zero", scalar_f(0.0))
+        .ok("Equal", &["tril", "zero"], &["masked"], vec![])
+        .konst("ninf", scalar_f(f64::NEG_INFINITY))
+        .input("s", DType::F32, &[2, 3, 3])
+        .ok("Where", &["masked", "ninf", "s"], &["y"], vec![]);
+    assert_eq!(t.c("masked").as_i64(), vec![0, 1, 1, 0, 0, 1, 0, 0, 0]);
+    assert_eq!(t.ir("y"), "where f32[2, 3, 3]");
+    t.konst("a", scalar_i(1))
+        .konst("b", scalar_i(8))
+        .konst("d", scalar_i(3));
+    t.ok("Range", &["a", "b", "d"], &["r"], vec![]);
+    assert_eq!(t.c("r").as_i64(), vec![1, 4, 7]);
+}
+
+#[test]
+fn trilu_of_a_run_time_tensor_is_a_where() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 4, 4])
+        .ok("Trilu", &["x"], &["y"], vec![]);
+    assert_eq!(t.ir("y"), "where f32[2, 4, 4]");
+}
+
+#[test]
+fn gemm_with_alpha_beta_and_transposes() {
+    let mut t = T::new(13);
+    t.input("a", DType::F32, &[3, 5])
+        .input("b", DType::F32, &[4, 5])
+        .input("c", DType::F32, &[4]);
+    t.ok(
+        "Gemm",
+        &["a", "b", "c"],
+        &["y"],
+        vec![a_i("transB", 1), a_f("alpha", 2.0), a_f("beta", 0.5)],
+    );
+    assert_eq!(t.ir("y"), "binary.add f32[3, 4]");
+}
+
+#[test]
+fn reduce_axes_as_attribute_then_input() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 3, 4]).ok(
+        "ReduceMean",
+        &["x"],
+        &["m"],
+        vec![a_ints("axes", &[-1]), a_i("keepdims", 0)],
+    );
+    assert_eq!(t.ir("m"), "reduce.mean f32[2, 3]");
+    let mut t = T::new(18);
+    t.input("x", DType::F32, &[2, 3, 4])
+        .konst("ax", ints(&[1]))
+        .ok("ReduceMax", &["x", "ax"], &["m"], vec![]);
+    assert_eq!(t.ir("m"), "reduce.max f32[2, 1, 4]");
+    t.ok("ReduceSum", &["x"], &["s"], vec![a_i("keepdims", 0)]);
+    assert_eq!(t.ir("s"), "reduce.sum f32[]");
+}
+
+#[test]
+fn dropout_only_in_training_mode() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 3])
+        .ok("Dropout", &["x"], &["y"], vec![]);
+    assert_eq!(t.ir("y"), "input f32[2, 3]");
+    let on = HostTensor::ints(DType::Bool, vec![], vec![1]);
+    t.konst("p", scalar_f(0.1))
+        .konst("on", on)
+        .ok("Dropout", &["x", "p", "on"], &["z"], vec![]);
+    assert!(matches!(t.op("z"), Op::Dropout { p, seed: 0 } if (p - 0.1).abs() < 1e-9));
+}
+
+#[test]
+fn nll_after_log_softmax_is_a_cross_entropy() {
+    let mut t = T::new(17);
+    t.input("logits", DType::F32, &[6, 10])
+        .input("y", DType::I64, &[6]);
+    t.ok("LogSoftmax", &["logits"], &["lp"], vec![a_i("axis", 1)]);
+    t.ok(
+        "NegativeLogLikelihoodLoss",
+        &["lp", "y"],
+        &["loss"],
+        vec![a_i("ignore_index", -1)],
+    );
+    assert_eq!(
+        t.op("loss"),
+        Op::CrossEntropy {
+            ignore_index: Some(-1)
+        }
+    );
+    assert_eq!(t.ir("loss"), "cross_entropy f32[]");
+    t.input("q", DType::F32, &[6, 10]);
+    assert!(t
+        .run("NegativeLogLikelihoodLoss", &["q", "y"], &["l2"], vec![])
+        .is_err());
+}
+
+#[test]
+fn softmax_cross_entropy_moves_classes_last() {
+    let mut t = T::new(13);
+    t.input("scores", DType::F32, &[2, 10, 5])
+        .input("y", DType::I64, &[2, 5]);
+    t.ok(
+        "SoftmaxCrossEntropyLoss",
+        &["scores", "y"],
+        &["loss"],
+        vec![],
+    );
+    assert_eq!(t.ir("loss"), "cross_entropy f32[]");
+    let e = t.run(
+        "SoftmaxCrossEntropyLoss",
+        &["scores", "y"],
+        &["l"],
+        vec![a_s("reduction", "sum")],
+    );
+    assert!(e.is_err_and(|e| e.contains("only mean")));
+}
+
+#[test]
+fn constants_take_the_other_operands_dtype() {
+    let mut t = T::new(17);
+    t.input("x", DType::Bf16, &[4])
+        .konst("half", scalar_f(0.5))
+        .ok("Mul", &["x", "half"], &["y"], vec![]);
+    assert_eq!(t.ir("y"), "binary.mul bf16[4]");
+    t.konst("lo", scalar_f(-1.0))
+        .ok("Clip", &["x", "lo"], &["c"], vec![]);
+    assert_eq!(t.ir("c"), "binary.max bf16[4]");
+}
+
+#[test]
+fn gather_with_negative_constant_indices() {
+    let mut t = T::new(17);
+    t.konst("v", ints(&[10, 20, 30]))
+        .konst("i", ints(&[-1, 0]))
+        .ok("Gather", &["v", "i"], &["y"], vec![]);
+    assert_eq!(t.c("y").as_i64(), vec![30, 10]);
+    t.konst("oob", ints(&[3]));
+    assert!(t.run("Gather", &["v", "oob"], &["z"], vec![]).is_err());
+    t.input("emb", DType::F32, &[16, 8])
+        .input("ids", DType::I64, &[2, 4]);
+    t.ok("Gather", &["emb", "ids"], &["e"], vec![]);
+    assert_eq!(t.ir("e"), "gather f32[2, 4, 8]");
+}
+
+#[test]
+fn cast_pad_concat_flatten_transpose() {
+    let mut t = T::new(17);
+    t.konst(
+        "v",
+        HostTensor::floats(DType::F32, vec![2], vec![1.7, -2.2]),
+    );
+    t.ok("Cast", &["v"], &["i"], vec![a_i("to", 7)]);
+    assert_eq!(t.c("i").data, HostData::I(vec![1, -2]));
+    t.input("x", DType::F32, &[2, 3])
+        .konst("p", ints(&[0, 1, 0, 2]))
+        .ok("Pad", &["x", "p"], &["y"], vec![]);
+    assert_eq!(
+        t.op("y"),
+        Op::Pad {
+            pads: vec![(0, 0), (1, 2)],
+            value: 0.0
+        }
+    );
+    t.konst(
+        "row",
+        HostTensor::floats(DType::F32, vec![1, 3], vec![0.0; 3]),
+    );
+    t.ok("Concat", &["x", "row"], &["z"], vec![a_i("axis", 0)]);
+    assert_eq!(t.ir("z"), "concat f32[3, 3]");
+    t.input("w", DType::F32, &[2, 3, 4])
+        .ok("Flatten", &["w"], &["f"], vec![]);
+    assert_eq!(t.ir("f"), "reshape f32[2, 12]");
+    t.ok("Transpose", &["w"], &["tw"], vec![]);
+    assert_eq!(t.ir("tw"), "transpose f32[4, 3, 2]");
+    let m = HostTensor::ints(DType::I64, vec![2, 3], vec![1, 2, 3, 4, 5, 6]);
+    t.konst("m", m).ok("Transpose", &["m"], &["mt"], vec![]);
+    assert_eq!(t.c("mt").as_i64(), vec![1, 4, 2, 5, 3, 6]);
+}
+
+#[test]
+fn layer_norm_only_over_the_last_axis() {
+    let mut t = T::new(17);
+    t.input("x", DType::F32, &[2, 3, 4])
+        .input("g", DType::F32, &[4])
+        .input("b", DType::F32, &[4]);
+    t.ok(
+        "LayerNormalization",
+        &["x", "g", "b"],
+        &["y"],
+        vec![a_f("epsilon", 1e-6)],
+    );
+    assert!(matches!(t.op("y"), Op::LayerNorm { eps } if (eps - 1e-6).abs() < 1e-9));
+    let e = t.run(
+        "LayerNormalization",
+        &["x", "g", "b"],
+        &["z"],
+        vec![a_i("axis", 1)],
+    );
+    assert!(e.is_err_and(|e| e.contains("only the last axis")));
+}
