@@ -10,7 +10,9 @@
 //! Offsets: persistent buffers are packed at the bottom of the arena; the
 //! others are placed largest first, each at the lowest 64-byte-aligned offset
 //! where it overlaps no placed buffer with an overlapping lifetime (greedy by
-//! size, first fit).
+//! size, first fit). The arena is packed twice, mixed and with communication
+//! buffers (gathered parameters, flat gradients) in their own region; the
+//! segregated packing is kept when it needs fewer fences at no extra arena.
 //!
 //! Fences: all streams run concurrently, so when buffer B gets bytes that
 //! buffer A held earlier, A's `Free` must happen before B's first write. Where
@@ -28,7 +30,7 @@ pub const ALIGN: u64 = 64;
 /// Plans the schedule's memory in place and returns its summary.
 pub fn plan_memory(s: &mut Schedule) -> MemorySummary {
     set_lifetimes(&mut s.buffers, &s.instructions);
-    let arena_bytes = assign_offsets(&mut s.buffers);
+    let arena_bytes = choose_offsets(s);
     insert_fences(s);
     set_lifetimes(&mut s.buffers, &s.instructions);
     summarize(&s.buffers, s.instructions.len(), arena_bytes)
@@ -72,8 +74,37 @@ fn live_range(b: &Buffer, n_instrs: usize) -> (u32, u32) {
     (b.start, b.end.unwrap_or(last).max(b.start))
 }
 
-/// Assigns arena offsets; returns the arena size.
-fn assign_offsets(buffers: &mut [Buffer]) -> u64 {
+/// Buffers written or freed off the compute stream (gathered parameters,
+/// flat gradients): reusing activation bytes for them needs fences.
+fn is_comm(b: &Buffer) -> bool {
+    matches!(b.kind, BufferKind::GatheredParams | BufferKind::FlatGrads)
+}
+
+/// Packs the arena twice: mixed (every transient buffer may reuse any
+/// other's bytes) and segregated (communication buffers in their own region,
+/// so they never reuse activation bytes or the reverse); keeps the
+/// segregated packing when it needs fewer fences at no extra arena.
+fn choose_offsets(s: &mut Schedule) -> u64 {
+    let clocks = Clocks::new(&s.instructions, s.events);
+    let mixed_arena = assign_offsets(&mut s.buffers, false);
+    let mixed: Vec<u64> = s.buffers.iter().map(|b| b.offset).collect();
+    let mixed_fences = needed_fences(s, &clocks).len();
+    if mixed_fences == 0 {
+        return mixed_arena;
+    }
+    let seg_arena = assign_offsets(&mut s.buffers, true);
+    if seg_arena <= mixed_arena && needed_fences(s, &clocks).len() < mixed_fences {
+        return seg_arena;
+    }
+    for (b, off) in s.buffers.iter_mut().zip(mixed) {
+        b.offset = off;
+    }
+    mixed_arena
+}
+
+/// Assigns arena offsets; returns the arena size. With `segregate`,
+/// communication buffers are packed first and the others above them.
+fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
     let mut base = 0u64;
     for b in buffers.iter_mut().filter(|b| b.persistent()) {
         b.offset = base;
@@ -82,11 +113,24 @@ fn assign_offsets(buffers: &mut [Buffer]) -> u64 {
     let mut order: Vec<usize> = (0..buffers.len())
         .filter(|&i| !buffers[i].persistent())
         .collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(buffers[i].bytes), buffers[i].start, i));
+    order.sort_by_key(|&i| {
+        let class = segregate && !is_comm(&buffers[i]);
+        (
+            class,
+            std::cmp::Reverse(buffers[i].bytes),
+            buffers[i].start,
+            i,
+        )
+    });
     // Placed buffers as (offset, end offset, start, end), sorted by offset.
     let mut placed: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(order.len());
     let mut arena = base;
+    let mut in_comm = true;
     for i in order {
+        if segregate && in_comm && !is_comm(&buffers[i]) {
+            in_comm = false;
+            base = align(arena);
+        }
         let size = align(buffers[i].bytes);
         let (s, e) = (buffers[i].start, buffers[i].end.unwrap_or(u32::MAX));
         let mut cand = base;
