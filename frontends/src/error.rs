@@ -156,6 +156,18 @@ pub enum FrontendError {
         /// What is wrong.
         reason: String,
     },
+    /// Types the import derived that differ from those the file declares.
+    #[error(
+        "`{}`: the import disagrees with the types the file declares (an fsdpc bug; \
+         please report it with the model): {}",
+        .path.display(), .mismatches.join("; ")
+    )]
+    OnnxTypeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Each value whose type differs, with both types.
+        mismatches: Vec<String>,
+    },
     /// An ONNX model that imported but cannot be trained as it is.
     #[error("`{}`: {reason}", .path.display())]
     OnnxModel {

@@ -194,3 +194,36 @@ fn onnx_models_load_into_training_programs() {
     let m = load(path.to_str().unwrap_or_default(), &opts).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((m.name.as_str(), m.tokens_per_sample), ("tiny_gpt", 4));
 }
+
+#[test]
+fn declared_types_are_checked_against_the_import() {
+    use onnx_protobuf::Message;
+    let bytes = std::fs::read(fixture("mlp.onnx")).unwrap_or_else(|e| panic!("{e}"));
+    let mut m =
+        onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let Some(g) = m.graph.0.as_deref_mut() else {
+        panic!("no graph")
+    };
+    // Claim the hidden activation has 33 features (it has 32).
+    let mut vi = g.output[0].clone();
+    vi.name = "/layers.0/act/Relu_output_0".into();
+    if let Some(onnx_protobuf::type_proto::Value::TensorType(t)) =
+        vi.type_.0.as_deref_mut().and_then(|t| t.value.as_mut())
+    {
+        if let Some(s) = t.shape.0.as_deref_mut() {
+            s.dim[1].value =
+                Some(onnx_protobuf::tensor_shape_proto::dimension::Value::DimValue(33));
+        }
+    }
+    g.value_info.push(vi);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("m.onnx");
+    std::fs::write(&path, m.write_to_bytes().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    match import(&path, &dims(&[("batch", 4)])) {
+        Err(FrontendError::OnnxTypeMismatch { mismatches, .. }) => assert_eq!(
+            mismatches,
+            vec!["`/layers.0/act/Relu_output_0`: the file says f32[4, 33], the import gives f32[4, 32]"]
+        ),
+        other => panic!("expected OnnxTypeMismatch, got {other:?}"),
+    }
+}

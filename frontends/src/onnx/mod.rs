@@ -56,6 +56,7 @@ pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, F
     initializers(&mut imp, graph, path)?;
     inputs(&mut imp, graph, dims, path)?;
     nodes(&mut imp, graph, path)?;
+    check_types(&imp, graph, dims, path)?;
     let loss = loss(&mut imp, graph, path)?;
     imp.g.outputs = vec![loss];
     Ok(OnnxModel {
@@ -258,6 +259,61 @@ fn nodes(imp: &mut Importer, graph: &GraphProto, path: &Path) -> Result<(), Fron
         })?;
     }
     Ok(())
+}
+
+/// Compares the types the import derived with those the file declares
+/// (`value_info` and graph outputs) wherever the file knows them fully; a
+/// difference is an importer bug, caught here rather than in training.
+fn check_types(
+    imp: &Importer,
+    graph: &GraphProto,
+    dims: &HashMap<String, usize>,
+    path: &Path,
+) -> Result<(), FrontendError> {
+    let mut mismatches = Vec::new();
+    for vi in graph.value_info.iter().chain(&graph.output) {
+        let Some(declared) = declared_type(vi, dims) else {
+            continue;
+        };
+        let ours = match imp.vals.get(&vi.name) {
+            Some(Val::Ir(v)) => imp.g.value_type(*v).clone(),
+            Some(Val::Const(t)) => TensorType::new(t.dtype, t.shape.clone()),
+            None => continue,
+        };
+        if ours != declared {
+            mismatches.push(format!(
+                "`{}`: the file says {declared}, the import gives {ours}",
+                vi.name
+            ));
+        }
+    }
+    if mismatches.is_empty() {
+        Ok(())
+    } else {
+        Err(FrontendError::OnnxTypeMismatch {
+            path: path.to_path_buf(),
+            mismatches,
+        })
+    }
+}
+
+/// The declared type of `vi`, if its element type and every dimension are known.
+fn declared_type(vi: &ValueInfoProto, dims: &HashMap<String, usize>) -> Option<TensorType> {
+    let Some(TypeValue::TensorType(t)) = vi.type_.0.as_ref()?.value.as_ref() else {
+        return None;
+    };
+    let dtype = proto::dtype(t.elem_type).ok()?;
+    let shape = t.shape.0.as_deref()?;
+    let d: Option<Vec<usize>> = shape
+        .dim
+        .iter()
+        .map(|d| match &d.value {
+            Some(Dim::DimValue(v)) => usize::try_from(*v).ok(),
+            Some(Dim::DimParam(p)) => dims.get(p).copied(),
+            _ => None,
+        })
+        .collect();
+    Some(TensorType::new(dtype, d?))
 }
 
 /// The loss: the first graph output if it is a float scalar; logits

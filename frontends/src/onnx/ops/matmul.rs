@@ -1,4 +1,5 @@
-//! Matrix products — ONNX operators MatMul (opsets 13–21, numpy semantics)
+//! Matrix products — ONNX operators MatMul (opsets 13–21, numpy semantics,
+//! 1-D operands included)
 //! and Gemm (opsets 13–21: `alpha * A' B' + beta * C`).
 
 use super::Convert;
@@ -8,24 +9,50 @@ use fsdpc_ir::{BinaryFn, Op};
 
 pub(super) const OPS: &[(&str, Convert)] = &[("MatMul", matmul), ("Gemm", gemm)];
 
+/// numpy `matmul`: a 1-D operand gets a unit axis for the product, which is
+/// then removed from the result.
 fn matmul(cx: &mut NodeCx<'_>) -> Result<(), String> {
-    let (ra, rb) = (cx.rank(0)?, cx.rank(1)?);
-    if ra < 2 || rb < 2 {
-        return Err(format!(
-            "operands of rank {ra} and {rb}: 1-D operands of MatMul are not supported yet"
-        ));
+    let (ta, tb) = (cx.ty(0)?, cx.ty(1)?);
+    let (ra, rb) = (ta.shape.rank(), tb.shape.rank());
+    if ra == 0 || rb == 0 {
+        return Err("MatMul operands must have rank >= 1".into());
     }
-    let ta = cx.ty(0)?;
-    let a = cx.ir(0)?;
-    let b = cx.ir_like(1, &ta)?;
-    let y = cx.add(
-        Op::MatMul {
-            trans_a: false,
-            trans_b: false,
-        },
-        &[a, b],
-        "matmul",
-    )?;
+    let mut a = cx.ir(0)?;
+    let mut b = cx.ir_like(1, &ta)?;
+    if ra == 1 {
+        a = cx.add(
+            Op::Reshape {
+                shape: vec![1, ta.shape.dims()[0]],
+            },
+            &[a],
+            "row",
+        )?;
+    }
+    if rb == 1 {
+        b = cx.add(
+            Op::Reshape {
+                shape: vec![tb.shape.dims()[0], 1],
+            },
+            &[b],
+            "column",
+        )?;
+    }
+    let op = Op::MatMul {
+        trans_a: false,
+        trans_b: false,
+    };
+    let mut y = cx.add(op, &[a, b], "matmul")?;
+    if ra == 1 || rb == 1 {
+        let mut dims = cx.imp.g.value_type(y).shape.dims().to_vec();
+        let n = dims.len();
+        if rb == 1 {
+            dims.remove(n - 1);
+        }
+        if ra == 1 {
+            dims.remove(n - 2);
+        }
+        y = cx.add(Op::Reshape { shape: dims }, &[y], "squeeze")?;
+    }
     cx.set(0, Val::Ir(y));
     Ok(())
 }

@@ -479,3 +479,18 @@ fn layer_norm_only_over_the_last_axis() {
     );
     assert!(e.is_err_and(|e| e.contains("only the last axis")));
 }
+
+#[test]
+fn matmul_with_vector_operands() {
+    let mut t = T::new(17);
+    t.input("m", DType::F32, &[2, 3, 4])
+        .input("v", DType::F32, &[4])
+        .input("u", DType::F32, &[3]);
+    t.ok("MatMul", &["m", "v"], &["mv"], vec![]);
+    assert_eq!(t.ir("mv"), "reshape f32[2, 3]");
+    t.ok("MatMul", &["u", "m"], &["um"], vec![]);
+    assert_eq!(t.ir("um"), "reshape f32[2, 4]");
+    t.input("w", DType::F32, &[4])
+        .ok("MatMul", &["v", "w"], &["dot"], vec![]);
+    assert_eq!(t.ir("dot"), "reshape f32[]");
+}
