@@ -6,11 +6,15 @@
 //! convert the nodes in file order (ONNX requires topological order) through
 //! the op table, and find the loss.
 //!
+//! Last, exported attention is fused into the IR's `Attention` op, dead nodes
+//! go, and node ids are renumbered in topological order.
+//!
 //! Shapes are static: `Shape` yields a constant, so the shape arithmetic that
 //! exporters emit (Shape -> Gather -> Concat -> Reshape, Range, masks built
 //! from ConstantOfShape/Trilu/Where) folds away at import time.
 
 mod context;
+mod fuse;
 mod names;
 mod ops;
 mod proto;
@@ -59,11 +63,20 @@ pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, F
     check_types(&imp, graph, dims, path)?;
     let loss = loss(&mut imp, graph, path)?;
     imp.g.outputs = vec![loss];
-    Ok(OnnxModel {
-        name,
-        graph: imp.g,
-        loss,
-    })
+    let (graph, loss) = clean_up(imp.g, path)?;
+    Ok(OnnxModel { name, graph, loss })
+}
+
+/// Fuses attention, drops dead nodes and renumbers ids topologically.
+fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError> {
+    fuse::fuse_attention(&mut g);
+    fuse::remove_dead(&mut g);
+    let (g, _) = g
+        .renumbered()
+        .map_err(|_| model_error(path, "the graph has a cycle"))?;
+    let loss = g.outputs.first().copied();
+    let loss = loss.ok_or_else(|| model_error(path, "the loss was lost in clean-up"))?;
+    Ok((g, loss))
 }
 
 fn model_error(path: &Path, reason: impl Into<String>) -> FrontendError {
