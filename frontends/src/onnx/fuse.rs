@@ -227,7 +227,7 @@ mod tests {
             g.add_input("v", ty),
         );
         let r = ModuleId::ROOT;
-        let mut add = |g: &mut Graph, op: Op, ins: &[ValueId]| {
+        let add = |g: &mut Graph, op: Op, ins: &[ValueId]| {
             g.add1(op, ins, "n", r).unwrap_or_else(|e| panic!("{e}"))
         };
         let c = |t: HostTensor| Op::Constant { value: t.to_data() };
