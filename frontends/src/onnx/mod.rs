@@ -71,6 +71,7 @@ pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, F
 fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError> {
     fuse::fuse_attention(&mut g);
     fuse::remove_dead(&mut g);
+    names::adopt_orphan_params(&mut g);
     let (g, _) = g
         .renumbered()
         .map_err(|_| model_error(path, "the graph has a cycle"))?;

@@ -4,9 +4,11 @@
 //!    (`pkg.torch.onnx.name_scopes = ['', 'h.0', 'h.0.attn', 'matmul']` with
 //!    `pkg.torch.onnx.class_hierarchy = ['GPT', 'Block', 'Attention', 'aten.mm']`);
 //! 2. TorchScript-exporter node names (`/h.0/attn/MatMul` -> `h.0.attn`);
-//! 3. for parameters, the initializer name (`h.0.attn.c_attn.weight` -> `h.0.attn.c_attn`).
+//! 3. for parameters, the initializer name (`h.0.attn.c_attn.weight` -> `h.0.attn.c_attn`),
+//!    else (`onnx::MatMul_123`, a weight the exporter transposed) the module of
+//!    the node that reads it, so it lands in the right FSDP unit.
 
-use fsdpc_ir::{Graph, ModuleId};
+use fsdpc_ir::{Graph, ModuleId, Op, ValueId};
 use onnx_protobuf::NodeProto;
 
 const SCOPES: &str = "pkg.torch.onnx.name_scopes";
@@ -25,6 +27,24 @@ pub(crate) fn param_module(g: &mut Graph, name: &str) -> ModuleId {
     match name.rsplit_once('.') {
         Some((path, _)) if valid_path(path) => intern(g, path, None),
         _ => ModuleId::ROOT,
+    }
+}
+
+/// Moves every parameter left at the root (its name is not a module path) into
+/// the module of its first reader, when that reader has one.
+pub(crate) fn adopt_orphan_params(g: &mut Graph) {
+    let orphans: Vec<_> = g
+        .node_ids()
+        .filter(|&n| matches!(g.node(n).op, Op::Param { .. }) && g.node(n).module == ModuleId::ROOT)
+        .collect();
+    for n in orphans {
+        let reader = g
+            .users(ValueId { node: n, slot: 0 })
+            .first()
+            .map(|&(u, _)| g.node(u).module);
+        if let Some(m) = reader.filter(|&m| m != ModuleId::ROOT) {
+            g.node_mut(n).module = m;
+        }
     }
 }
 
@@ -119,6 +139,29 @@ mod tests {
         assert_eq!(parse_list("[]"), Some(vec![]));
         assert_eq!(parse_list("['a"), None);
         assert_eq!(parse_list("nope"), None);
+    }
+
+    #[test]
+    fn unnamed_params_join_their_reader() {
+        let mut g = Graph::new("t");
+        let m = g.module("blocks.0.mlp", "Module");
+        let spec = fsdpc_ir::ParamSpec {
+            name: "onnx::MatMul_7".into(),
+            ty: fsdpc_ir::TensorType::new(fsdpc_ir::DType::F32, [2, 2]),
+            init: fsdpc_ir::Init::Zeros,
+            requires_grad: true,
+            tied_to: None,
+        };
+        let w = g.add_param(spec, ModuleId::ROOT);
+        let x = g.add_input("x", fsdpc_ir::TensorType::new(fsdpc_ir::DType::F32, [3, 2]));
+        let mm = Op::MatMul {
+            trans_a: false,
+            trans_b: false,
+        };
+        g.add1(mm, &[x, w], "mm", m)
+            .unwrap_or_else(|e| panic!("{e}"));
+        adopt_orphan_params(&mut g);
+        assert_eq!(g.node(w.node).module, m);
     }
 
     #[test]
