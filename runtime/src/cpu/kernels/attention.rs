@@ -77,7 +77,7 @@ fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for v in row.iter_mut() {
-        *v = (*v - max).exp();
+        *v = super::fastmath::exp(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod cast;
 pub mod dropout;
 pub mod elementwise;
+pub mod fastmath;
 pub mod gather;
 pub mod layout;
 pub mod loss;

@@ -2,6 +2,7 @@
 //! last axis run as contiguous loops; other axes gather the strided row into
 //! workspace first. Max-subtraction keeps the exponentials stable.
 
+use super::fastmath::exp;
 use super::layout::split_axis;
 use crate::backend::Workspace;
 use crate::error::KResult;
@@ -13,7 +14,7 @@ pub fn softmax_row(x: &[f32], y: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for (o, &v) in y.iter_mut().zip(x) {
-        *o = (v - max).exp();
+        *o = exp(v - max);
         sum += *o;
     }
     let inv = 1.0 / sum;
@@ -26,7 +27,7 @@ pub fn softmax_row(x: &[f32], y: &mut [f32]) {
 #[inline]
 pub fn log_softmax_row(x: &[f32], y: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+    let sum: f32 = x.iter().map(|&v| exp(v - max)).sum();
     let lse = max + sum.ln();
     for (o, &v) in y.iter_mut().zip(x) {
         *o = v - lse;
@@ -119,7 +120,7 @@ pub fn backward(
             Kind::LogSoftmax => {
                 let sum: f32 = dyr.iter().sum();
                 for j in 0..yr.len() {
-                    dxr[j] = dyr[j] - yr[j].exp() * sum;
+                    dxr[j] = dyr[j] - exp(yr[j]) * sum;
                 }
             }
         },

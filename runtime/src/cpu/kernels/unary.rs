@@ -2,6 +2,7 @@
 //! f32 is the compute type; integer tensors support the functions that are
 //! exact on integers (neg, abs, square, relu) and `is_nan` (always false).
 
+use super::fastmath;
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::{DType, UnaryFn};
@@ -12,7 +13,7 @@ const FRAC_2_SQRT_PI: f32 = std::f32::consts::FRAC_2_SQRT_PI;
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    super::fastmath::sigmoid(x)
 }
 
 /// `f(x)` in f32.
@@ -36,7 +37,9 @@ pub fn apply(f: UnaryFn, x: f32) -> f32 {
         UnaryFn::Sigmoid => sigmoid(x),
         UnaryFn::Erf => libm::erff(x),
         UnaryFn::Abs => x.abs(),
-        UnaryFn::GeluTanh => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh()),
+        UnaryFn::GeluTanh => {
+            0.5 * x * (1.0 + fastmath::tanh(SQRT_2_OVER_PI * (x + GELU_C * x * x * x)))
+        }
         UnaryFn::GeluErf => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
         UnaryFn::Silu => x * sigmoid(x),
         UnaryFn::Square => x * x,
@@ -89,7 +92,7 @@ pub fn derivative(f: UnaryFn, x: f32) -> f32 {
 
 fn gelu_tanh_derivative(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-    let t = u.tanh();
+    let t = fastmath::tanh(u);
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x)
 }
 
