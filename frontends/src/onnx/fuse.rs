@@ -6,7 +6,8 @@
 //! node ids renumbered in topological order.
 //!
 //! The rewrite keeps the semantics: it fires only when the mask is absent or exactly
-//! causal (masking `j > i` with -inf or a value <= -1e4) and every
+//! causal (masking `j > i` with -inf or a value <= -1e4, through `Where` or
+//! an additive bias) and every
 //! intermediate value has no other reader.
 
 use super::tensor::HostTensor;
@@ -93,38 +94,68 @@ fn match_at(g: &Graph, softmax: NodeId) -> Option<Attn> {
     })
 }
 
-/// Strips a causal mask: `Where(mask, -inf, s)` or `Where(keep, s, -inf)`.
-/// Returns the unmasked scores and whether a (causal) mask was there.
+/// Strips a causal mask: `Where(mask, -inf, s)`, `Where(keep, s, -inf)` or
+/// `s + bias` with a constant bias of 0 and -inf. Returns the unmasked
+/// scores and whether a (causal) mask was there.
 fn unmask(g: &Graph, x: ValueId) -> Option<(ValueId, bool)> {
-    if g.node(x.node).op != Op::Where {
-        return Some((x, false));
+    match g.node(x.node).op {
+        Op::Where => unmask_where(g, x),
+        Op::Binary { f: BinaryFn::Add } => unmask_add(g, x),
+        _ => Some((x, false)),
     }
+}
+
+fn very_negative(f: f64) -> bool {
+    f <= -1e4
+}
+
+fn unmask_where(g: &Graph, x: ValueId) -> Option<(ValueId, bool)> {
     only_user(g, x.node)?;
     let ins = g.inputs(x.node);
     let (c, a, b) = (*ins.first()?, *ins.get(1)?, *ins.get(2)?);
-    let very_negative = |v: ValueId| scalar(g, v).is_some_and(|f| f <= -1e4);
-    let (scores, masked_when) = if very_negative(a) {
+    let neg = |v: ValueId| scalar(g, v).is_some_and(very_negative);
+    let (scores, masked_when) = if neg(a) {
         (b, true)
-    } else if very_negative(b) {
+    } else if neg(b) {
         (a, false)
     } else {
         return None;
     };
     let mask = constant(g, c)?;
-    is_causal(&mask, masked_when).then_some((scores, true))
+    let masked: Vec<bool> = mask
+        .as_i64()
+        .iter()
+        .map(|&m| (m != 0) == masked_when)
+        .collect();
+    is_causal(&mask.shape, &masked).then_some((scores, true))
 }
 
-/// True if `mask` (`[s, s]`, possibly with leading 1s) marks exactly the
-/// positions `j > i` as masked (`mask == masked_when` there).
-fn is_causal(mask: &HostTensor, masked_when: bool) -> bool {
-    let dims = &mask.shape;
+fn unmask_add(g: &Graph, x: ValueId) -> Option<(ValueId, bool)> {
+    only_user(g, x.node)?;
+    let ins = g.inputs(x.node);
+    let (a, b) = (*ins.first()?, *ins.get(1)?);
+    let (scores, bias) = match (constant(g, a), constant(g, b)) {
+        (None, Some(t)) => (a, t),
+        (Some(t), None) => (b, t),
+        _ => return None,
+    };
+    let values = bias.as_f64();
+    if !values.iter().all(|&v| v == 0.0 || very_negative(v)) {
+        return None;
+    }
+    let masked: Vec<bool> = values.iter().map(|&v| very_negative(v)).collect();
+    is_causal(&bias.shape, &masked).then_some((scores, true))
+}
+
+/// True if `masked` (of a `[s, s]` tensor, possibly with leading 1s) is
+/// exactly the positions `j > i`.
+fn is_causal(dims: &[usize], masked: &[bool]) -> bool {
     let n = dims.len();
     if n < 2 || dims[..n - 2].iter().any(|&d| d != 1) || dims[n - 1] != dims[n - 2] {
         return false;
     }
     let s = dims[n - 1];
-    let m = mask.as_i64();
-    (0..s * s).all(|k| ((m[k] != 0) == masked_when) == (k % s > k / s))
+    masked.len() == s * s && (0..s * s).all(|k| masked[k] == (k % s > k / s))
 }
 
 /// Strips a scalar scale: `s / c` or `s * c`. Returns the raw scores and the
@@ -305,6 +336,56 @@ mod tests {
             Op::Attention {
                 causal: true,
                 scale: 0.5
+            }
+        );
+    }
+
+    #[test]
+    fn additive_causal_mask_is_fused() {
+        let mut g = Graph::new("t");
+        let ty = TensorType::new(DType::F32, [1, 2, 3, 4]);
+        let (q, k, v) = (
+            g.add_input("q", ty.clone()),
+            g.add_input("k", ty.clone()),
+            g.add_input("v", ty),
+        );
+        let r = ModuleId::ROOT;
+        let add = |g: &mut Graph, op: Op, ins: &[ValueId]| {
+            g.add1(op, ins, "n", r).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let s = add(
+            &mut g,
+            Op::MatMul {
+                trans_a: false,
+                trans_b: true,
+            },
+            &[q, k],
+        );
+        let bias: Vec<f64> = CAUSAL
+            .iter()
+            .map(|&m| if m == 1 { -3.4e38 } else { 0.0 })
+            .collect();
+        let bias = Op::Constant {
+            value: HostTensor::floats(DType::F32, vec![1, 1, 3, 3], bias).to_data(),
+        };
+        let b = add(&mut g, bias, &[]);
+        let s = add(&mut g, Op::Binary { f: BinaryFn::Add }, &[s, b]);
+        let p = add(&mut g, Op::Softmax { axis: 3 }, &[s]);
+        let y = add(
+            &mut g,
+            Op::MatMul {
+                trans_a: false,
+                trans_b: false,
+            },
+            &[p, v],
+        );
+        g.outputs = vec![y];
+        assert_eq!(fuse_attention(&mut g), 1);
+        assert_eq!(
+            g.node(g.outputs[0].node).op,
+            Op::Attention {
+                causal: true,
+                scale: 1.0
             }
         );
     }
