@@ -14,13 +14,7 @@ const HI: f32 = 88.7;
 /// `e^x`.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    let x = if x < LO {
-        LO
-    } else if x > HI {
-        HI
-    } else {
-        x
-    };
+    let x = x.clamp(LO, HI);
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     let r = x - n * C1 - n * C2;
@@ -29,7 +23,7 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 8.333_452e-3;
     let p = p * r + 4.166_579_6e-2;
     let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     let bits = (t.to_bits() as i32)
         .wrapping_sub(0x4B40_0000)
