@@ -227,3 +227,44 @@ fn declared_types_are_checked_against_the_import() {
         other => panic!("expected OnnxTypeMismatch, got {other:?}"),
     }
 }
+
+#[test]
+fn torchscript_gpt_at_opset_14_keeps_its_tie_and_fuses_attention() {
+    let m = import(
+        &fixture("gpt_torchscript.onnx"),
+        &dims(&[("batch", 2), ("sequence", 4)]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    // gpt:layers=2,hidden=8,heads=2,vocab=16 with 8 positions: the folded
+    // transposed copy of wte is recognised as the same tensor.
+    assert_eq!(g.param_numel(), 1_952);
+    assert!(!g.params.iter().any(|p| p.name.starts_with("onnx::")));
+    let ops: Vec<Op> = g.node_ids().map(|n| g.node(n).op.clone()).collect();
+    let fused = ops
+        .iter()
+        .filter(|op| {
+            **op == Op::Attention {
+                causal: true,
+                scale: 0.5,
+            }
+        })
+        .count();
+    assert_eq!(fused, 2);
+    assert!(!ops.iter().any(|op| matches!(op, Op::Softmax { .. })));
+    assert_eq!(
+        module_of_param(g, "transformer.h.1.mlp.c_fc.weight"),
+        "transformer.h.1.mlp.c_fc"
+    );
+    let opts = LoadOptions {
+        dims: dims(&[("batch", 2), ("sequence", 4)]),
+        ..LoadOptions::default()
+    };
+    let path = fixture("gpt_torchscript.onnx");
+    let loaded = load(path.to_str().unwrap_or_default(), &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        loaded.program.grads.len(),
+        loaded.program.graph.params.len()
+    );
+    assert_eq!(loaded.tokens_per_sample, 4);
+}
