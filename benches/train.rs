@@ -13,15 +13,34 @@ use fsdpc_runtime::{ExecMode, TrainOptions};
 const SPEC: &str = "gpt:layers=2,hidden=128,heads=4,seq=128,vocab=1024,batch=8";
 
 fn main() {
-    let steps: u64 = std::env::var("FSDPC_BENCH_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    for (world, strategy) in [(2, Strategy::FullShard), (2, Strategy::NoShard), (1, Strategy::NoShard)] {
+    let steps: u64 = std::env::var("FSDPC_BENCH_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    for (world, strategy) in [
+        (2, Strategy::FullShard),
+        (2, Strategy::NoShard),
+        (1, Strategy::NoShard),
+    ] {
         let m = fsdpc_frontends::load(SPEC, &LoadOptions::default()).expect("model loads");
         let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
-        let cfg = FsdpConfig { strategy, ..FsdpConfig::default() };
-        let info =
-            ModelInfo { name: m.name, params: m.program.graph.param_numel(), tokens_per_rank_step: m.tokens_per_sample * 8 };
+        let cfg = FsdpConfig {
+            strategy,
+            ..FsdpConfig::default()
+        };
+        let info = ModelInfo {
+            name: m.name,
+            params: m.program.graph.param_numel(),
+            tokens_per_rank_step: m.tokens_per_sample * 8,
+        };
         let plan = fsdpc_planner::compile(m.program, info, &cluster, &cfg).expect("plan");
-        let opts = TrainOptions { steps, seed: 1, mode: ExecMode::Arena, threads_per_rank: 1, ..TrainOptions::default() };
+        let opts = TrainOptions {
+            steps,
+            seed: 1,
+            mode: ExecMode::Arena,
+            threads_per_rank: 1,
+            ..TrainOptions::default()
+        };
         let mut rates = Vec::new();
         let report = fsdpc_runtime::train(&plan, &opts, &mut |r| {
             if r.step >= 5 {
@@ -30,7 +49,10 @@ fn main() {
         })
         .expect("training runs");
         rates.sort_by(f64::total_cmp);
-        let median = rates.get(rates.len() / 2).copied().unwrap_or(report.tokens_per_s);
+        let median = rates
+            .get(rates.len() / 2)
+            .copied()
+            .unwrap_or(report.tokens_per_s);
         println!(
             "{SPEC} world {world} {}: {:.0} tokens/s overall, {:.0} tokens/s median step (steps 5..{steps}), loss {:.3} -> {:.3}, plan peak {:.1} MiB per rank",
             strategy.name(),
@@ -42,6 +64,9 @@ fn main() {
         );
     }
     if let Some(rss) = common::peak_rss_bytes() {
-        println!("peak RSS of this process (all ranks are threads of it): {:.1} MiB", common::mib(rss));
+        println!(
+            "peak RSS of this process (all ranks are threads of it): {:.1} MiB",
+            common::mib(rss)
+        );
     }
 }

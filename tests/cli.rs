@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn fsdpc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fsdpc")).args(args).output().expect("fsdpc runs")
+    Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .expect("fsdpc runs")
 }
 
 fn stderr(o: &Output) -> String {
@@ -17,9 +20,15 @@ fn check_error(args: &[&str], needle: &str) {
     let o = fsdpc(args);
     let err = stderr(&o);
     assert!(!o.status.success(), "{args:?} should fail");
-    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected `{needle}` in: {err}"
+    );
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    assert!(err.lines().count() <= 3, "{args:?}: one clear message, got: {err}");
+    assert!(
+        err.lines().count() <= 3,
+        "{args:?}: one clear message, got: {err}"
+    );
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -31,23 +40,43 @@ fn tmp(name: &str) -> PathBuf {
 const TINY: &str = "gpt:layers=2,hidden=16,heads=2,seq=4,vocab=32,batch=2";
 
 fn compile_tiny(out: &Path) {
-    let o = fsdpc(&["compile", TINY, "--world", "2", "--preset", "cpu-local", "-o", out.to_str().expect("utf8")]);
+    let o = fsdpc(&[
+        "compile",
+        TINY,
+        "--world",
+        "2",
+        "--preset",
+        "cpu-local",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
     assert!(o.status.success(), "compile failed: {}", stderr(&o));
 }
 
 #[test]
 fn bad_model_spec() {
-    check_error(&["compile", "gpt:layers=two", "--world", "2", "-o", "-"], "layers");
+    check_error(
+        &["compile", "gpt:layers=two", "--world", "2", "-o", "-"],
+        "layers",
+    );
 }
 
 #[test]
 fn unknown_preset_model() {
-    check_error(&["compile", "gpt5-ultra", "--world", "2", "-o", "-"], "gpt5-ultra");
+    check_error(
+        &["compile", "gpt5-ultra", "--world", "2", "-o", "-"],
+        "gpt5-ultra",
+    );
 }
 
 #[test]
 fn unknown_cluster_preset() {
-    check_error(&["compile", TINY, "--world", "2", "--preset", "tpu-v9", "-o", "-"], "tpu-v9");
+    check_error(
+        &[
+            "compile", TINY, "--world", "2", "--preset", "tpu-v9", "-o", "-",
+        ],
+        "tpu-v9",
+    );
 }
 
 #[test]
@@ -58,7 +87,10 @@ fn world_size_zero() {
 
 #[test]
 fn unreadable_plan() {
-    check_error(&["inspect", "/nonexistent/plan.json"], "/nonexistent/plan.json");
+    check_error(
+        &["inspect", "/nonexistent/plan.json"],
+        "/nonexistent/plan.json",
+    );
 }
 
 #[test]
@@ -93,7 +125,8 @@ fn inspect_tiny_plan() {
 
     let o = fsdpc(&["inspect", "--json", path.to_str().expect("utf8")]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON");
     for key in ["peak_bytes_per_rank", "units", "comm_bytes_per_step"] {
         assert!(v.get(key).is_some(), "inspect --json has `{key}`");
     }
@@ -114,8 +147,10 @@ fn train_writes_metrics() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&metrics).expect("metrics written");
-    let lines: Vec<serde_json::Value> =
-        text.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
     assert_eq!(lines.len(), 3);
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["step"], i as u64);

@@ -16,9 +16,12 @@ use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;
 /// Loss tolerance (relative) and parameter tolerance (absolute) against the
-/// 1-rank run, measured: the largest differences seen are printed by the tests.
-const LOSS_RTOL: f32 = 2e-4;
-const PARAM_ATOL: f32 = 2e-4;
+/// 1-rank run. Measured (printed by the tests): losses differ by at most
+/// 1.2e-7 relative, parameters after 20 AdamW steps by at most 5.2e-6 (GPT;
+/// Adam's normalisation amplifies last-bit differences of small gradients) and
+/// 6e-8 (MLP). The bounds leave about 4x headroom.
+const LOSS_RTOL: f32 = 1e-6;
+const PARAM_ATOL: f32 = 2e-5;
 
 fn gpt(batch: u32) -> String {
     format!("gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch={batch}")
@@ -29,7 +32,11 @@ fn mlp(batch: u32) -> String {
 }
 
 fn check_family(spec: impl Fn(u32) -> String) {
-    let reference = train(&plan(&spec(8), 1, Strategy::NoShard, WrapPolicy::Blocks), STEPS, ExecMode::Arena);
+    let reference = train(
+        &plan(&spec(8), 1, Strategy::NoShard, WrapPolicy::Blocks),
+        STEPS,
+        ExecMode::Arena,
+    );
     assert!(reference.losses.iter().all(|l| l.is_finite()));
     let mut runs = Vec::new();
     for (world, strategy) in [
@@ -39,7 +46,11 @@ fn check_family(spec: impl Fn(u32) -> String) {
         (2, Strategy::NoShard),
         (4, Strategy::NoShard),
     ] {
-        let r = train(&plan(&spec(8 / world), world, strategy, WrapPolicy::Blocks), STEPS, ExecMode::Arena);
+        let r = train(
+            &plan(&spec(8 / world), world, strategy, WrapPolicy::Blocks),
+            STEPS,
+            ExecMode::Arena,
+        );
         let loss_rel = reference
             .losses
             .iter()
@@ -48,14 +59,32 @@ fn check_family(spec: impl Fn(u32) -> String) {
             .fold(0f32, f32::max);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!("{} world {world} {strategy:?}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}", spec(8 / world));
-        assert!(loss_rel <= LOSS_RTOL, "world {world} {strategy:?}: losses differ by {loss_rel:e} (relative)");
-        assert!(abs <= PARAM_ATOL, "world {world} {strategy:?}: parameters differ by {abs:e}");
+        assert!(
+            loss_rel <= LOSS_RTOL,
+            "world {world} {strategy:?}: losses differ by {loss_rel:e} (relative)"
+        );
+        assert!(
+            abs <= PARAM_ATOL,
+            "world {world} {strategy:?}: parameters differ by {abs:e}"
+        );
         runs.push(((world, strategy), r));
     }
     for world in [2, 4] {
-        let fs = &runs.iter().find(|(k, _)| *k == (world, Strategy::FullShard)).expect("ran").1;
-        let ns = &runs.iter().find(|(k, _)| *k == (world, Strategy::NoShard)).expect("ran").1;
-        assert_eq!(bits(fs), bits(ns), "full_shard and no_shard at world {world} must be bit-identical");
+        let fs = &runs
+            .iter()
+            .find(|(k, _)| *k == (world, Strategy::FullShard))
+            .expect("ran")
+            .1;
+        let ns = &runs
+            .iter()
+            .find(|(k, _)| *k == (world, Strategy::NoShard))
+            .expect("ran")
+            .1;
+        assert_eq!(
+            bits(fs),
+            bits(ns),
+            "full_shard and no_shard at world {world} must be bit-identical"
+        );
     }
 }
 
@@ -79,24 +108,41 @@ fn same_seed_is_bit_identical() {
 
 #[test]
 fn planned_peak_equals_measured_peak() {
-    for (spec, world, strategy) in
-        [(gpt(2), 4, Strategy::FullShard), (mlp(4), 2, Strategy::FullShard), (gpt(4), 2, Strategy::NoShard)]
-    {
+    for (spec, world, strategy) in [
+        (gpt(2), 4, Strategy::FullShard),
+        (mlp(4), 2, Strategy::FullShard),
+        (gpt(4), 2, Strategy::NoShard),
+    ] {
         let p = plan(&spec, world, strategy, WrapPolicy::Blocks);
         let r = train(&p, 2, ExecMode::DebugAlloc);
-        assert_eq!(r.measured_peak_bytes, p.memory.peak_bytes, "{spec} world {world} {strategy:?}");
+        assert_eq!(
+            r.measured_peak_bytes, p.memory.peak_bytes,
+            "{spec} world {world} {strategy:?}"
+        );
         // And the debug allocator computes the same numbers as the arena run.
         let arena = train(&p, 2, ExecMode::Arena);
-        assert_eq!(bits(&r), bits(&arena), "{spec}: debug allocation and arena give the same training");
+        assert_eq!(
+            bits(&r),
+            bits(&arena),
+            "{spec}: debug allocation and arena give the same training"
+        );
     }
 }
 
 #[test]
 fn loss_falls_on_the_synthetic_task() {
-    let p = plan("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=64,batch=8", 2, Strategy::FullShard, WrapPolicy::Blocks);
+    let p = plan(
+        "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=64,batch=8",
+        2,
+        Strategy::FullShard,
+        WrapPolicy::Blocks,
+    );
     let r = train(&p, 120, ExecMode::Arena);
     let first = r.losses[0];
     let last = r.losses[r.losses.len() - 5..].iter().sum::<f32>() / 5.0;
     eprintln!("synthetic task: loss {first} -> {last}");
-    assert!(last < 0.5 * first, "loss should fall clearly: {first} -> {last}");
+    assert!(
+        last < 0.5 * first,
+        "loss should fall clearly: {first} -> {last}"
+    );
 }

@@ -27,12 +27,14 @@ pub struct CompileArgs {
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
     let plan = plan_model(&a.model, a.world, &a.preset, &a.plan)?;
-    let json = plan.to_json_pretty();
+    let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
         println!("{json}");
     } else {
-        std::fs::write(&a.output, json)
-            .map_err(|source| CliError::Io { path: a.output.display().to_string(), source })?;
+        std::fs::write(&a.output, json).map_err(|source| CliError::Io {
+            path: a.output.display().to_string(),
+            source,
+        })?;
         eprintln!(
             "wrote {} ({} units, {} instructions, peak {} per rank)",
             a.output.display(),
@@ -45,10 +47,26 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
 }
 
 /// Loads `model` and plans it for `world` ranks on `preset`.
-pub(crate) fn plan_model(model: &str, world: u32, preset: &str, f: &PlanFlags) -> Result<Plan, CliError> {
-    let opts = LoadOptions { optimizer: optimizer(f)?, ..LoadOptions::default() };
-    let LoadedModel { name, program, tokens_per_sample } = fsdpc_frontends::load(model, &opts)?;
-    let rpn = f.ranks_per_node.unwrap_or(if preset == "cpu-local" { world.max(1) } else { world.clamp(1, 8) });
+pub(crate) fn plan_model(
+    model: &str,
+    world: u32,
+    preset: &str,
+    f: &PlanFlags,
+) -> Result<Plan, CliError> {
+    let opts = LoadOptions {
+        optimizer: optimizer(f)?,
+        ..LoadOptions::default()
+    };
+    let LoadedModel {
+        name,
+        program,
+        tokens_per_sample,
+    } = fsdpc_frontends::load(model, &opts)?;
+    let rpn = f.ranks_per_node.unwrap_or(if preset == "cpu-local" {
+        world.max(1)
+    } else {
+        world.clamp(1, 8)
+    });
     let cluster = Cluster::preset(preset, world, rpn)?;
     let cfg = FsdpConfig {
         strategy: Strategy::parse(&f.strategy)?,
@@ -59,7 +77,11 @@ pub(crate) fn plan_model(model: &str, world: u32, preset: &str, f: &PlanFlags) -
         ..FsdpConfig::default()
     };
     let batch = batch_size(&program.graph);
-    let info = ModelInfo { name, params: program.graph.param_numel(), tokens_per_rank_step: tokens_per_sample * batch };
+    let info = ModelInfo {
+        name,
+        params: program.graph.param_numel(),
+        tokens_per_rank_step: tokens_per_sample * batch,
+    };
     Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
 }
 
@@ -72,8 +94,14 @@ fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
             eps: 1e-8,
             weight_decay: f.weight_decay,
         }),
-        "sgd" => Ok(Optimizer::Sgd { lr: f.lr, momentum: 0.0, weight_decay: f.weight_decay }),
-        other => Err(CliError::Usage(format!("unknown optimizer `{other}` (expected adamw or sgd)"))),
+        "sgd" => Ok(Optimizer::Sgd {
+            lr: f.lr,
+            momentum: 0.0,
+            weight_decay: f.weight_decay,
+        }),
+        other => Err(CliError::Usage(format!(
+            "unknown optimizer `{other}` (expected adamw or sgd)"
+        ))),
     }
 }
 
@@ -81,7 +109,9 @@ fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
 fn batch_size(g: &fsdpc_ir::Graph) -> u64 {
     g.node_ids()
         .find_map(|n| match &g.node(n).op {
-            fsdpc_ir::Op::Input { .. } => g.node(n).outputs[0].shape.dims().first().map(|&d| d as u64),
+            fsdpc_ir::Op::Input { .. } => {
+                g.node(n).outputs[0].shape.dims().first().map(|&d| d as u64)
+            }
             _ => None,
         })
         .unwrap_or(1)

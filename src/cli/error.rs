@@ -7,7 +7,10 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Frontend(#[from] fsdpc_frontends::FrontendError),
     #[error(transparent)]

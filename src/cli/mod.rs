@@ -15,7 +15,11 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
-#[command(name = "fsdpc", version, about = "Ahead-of-time compiler for fully sharded data parallel training")]
+#[command(
+    name = "fsdpc",
+    version,
+    about = "Ahead-of-time compiler for fully sharded data parallel training"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -73,5 +77,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 
 /// Reads a file, naming it in the error.
 pub(crate) fn read_file(path: &PathBuf) -> Result<String, CliError> {
-    std::fs::read_to_string(path).map_err(|source| CliError::Io { path: path.display().to_string(), source })
+    std::fs::read_to_string(path).map_err(|source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }

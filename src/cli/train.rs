@@ -64,7 +64,11 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         steps: a.steps,
         seed: a.seed,
         data: data_spec(&a.data),
-        mode: if a.debug_alloc { ExecMode::DebugAlloc } else { ExecMode::Arena },
+        mode: if a.debug_alloc {
+            ExecMode::DebugAlloc
+        } else {
+            ExecMode::Arena
+        },
         threads_per_rank: a.threads_per_rank,
         ..TrainOptions::default()
     };
@@ -101,7 +105,8 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
 
 fn is_plan_file(model: &str) -> bool {
     model.ends_with(".json")
-        && std::fs::read_to_string(model).is_ok_and(|s| s.contains("\"schema\"") && s.contains("fsdpc.plan/"))
+        && std::fs::read_to_string(model)
+            .is_ok_and(|s| s.contains("\"schema\"") && s.contains("fsdpc.plan/"))
 }
 
 fn data_spec(path: &Option<PathBuf>) -> DataSpec {
@@ -114,13 +119,20 @@ fn data_spec(path: &Option<PathBuf>) -> DataSpec {
 
 fn open_metrics(path: &Option<PathBuf>) -> Result<Option<std::fs::File>, CliError> {
     path.as_ref()
-        .map(|p| std::fs::File::create(p).map_err(|source| CliError::Io { path: p.display().to_string(), source }))
+        .map(|p| {
+            std::fs::File::create(p).map_err(|source| CliError::Io {
+                path: p.display().to_string(),
+                source,
+            })
+        })
         .transpose()
 }
 
 fn progress_bar(steps: u64) -> ProgressBar {
     let bar = ProgressBar::new(steps);
-    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}]") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}]")
+    {
         bar.set_style(style);
     }
     bar

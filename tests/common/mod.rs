@@ -9,11 +9,22 @@ use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
 /// Compiles `spec` for `world` ranks on the `cpu-local` preset.
 pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Plan {
-    let LoadedModel { name, program, tokens_per_sample } =
-        fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    let LoadedModel {
+        name,
+        program,
+        tokens_per_sample,
+    } = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
     let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
-    let cfg = FsdpConfig { strategy, wrap, ..FsdpConfig::default() };
-    let info = ModelInfo { name, params: program.graph.param_numel(), tokens_per_rank_step: tokens_per_sample };
+    let cfg = FsdpConfig {
+        strategy,
+        wrap,
+        ..FsdpConfig::default()
+    };
+    let info = ModelInfo {
+        name,
+        params: program.graph.param_numel(),
+        tokens_per_rank_step: tokens_per_sample,
+    };
     let plan = fsdpc_planner::compile(program, info, &cluster, &cfg).expect("plan compiles");
     if let Err(v) = plan.validate() {
         panic!("plan for {spec} at world {world} does not validate: {v:?}");
@@ -22,13 +33,22 @@ pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Pla
 }
 
 pub fn train(plan: &Plan, steps: u64, mode: ExecMode) -> TrainReport {
-    let opts = TrainOptions { steps, seed: 7, mode, ..TrainOptions::default() };
+    let opts = TrainOptions {
+        steps,
+        seed: 7,
+        mode,
+        ..TrainOptions::default()
+    };
     fsdpc_runtime::train(plan, &opts, &mut |_| {}).expect("training runs")
 }
 
 /// Largest absolute and relative difference between two parameter sets.
 pub fn max_param_diff(a: &TrainReport, b: &TrainReport) -> (f32, f32) {
-    assert_eq!(a.final_params.len(), b.final_params.len(), "same parameters");
+    assert_eq!(
+        a.final_params.len(),
+        b.final_params.len(),
+        "same parameters"
+    );
     let mut abs = 0f32;
     let mut rel = 0f32;
     for ((na, va), (nb, vb)) in a.final_params.iter().zip(&b.final_params) {
@@ -46,6 +66,9 @@ pub fn max_param_diff(a: &TrainReport, b: &TrainReport) -> (f32, f32) {
 pub fn bits(r: &TrainReport) -> (Vec<u32>, Vec<Vec<u32>>) {
     (
         r.losses.iter().map(|l| l.to_bits()).collect(),
-        r.final_params.iter().map(|(_, v)| v.iter().map(|x| x.to_bits()).collect()).collect(),
+        r.final_params
+            .iter()
+            .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
+            .collect(),
     )
 }
