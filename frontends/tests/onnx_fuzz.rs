@@ -26,12 +26,12 @@ proptest! {
 
     #[test]
     fn mutated_models_do_not_panic(
-        which in 0usize..3,
+        which in 0usize..4,
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
         cut in any::<prop::sample::Index>(),
         truncate in any::<bool>(),
     ) {
-        let name = ["tiny_gpt.onnx", "mlp.onnx", "mlp_loss.onnx"][which];
+        let name = ["tiny_gpt.onnx", "mlp.onnx", "mlp_loss.onnx", "gpt_torchscript.onnx"][which];
         let mut bytes = fixture(name);
         for (at, b) in edits {
             let i = at.index(bytes.len());
@@ -90,7 +90,7 @@ proptest! {
 
     #[test]
     fn nasty_attribute_and_shape_values_do_not_panic(
-        which in 0usize..3,
+        which in 0usize..4,
         node in any::<usize>(),
         attr in any::<usize>(),
         init in any::<usize>(),
@@ -99,7 +99,7 @@ proptest! {
         b in 0usize..NASTY.len(),
     ) {
         use onnx_protobuf::Message;
-        let name = ["tiny_gpt.onnx", "mlp.onnx", "mlp_loss.onnx"][which];
+        let name = ["tiny_gpt.onnx", "mlp.onnx", "mlp_loss.onnx", "gpt_torchscript.onnx"][which];
         let mut m = onnx_protobuf::ModelProto::parse_from_bytes(&fixture(name)).unwrap_or_default();
         mutate_attr(&mut m, node, attr, NASTY[a]);
         mutate_init(&mut m, init, elem, NASTY[b]);
