@@ -268,3 +268,31 @@ fn torchscript_gpt_at_opset_14_keeps_its_tie_and_fuses_attention() {
     );
     assert_eq!(loaded.tokens_per_sample, 4);
 }
+
+#[test]
+fn added_labels_input_does_not_clash_with_an_existing_one() {
+    use onnx_protobuf::Message;
+    let bytes = std::fs::read(fixture("mlp.onnx")).unwrap_or_else(|e| panic!("{e}"));
+    let mut m =
+        onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let Some(g) = m.graph.0.as_deref_mut() else {
+        panic!("no graph")
+    };
+    let mut unused = g.input[0].clone();
+    unused.name = "labels".into();
+    g.input.push(unused);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("m.onnx");
+    std::fs::write(&path, m.write_to_bytes().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    let m = import(&path, &dims(&[("batch", 4)])).unwrap_or_else(|e| panic!("{e}"));
+    let inputs: Vec<String> = m
+        .graph
+        .node_ids()
+        .filter_map(|n| match &m.graph.node(n).op {
+            Op::Input { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(inputs, ["x", "labels", "labels_1"]);
+    assert!(fsdpc_ir::validate(&m.graph).is_ok());
+}

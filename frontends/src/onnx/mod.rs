@@ -465,9 +465,20 @@ fn logits_loss(imp: &mut Importer, logits: ValueId, ty: &TensorType) -> Result<V
     let dims = ty.shape.dims();
     let (lead, classes) = dims.split_at(dims.len() - 1);
     let rows: usize = lead.iter().product();
+    // A name no input of the model has.
+    let name = (0..)
+        .map(|i| {
+            if i == 0 {
+                "labels".to_string()
+            } else {
+                format!("labels_{i}")
+            }
+        })
+        .find(|n| !imp.vals.contains_key(n))
+        .unwrap_or_default();
     let labels = imp
         .g
-        .add_input("labels", TensorType::new(DType::I64, lead.to_vec()));
+        .add_input(&name, TensorType::new(DType::I64, lead.to_vec()));
     let root = ModuleId::ROOT;
     let err = |e: fsdpc_ir::IrError| e.to_string();
     let mut x = logits;
