@@ -1,0 +1,148 @@
+//! Initializers: float tensors become trainable parameters with their data
+//! (`Init::Data`), everything else folded constants; a transposed copy of a
+//! parameter (a tied weight after constant folding) stays tied, and mask
+//! buffers stay constants.
+
+use super::context::{Importer, Val};
+use super::tensor::HostTensor;
+use super::{names, proto};
+use crate::error::FrontendError;
+use fsdpc_ir::{DType, Graph, Init, ModuleId, Op, ParamSpec, ValueId};
+use onnx_protobuf::GraphProto;
+use std::path::Path;
+
+/// Float initializers with more than one element become trainable parameters
+/// holding the file's values; the rest (shapes, scalars, masks) become
+/// constants. A matrix that is exactly the transpose of an earlier parameter (the tied
+/// output projection after the exporter folded its transpose) becomes a
+/// `Transpose` of that parameter, so the two stay one tensor.
+pub(super) fn initializers(
+    imp: &mut Importer,
+    graph: &GraphProto,
+    path: &Path,
+) -> Result<(), FrontendError> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let src = proto::TensorSource { dir, model: path };
+    let mut matrices: Vec<ValueId> = Vec::new();
+    for t in &graph.initializer {
+        let data = proto::tensor(t, &src)?;
+        let val = if data.ty.dtype.is_float() && data.ty.numel() > 1 && !is_mask(&data) {
+            if let Some(v) = tied_transpose(imp, &matrices, &data, &t.name) {
+                imp.vals.insert(t.name.clone(), Val::Ir(v));
+                continue;
+            }
+            let module = names::param_module(&mut imp.g, &t.name);
+            let spec = ParamSpec {
+                name: t.name.clone(),
+                ty: data.ty.clone(),
+                init: Init::Data { data },
+                requires_grad: true,
+                tied_to: None,
+            };
+            let rank = spec.ty.shape.rank();
+            let v = imp.g.add_param(spec, module);
+            if rank == 2 {
+                matrices.push(v);
+            }
+            Val::Ir(v)
+        } else {
+            match HostTensor::from_data(&data) {
+                Ok(h) => Val::Const(h),
+                Err(_) => constant_node(imp, &t.name, data),
+            }
+        };
+        imp.vals.insert(t.name.clone(), val);
+    }
+    Ok(())
+}
+
+/// True for a float tensor that only holds 0 and very negative values (down
+/// to -inf): an attention mask or bias buffer, not a weight. Stops at
+/// the first element that says otherwise, so weights cost one look.
+fn is_mask(data: &fsdpc_ir::TensorData) -> bool {
+    let w = data.ty.dtype.size();
+    let value = |c: &[u8]| -> f64 {
+        match (data.ty.dtype, c) {
+            (DType::F32, &[a, b, c, d]) => f64::from(f32::from_le_bytes([a, b, c, d])),
+            (DType::F16, &[a, b]) => half::f16::from_le_bytes([a, b]).to_f64(),
+            (DType::Bf16, &[a, b]) => half::bf16::from_le_bytes([a, b]).to_f64(),
+            _ => 1.0,
+        }
+    };
+    let mut any_masked = false;
+    for c in data.bytes.chunks_exact(w) {
+        let v = value(c);
+        if v <= -1e4 {
+            any_masked = true;
+        } else if v != 0.0 {
+            return false;
+        }
+    }
+    any_masked
+}
+
+/// A `Transpose` of the earlier parameter in `matrices` whose transpose `data`
+/// is, if any. Matrices with a single repeated value never match (two
+/// all-zero matrices are not a tie).
+fn tied_transpose(
+    imp: &mut Importer,
+    matrices: &[ValueId],
+    data: &fsdpc_ir::TensorData,
+    name: &str,
+) -> Option<ValueId> {
+    let dims = data.ty.shape.dims();
+    if dims.len() != 2 {
+        return None;
+    }
+    let w = data.ty.dtype.size();
+    let first = data.bytes.get(..w)?;
+    if data.bytes.chunks_exact(w).all(|c| c == first) {
+        return None;
+    }
+    let p = matrices.iter().find(|v| {
+        param_data(&imp.g, **v).is_some_and(|m| {
+            m.ty.dtype == data.ty.dtype
+                && m.ty.shape.dims() == [dims[1], dims[0]]
+                && is_transpose(&m.bytes, &data.bytes, dims, w)
+        })
+    })?;
+    let module = imp.g.node(p.node).module;
+    let op = Op::Transpose { perm: vec![1, 0] };
+    imp.g
+        .add1(op, &[*p], format!("{name} (tied: transposed)"), module)
+        .ok()
+}
+
+/// The file's values of the parameter whose `Param` node is `v`.
+fn param_data(g: &Graph, v: ValueId) -> Option<&fsdpc_ir::TensorData> {
+    match g.try_node(v.node)?.op {
+        Op::Param { param } => match &g.params.get(param.0 as usize)?.init {
+            Init::Data { data } => Some(data),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// True if `t` (`[rows, cols]`, elements of `w` bytes) is the transpose of `m`.
+fn is_transpose(m: &[u8], t: &[u8], dims: &[usize], w: usize) -> bool {
+    let (rows, cols) = (dims[0], dims[1]);
+    (0..rows)
+        .all(|i| (0..cols).all(|j| t[(i * cols + j) * w..][..w] == m[(j * rows + i) * w..][..w]))
+}
+
+/// A constant whose type the folder does not handle (f16 scalars) as a node.
+fn constant_node(imp: &mut Importer, name: &str, value: fsdpc_ir::TensorData) -> Val {
+    let ty = value.ty.clone();
+    let node = fsdpc_ir::Node {
+        op: Op::Constant { value },
+        name: name.to_string(),
+        module: ModuleId::ROOT,
+        phase: fsdpc_ir::Phase::Forward,
+        outputs: vec![ty],
+    };
+    Val::Ir(ValueId {
+        node: imp.g.add_node_typed(node, &[]),
+        slot: 0,
+    })
+}
