@@ -18,14 +18,15 @@ use std::path::Path;
 /// `Transpose` of that parameter, so the two stay one tensor.
 pub(super) fn initializers(
     imp: &mut Importer,
-    graph: &GraphProto,
+    graph: &mut GraphProto,
     path: &Path,
 ) -> Result<(), FrontendError> {
     let dir = path.parent().unwrap_or(Path::new(""));
     let src = proto::TensorSource { dir, model: path };
     let mut matrices: Vec<ValueId> = Vec::new();
-    for t in &graph.initializer {
-        let data = proto::tensor(t, &src)?;
+    for t in &mut graph.initializer {
+        let raw = std::mem::take(&mut t.raw_data);
+        let data = proto::tensor_from(t, raw, &src)?;
         let val = if data.ty.dtype.is_float() && data.ty.numel() > 1 && !is_mask(&data) {
             if let Some(v) = tied_transpose(imp, &matrices, &data, &t.name) {
                 imp.vals.insert(t.name.clone(), Val::Ir(v));

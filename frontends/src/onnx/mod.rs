@@ -50,9 +50,9 @@ pub struct OnnxModel {
 /// Imports the ONNX model at `path`; `dims` gives values to symbolic
 /// dimensions (`batch`, `seq`) of its inputs.
 pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, FrontendError> {
-    let model = proto::read_model(path)?;
+    let mut model = proto::read_model(path)?;
     let opset = proto::opset(&model, path)?;
-    let Some(graph) = model.graph.0.as_deref() else {
+    let Some(graph) = model.graph.0.as_deref_mut() else {
         return Err(model_error(path, "the file holds no graph"));
     };
     check_ops(graph, opset, path)?;

@@ -84,6 +84,16 @@ pub(crate) struct TensorSource<'a> {
 
 /// The bytes of `t` in IR layout. Doubles become f32; other types keep theirs.
 pub(crate) fn tensor(t: &TensorProto, src: &TensorSource<'_>) -> Result<TensorData, FrontendError> {
+    tensor_from(t, Vec::new(), src)
+}
+
+/// [`tensor`] for a tensor whose `raw_data` the caller moved out into `raw`
+/// (so a large initializer is never held twice).
+pub(crate) fn tensor_from(
+    t: &TensorProto,
+    raw: Vec<u8>,
+    src: &TensorSource<'_>,
+) -> Result<TensorData, FrontendError> {
     let bad = |reason: String| FrontendError::OnnxTensor {
         path: src.model.to_path_buf(),
         tensor: t.name.clone(),
@@ -108,6 +118,8 @@ pub(crate) fn tensor(t: &TensorProto, src: &TensorSource<'_>) -> Result<TensorDa
             .checked_mul(width)
             .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
         external(t, src, len)?
+    } else if !raw.is_empty() {
+        raw
     } else if !t.raw_data.is_empty() || numel == 0 {
         t.raw_data.clone()
     } else {
