@@ -296,3 +296,27 @@ fn added_labels_input_does_not_clash_with_an_existing_one() {
     assert_eq!(inputs, ["x", "labels", "labels_1"]);
     assert!(fsdpc_ir::validate(&m.graph).is_ok());
 }
+
+#[test]
+fn decomposed_tanh_gelu_is_fused() {
+    let m = import(
+        &fixture("gpt_torchscript.onnx"),
+        &dims(&[("batch", 1), ("sequence", 8)]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    let gelus = g
+        .node_ids()
+        .filter(|&n| {
+            g.node(n).op
+                == Op::Unary {
+                    f: fsdpc_ir::UnaryFn::GeluTanh,
+                }
+        })
+        .count();
+    assert_eq!(gelus, 2);
+    assert!(!g.node_ids().any(|n| g.node(n).op
+        == Op::Unary {
+            f: fsdpc_ir::UnaryFn::Tanh
+        }));
+}

@@ -6,14 +6,15 @@
 //! convert the nodes in file order (ONNX requires topological order) through
 //! the op table, and find the loss.
 //!
-//! Last, exported attention is fused into the IR's `Attention` op, dead nodes
+//! Last, exported attention is fused into the IR's `Attention` op and
+//! decomposed GELU into one unary op, dead nodes
 //! go, and node ids are renumbered in topological order.
 //!
 //! Where things are: `proto` (decoding, tensors, external data),
 //! `initializers` (parameters vs constants, ties), `types` (inputs, symbolic
 //! dims, declared-type check), `context` (per-node view for converters),
 //! `ops/` (the op table, one file per family), `tensor` (folding arithmetic),
-//! `names` (module paths), `fuse` (attention fusion, dead code).
+//! `names` (module paths), `fuse` (attention fusion, dead code), `fuse_gelu`.
 //!
 //! Shapes are static: `Shape` yields a constant, so the shape arithmetic that
 //! exporters emit (Shape -> Gather -> Concat -> Reshape, Range, masks built
@@ -21,6 +22,7 @@
 
 mod context;
 mod fuse;
+mod fuse_gelu;
 mod initializers;
 mod names;
 mod ops;
@@ -76,6 +78,7 @@ pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, F
 /// Fuses attention, drops dead nodes and renumbers ids topologically.
 fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError> {
     fuse::fuse_attention(&mut g);
+    fuse_gelu::fuse_gelu(&mut g);
     fuse::remove_dead(&mut g);
     names::adopt_orphan_params(&mut g);
     let (g, _) = g
