@@ -82,7 +82,8 @@ fn match_at(g: &Graph, softmax: NodeId) -> Option<Attn> {
     let v = *g.inputs(out).get(1)?;
     let (scores, causal) = unmask(g, *g.inputs(softmax).first()?)?;
     let (raw, scale) = unscale(g, scores)?;
-    let (q, k) = operands(g, raw)?;
+    let (q, k, factor) = operands(g, raw)?;
+    let scale = scale * factor;
     let shapes = [q, k, v].map(|x| g.value_type(x).clone());
     (shapes[0] == shapes[1] && shapes[1] == shapes[2]).then_some(Attn {
         q,
@@ -174,27 +175,46 @@ fn unscale(g: &Graph, x: ValueId) -> Option<(ValueId, f64)> {
 }
 
 /// `q @ kᵀ` as a MatMul with `trans_b`, or of a `Transpose` swapping the last
-/// two axes of k. Returns `(q, k)`.
-fn operands(g: &Graph, x: ValueId) -> Option<(ValueId, ValueId)> {
+/// two axes of k; either operand may carry a scalar factor (`q·√s @ kᵀ·√s`,
+/// how `scaled_dot_product_attention` exports). Returns `(q, k, factor)`.
+fn operands(g: &Graph, x: ValueId) -> Option<(ValueId, ValueId, f64)> {
     only_user(g, x.node)?;
+    let Op::MatMul {
+        trans_a: false,
+        trans_b,
+    } = g.node(x.node).op
+    else {
+        return None;
+    };
     let ins = g.inputs(x.node);
-    let (q, kx) = (*ins.first()?, *ins.get(1)?);
-    match g.node(x.node).op {
-        Op::MatMul {
-            trans_a: false,
-            trans_b: true,
-        } => Some((q, kx)),
-        Op::MatMul {
-            trans_a: false,
-            trans_b: false,
-        } => match &g.node(kx.node).op {
-            Op::Transpose { perm } if perm == &[0, 1, 3, 2] => {
-                Some((q, *g.inputs(kx.node).first()?))
-            }
-            _ => None,
-        },
+    let (q, fq) = scaled(g, *ins.first()?)?;
+    let (kx, fk) = scaled(g, *ins.get(1)?)?;
+    if trans_b {
+        return Some((q, kx, fq * fk));
+    }
+    only_user(g, kx.node)?;
+    match &g.node(kx.node).op {
+        Op::Transpose { perm } if perm == &[0, 1, 3, 2] => {
+            Some((q, *g.inputs(kx.node).first()?, fq * fk))
+        }
         _ => None,
     }
+}
+
+/// `v` without a scalar factor `v * c` (read by nothing else), and `c`.
+fn scaled(g: &Graph, v: ValueId) -> Option<(ValueId, f64)> {
+    if g.node(v.node).op != (Op::Binary { f: BinaryFn::Mul }) {
+        return Some((v, 1.0));
+    }
+    let ins = g.inputs(v.node);
+    let (a, b) = (*ins.first()?, *ins.get(1)?);
+    let (x, c) = match (scalar(g, a), scalar(g, b)) {
+        (None, Some(c)) => (a, c),
+        (Some(c), None) => (b, c),
+        _ => return Some((v, 1.0)),
+    };
+    only_user(g, v.node)?;
+    Some((x, c))
 }
 
 /// Adds the fused node and points the readers of `a.out` at it.
@@ -388,6 +408,63 @@ mod tests {
                 scale: 1.0
             }
         );
+    }
+
+    #[test]
+    fn sdpa_export_with_scaled_operands_is_fused() {
+        let mut g = Graph::new("t");
+        let ty = TensorType::new(DType::F32, [1, 2, 3, 4]);
+        let (q, k, v) = (
+            g.add_input("q", ty.clone()),
+            g.add_input("k", ty.clone()),
+            g.add_input("v", ty),
+        );
+        let r = ModuleId::ROOT;
+        let add = |g: &mut Graph, op: Op, ins: &[ValueId]| {
+            g.add1(op, ins, "n", r).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let root = |g: &mut Graph| {
+            let value = HostTensor::floats(DType::F32, vec![], vec![0.5f64.sqrt()]).to_data();
+            g.add1(Op::Constant { value }, &[], "c", r)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (c1, c2) = (root(&mut g), root(&mut g));
+        let qs = add(&mut g, Op::Binary { f: BinaryFn::Mul }, &[q, c1]);
+        let kt = add(
+            &mut g,
+            Op::Transpose {
+                perm: vec![0, 1, 3, 2],
+            },
+            &[k],
+        );
+        let ks = add(&mut g, Op::Binary { f: BinaryFn::Mul }, &[kt, c2]);
+        let s = add(
+            &mut g,
+            Op::MatMul {
+                trans_a: false,
+                trans_b: false,
+            },
+            &[qs, ks],
+        );
+        let p = add(&mut g, Op::Softmax { axis: 3 }, &[s]);
+        let y = add(
+            &mut g,
+            Op::MatMul {
+                trans_a: false,
+                trans_b: false,
+            },
+            &[p, v],
+        );
+        g.outputs = vec![y];
+        assert_eq!(fuse_attention(&mut g), 1);
+        let Op::Attention {
+            causal: false,
+            scale,
+        } = g.node(g.outputs[0].node).op
+        else {
+            panic!("not fused")
+        };
+        assert!((scale - 0.5).abs() < 1e-6, "{scale}");
     }
 
     #[test]
