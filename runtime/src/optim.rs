@@ -102,26 +102,28 @@ struct AdamW {
     weight_decay: f64,
 }
 
-/// One AdamW step at `t` (1-based), following `torch.optim.adamw._single_tensor_adamw`.
-fn adamw(h: &AdamW, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    let decay = (1.0 - h.lr * h.weight_decay) as f32;
-    let w1 = (1.0 - h.beta1) as f32;
-    let (b2, w2) = (h.beta2 as f32, (1.0 - h.beta2) as f32);
-    let bc1 = 1.0 - h.beta1.powi(t as i32);
-    let bc2_sqrt = (1.0 - h.beta2.powi(t as i32)).sqrt() as f32;
-    let step_size = (h.lr / bc1) as f32;
-    let eps = h.eps as f32;
-    for i in 0..p.len() {
-        p[i] *= decay;
-        m[i] = lerp(m[i], g[i], w1);
-        v[i] = v[i] * b2 + w2 * g[i] * g[i];
-        let denom = v[i].sqrt() / bc2_sqrt + eps;
-        p[i] += -step_size * (m[i] / denom);
+crate::multiversion! {
+    /// One AdamW step at `t` (1-based), following `torch.optim.adamw._single_tensor_adamw`.
+    fn adamw(h: &AdamW, t: u64, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        let decay = (1.0 - h.lr * h.weight_decay) as f32;
+        let w1 = (1.0 - h.beta1) as f32;
+        let (b2, w2) = (h.beta2 as f32, (1.0 - h.beta2) as f32);
+        let bc1 = 1.0 - h.beta1.powi(t as i32);
+        let bc2_sqrt = (1.0 - h.beta2.powi(t as i32)).sqrt() as f32;
+        let step_size = (h.lr / bc1) as f32;
+        let eps = h.eps as f32;
+        for i in 0..p.len() {
+            p[i] *= decay;
+            m[i] = lerp(m[i], g[i], w1);
+            v[i] = v[i] * b2 + w2 * g[i] * g[i];
+            let denom = v[i].sqrt() / bc2_sqrt + eps;
+            p[i] += -step_size * (m[i] / denom);
+        }
     }
 }
 
 /// `torch.lerp(start, end, weight)` as ATen computes it on CPU.
-#[inline]
+#[inline(always)]
 fn lerp(start: f32, end: f32, weight: f32) -> f32 {
     if weight.abs() < 0.5 {
         start + weight * (end - start)

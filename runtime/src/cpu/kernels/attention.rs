@@ -5,7 +5,9 @@
 //! as PyTorch's `is_causal`), and a max-subtracted softmax. The backward pass
 //! recomputes `P` rather than storing it. Workspace: two `sq x sk` f32 tiles.
 
+use super::fastmath::exp;
 use super::matmul::{gemm_f32, Mat};
+use super::simd;
 use crate::backend::Workspace;
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
@@ -28,6 +30,9 @@ fn dims(q: &TensorRef, k: &TensorRef, v: &TensorRef) -> KResult<Dims> {
     }
     if qd[..2] != kd[..2] || kd[..3] != vd[..3] || qd[3] != kd[3] {
         crate::kbail!("attention: inconsistent q {qd:?}, k {kd:?}, v {vd:?}");
+    }
+    if kd[2] == 0 {
+        crate::kbail!("attention over an empty key sequence");
     }
     Ok(Dims {
         heads: qd[0] * qd[1],
@@ -61,28 +66,36 @@ fn probs(
         trans: true,
     };
     gemm_f32(par, p, qm, km, scale, false)?;
-    for i in 0..s.sq {
-        let row = &mut p[i * s.sk..(i + 1) * s.sk];
-        let valid = if causal { (i + 1).min(s.sk) } else { s.sk };
-        let (live, masked) = row.split_at_mut(valid);
-        if !live.is_empty() {
-            softmax_in_place(live);
-        }
-        masked.fill(0.0);
-    }
+    mask_softmax(p, s, causal);
     Ok(())
 }
 
-fn softmax_in_place(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in row.iter_mut() {
-        *v = super::fastmath::exp(*v - max);
-        sum += *v;
+crate::multiversion! {
+    /// Row softmax of the scores in place, masked positions set to 0.
+    fn mask_softmax(p: &mut [f32], s: Dims, causal: bool) {
+        for (i, row) in p.chunks_exact_mut(s.sk).take(s.sq).enumerate() {
+            let valid = if causal { (i + 1).min(s.sk) } else { s.sk };
+            let (live, masked) = row.split_at_mut(valid);
+            let m = simd::max(live);
+            for v in live.iter_mut() {
+                *v = exp(*v - m);
+            }
+            let inv = 1.0 / simd::sum(live);
+            simd::scale(live, inv);
+            masked.fill(0.0);
+        }
     }
-    let inv = 1.0 / sum;
-    for v in row.iter_mut() {
-        *v *= inv;
+}
+
+crate::multiversion! {
+    /// `dS = P * (dP - rowsum(P * dP))`, in `dp`.
+    fn softmax_backward_rows(p: &[f32], dp: &mut [f32], sk: usize) {
+        for (pr, dr) in p.chunks_exact(sk).zip(dp.chunks_exact_mut(sk)) {
+            let dot = simd::dot(pr, dr);
+            for j in 0..sk {
+                dr[j] = pr[j] * (dr[j] - dot);
+            }
+        }
     }
 }
 
@@ -191,16 +204,7 @@ pub fn backward(
             trans: true,
         };
         gemm_f32(par, dp, dym, vt, 1.0, false)?;
-        for i in 0..s.sq {
-            let (pr, dr) = (
-                &p[i * s.sk..(i + 1) * s.sk],
-                &mut dp[i * s.sk..(i + 1) * s.sk],
-            );
-            let dot: f32 = pr.iter().zip(dr.iter()).map(|(a, b)| a * b).sum();
-            for j in 0..s.sk {
-                dr[j] = pr[j] * (dr[j] - dot);
-            }
-        }
+        softmax_backward_rows(p, dp, s.sk);
         // dQ = scale dS K; dK = scale dS^T Q.
         let ds = Mat {
             data: dp,

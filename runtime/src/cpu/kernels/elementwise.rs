@@ -22,20 +22,22 @@ pub fn binary(f: BinaryFn, a: &TensorRef, b: &TensorRef, out: &mut TensorMut) ->
     }
 }
 
-fn binary_f32(f: BinaryFn, blocks: &Blocks<2>, a: &[f32], b: &[f32], o: &mut [f32]) {
-    match f {
-        BinaryFn::Add => zip_f32(blocks, a, b, o, |x, y| x + y),
-        BinaryFn::Sub => zip_f32(blocks, a, b, o, |x, y| x - y),
-        BinaryFn::Mul => zip_f32(blocks, a, b, o, |x, y| x * y),
-        BinaryFn::Div => zip_f32(blocks, a, b, o, |x, y| x / y),
-        BinaryFn::Pow => zip_f32(blocks, a, b, o, f32::powf),
-        BinaryFn::Max => zip_f32(blocks, a, b, o, f32::max),
-        BinaryFn::Min => zip_f32(blocks, a, b, o, f32::min),
+crate::multiversion! {
+    fn binary_f32(f: BinaryFn, blocks: &Blocks<2>, a: &[f32], b: &[f32], o: &mut [f32]) {
+        match f {
+            BinaryFn::Add => zip_f32(blocks, a, b, o, |x, y| x + y),
+            BinaryFn::Sub => zip_f32(blocks, a, b, o, |x, y| x - y),
+            BinaryFn::Mul => zip_f32(blocks, a, b, o, |x, y| x * y),
+            BinaryFn::Div => zip_f32(blocks, a, b, o, |x, y| x / y),
+            BinaryFn::Pow => zip_f32(blocks, a, b, o, f32::powf),
+            BinaryFn::Max => zip_f32(blocks, a, b, o, f32::max),
+            BinaryFn::Min => zip_f32(blocks, a, b, o, f32::min),
+        }
     }
 }
 
 /// The inner loops: each operand is contiguous or a repeated scalar.
-#[inline]
+#[inline(always)]
 fn zip_f32(blocks: &Blocks<2>, a: &[f32], b: &[f32], o: &mut [f32], g: impl Fn(f32, f32) -> f32) {
     let n = blocks.inner;
     let [sa, sb] = blocks.inner_strides;

@@ -110,6 +110,7 @@ impl<const N: usize> Blocks<N> {
 
     /// Calls `f(operand offsets, output offset)` for each inner run, in
     /// output order.
+    #[inline(always)]
     pub fn for_each(&self, mut f: impl FnMut([usize; N], usize)) {
         if self.total == 0 {
             return;

@@ -3,8 +3,7 @@
 //! `ignore_index`. If every row is ignored the loss is 0 and so is the
 //! gradient (PyTorch would give NaN). A label outside `0..c` is an error.
 
-use super::softmax::log_softmax_row;
-use crate::backend::Workspace;
+use super::simd;
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
 
@@ -32,30 +31,32 @@ fn class(label: i64, ignore: Option<i64>, c: usize) -> KResult<Option<usize>> {
     Ok(Some(label as usize))
 }
 
-/// `CrossEntropy { ignore_index }`.
+/// The rows' classes (`None` for ignored rows) and the count of the others.
+fn classes(lab: &[i64], ignore: Option<i64>, c: usize) -> KResult<(Vec<Option<usize>>, usize)> {
+    let mut out = Vec::with_capacity(lab.len());
+    for &l in lab {
+        out.push(class(l, ignore, c)?);
+    }
+    let count = out.iter().filter(|t| t.is_some()).count();
+    Ok((out, count))
+}
+
+/// `CrossEntropy { ignore_index }`: per row `logsumexp(x) - x[label]`,
+/// without materialising the log-probabilities.
 pub fn forward(
     ignore: Option<i64>,
     logits: &TensorRef,
     labels: &TensorRef,
     loss: &mut TensorMut,
-    ws: &mut Workspace,
 ) -> KResult<()> {
-    let (n, c) = geometry(logits, labels)?;
+    let (_, c) = geometry(logits, labels)?;
     let (x, lab) = (logits.f32()?, labels.ints()?);
-    let row = ws.f32s(c);
-    let (mut sum, mut count) = (0.0f64, 0usize);
-    for r in 0..n {
-        let Some(t) = class(lab[r], ignore, c)? else {
-            continue;
-        };
-        log_softmax_row(&x[r * c..(r + 1) * c], row);
-        sum -= row[t] as f64;
-        count += 1;
-    }
+    let (cls, count) = classes(&lab, ignore, c)?;
     let out = loss.f32_mut()?;
     if out.len() != 1 {
         crate::kbail!("cross_entropy writes a scalar, the output is {}", loss.ty);
     }
+    let sum = ce_rows(x, c, &cls);
     out[0] = if count == 0 {
         0.0
     } else {
@@ -64,32 +65,57 @@ pub fn forward(
     Ok(())
 }
 
-/// `CrossEntropyGrad { ignore_index }`: `(logits, labels, dloss) -> dlogits`.
+/// `CrossEntropyGrad { ignore_index }`: `(logits, labels, dloss) -> dlogits`,
+/// `(softmax(x) - onehot(label)) * dloss / count` per row.
 pub fn backward(ignore: Option<i64>, ins: [&TensorRef; 3], dlogits: &mut TensorMut) -> KResult<()> {
     let [logits, labels, dloss] = ins;
-    let (n, c) = geometry(logits, labels)?;
+    let (_, c) = geometry(logits, labels)?;
     let (x, lab, dl) = (logits.f32()?, labels.ints()?, dloss.f32()?);
     let Some(&dl) = dl.first() else {
         crate::kbail!("cross_entropy_grad: dloss is empty");
     };
-    let mut count = 0usize;
-    for &l in lab.iter() {
-        count += usize::from(class(l, ignore, c)?.is_some());
-    }
+    let (cls, count) = classes(&lab, ignore, c)?;
     let g = dlogits.f32_mut()?;
+    if g.len() != x.len() {
+        crate::kbail!(
+            "cross_entropy_grad: output {} does not match the logits {}",
+            dlogits.ty,
+            logits.ty
+        );
+    }
     let scale = if count == 0 { 0.0 } else { dl / count as f32 };
-    for r in 0..n {
-        let gr = &mut g[r * c..(r + 1) * c];
-        match class(lab[r], ignore, c)? {
-            None => gr.fill(0.0),
-            Some(t) => {
-                super::softmax::softmax_row(&x[r * c..(r + 1) * c], gr);
-                gr[t] -= 1.0;
-                for v in gr.iter_mut() {
-                    *v *= scale;
+    ce_grad_rows(x, g, c, &cls, scale);
+    Ok(())
+}
+
+crate::multiversion! {
+    /// Sum over the non-ignored rows of `logsumexp(row) - row[label]`.
+    fn ce_rows(x: &[f32], c: usize, cls: &[Option<usize>]) -> f64 {
+        let mut sum = 0.0f64;
+        for (row, t) in x.chunks_exact(c).zip(cls) {
+            if let Some(t) = *t {
+                let m = simd::max(row);
+                let lse = m + simd::exp_sum(row, m, None).ln();
+                sum += (lse - row[t]) as f64;
+            }
+        }
+        sum
+    }
+}
+
+crate::multiversion! {
+    /// `g = (softmax(row) - onehot) * scale` per row; ignored rows zero.
+    fn ce_grad_rows(x: &[f32], g: &mut [f32], c: usize, cls: &[Option<usize>], scale: f32) {
+        for ((row, gr), t) in x.chunks_exact(c).zip(g.chunks_exact_mut(c)).zip(cls) {
+            match *t {
+                None => gr.fill(0.0),
+                Some(t) => {
+                    let m = simd::max(row);
+                    let s = simd::exp_sum(row, m, Some(gr));
+                    simd::scale(gr, scale / s);
+                    gr[t] -= scale;
                 }
             }
         }
     }
-    Ok(())
 }

@@ -17,6 +17,7 @@ pub mod matmul;
 pub mod norm;
 pub mod reduce;
 pub mod shape;
+pub mod simd;
 pub mod softmax;
 pub mod source;
 pub mod unary;
@@ -188,18 +189,12 @@ fn dispatch_structured(
             [x, g, b] => norm::layer_norm(*eps, x, g, Some(b), out1(ys)?),
             _ => crate::kbail!("layer_norm takes (x, gamma[, beta])"),
         },
-        Op::LayerNormGrad { eps, .. } => {
-            let [x, g, dy] = ins(xs)?;
-            norm::layer_norm_grad(*eps, x, g, dy, ys)
-        }
+        Op::LayerNormGrad { eps, .. } => norm::layer_norm_grad(*eps, ins(xs)?, ys, ws),
         Op::RmsNorm { eps } => {
             let [x, g] = ins(xs)?;
             norm::rms_norm(*eps, x, g, out1(ys)?)
         }
-        Op::RmsNormGrad { eps } => {
-            let [x, g, dy] = ins(xs)?;
-            norm::rms_norm_grad(*eps, x, g, dy, ys)
-        }
+        Op::RmsNormGrad { eps } => norm::rms_norm_grad(*eps, ins(xs)?, ys, ws),
         Op::Softmax { axis } => {
             softmax::forward(Kind::Softmax, *axis, ins::<1>(xs)?[0], out1(ys)?, ws)
         }
@@ -222,7 +217,7 @@ fn dispatch_structured(
         }
         Op::CrossEntropy { ignore_index } => {
             let [logits, labels] = ins(xs)?;
-            loss::forward(*ignore_index, logits, labels, out1(ys)?, ws)
+            loss::forward(*ignore_index, logits, labels, out1(ys)?)
         }
         Op::CrossEntropyGrad { ignore_index } => loss::backward(*ignore_index, ins(xs)?, out1(ys)?),
         Op::Reduce { f, axes, .. } => reduce::reduce(*f, axes, ins::<1>(xs)?[0], out1(ys)?),

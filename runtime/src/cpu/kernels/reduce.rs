@@ -68,7 +68,9 @@ pub fn sum_to(dy: &TensorRef, dx: &mut TensorMut) -> KResult<()> {
     let target = dx.dims();
     let (g, d) = (dy.f32()?, dx.f32_mut()?);
     d.fill(0.0);
-    walk(dy.dims(), target, |o, i| d[o] += g[i])
+    let blocks = Blocks::new(dy.dims(), [target])?;
+    sum_runs(&blocks, g, d);
+    Ok(())
 }
 
 /// `ReduceMaxGrad { axes }`: `(x, y, dy) -> dx`, routing each `dy` to the
@@ -99,4 +101,22 @@ pub fn reduce_max_grad(
         }
         dxs[i] = if hit { dys[o] } else { 0.0 };
     })
+}
+
+crate::multiversion! {
+    /// Accumulates every inner run of `g` into `d` (stride 1: elementwise;
+    /// stride 0: the run's sum into one element).
+    fn sum_runs(blocks: &Blocks<1>, g: &[f32], d: &mut [f32]) {
+        let [s] = blocks.inner_strides;
+        let n = blocks.inner;
+        blocks.for_each(|[o], i| {
+            if s == 1 {
+                for (a, &v) in d[o..o + n].iter_mut().zip(&g[i..i + n]) {
+                    *a += v;
+                }
+            } else {
+                d[o] += super::simd::sum(&g[i..i + n]);
+            }
+        })
+    }
 }

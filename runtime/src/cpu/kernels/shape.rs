@@ -42,9 +42,41 @@ fn copy_run(src: &[u8], start: usize, stride: usize, n: usize, es: usize, dst: &
         dst[..n * es].copy_from_slice(&src[start * es..(start + n) * es]);
         return;
     }
-    for j in 0..n {
-        let s = (start + j * stride) * es;
-        dst[j * es..(j + 1) * es].copy_from_slice(&src[s..s + es]);
+    match es {
+        1 => gather_elems::<1>(src, start, stride, n, dst),
+        2 => gather_elems::<2>(src, start, stride, n, dst),
+        4 => gather_elems::<4>(src, start, stride, n, dst),
+        _ => gather_elems::<8>(src, start, stride, n, dst),
+    }
+}
+
+/// Strided gather of `n` elements of `ES` bytes (fixed-size moves).
+#[inline]
+fn gather_elems<const ES: usize>(
+    src: &[u8],
+    start: usize,
+    stride: usize,
+    n: usize,
+    dst: &mut [u8],
+) {
+    for (j, d) in dst[..n * ES].chunks_exact_mut(ES).enumerate() {
+        let s = (start + j * stride) * ES;
+        d.copy_from_slice(&src[s..s + ES]);
+    }
+}
+
+/// Strided scatter of `n` contiguous elements of `ES` bytes.
+#[inline]
+fn scatter_elems<const ES: usize>(
+    src: &[u8],
+    dst: &mut [u8],
+    start: usize,
+    stride: usize,
+    n: usize,
+) {
+    for (j, v) in src[..n * ES].chunks_exact(ES).enumerate() {
+        let d = (start + j * stride) * ES;
+        dst[d..d + ES].copy_from_slice(v);
     }
 }
 
@@ -178,9 +210,13 @@ pub fn slice_grad(s: SliceSpec, dy: &TensorRef, dx: &mut TensorMut) -> KResult<(
     let mut o = 0usize;
     for_each_run(&dims, |idx, n| {
         let start = base + idx.iter().zip(&st).map(|(i, s)| i * s).sum::<usize>();
-        for j in 0..n {
-            let d = (start + j * inner) * es;
-            dx.bytes[d..d + es].copy_from_slice(&dy.bytes[(o + j) * es..(o + j + 1) * es]);
+        let src = &dy.bytes[o * es..(o + n) * es];
+        match (inner, es) {
+            (1, _) => dx.bytes[start * es..(start + n) * es].copy_from_slice(src),
+            (_, 1) => scatter_elems::<1>(src, dx.bytes, start, inner, n),
+            (_, 2) => scatter_elems::<2>(src, dx.bytes, start, inner, n),
+            (_, 4) => scatter_elems::<4>(src, dx.bytes, start, inner, n),
+            _ => scatter_elems::<8>(src, dx.bytes, start, inner, n),
         }
         o += n;
     });

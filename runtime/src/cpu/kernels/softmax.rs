@@ -4,31 +4,24 @@
 
 use super::fastmath::exp;
 use super::layout::split_axis;
+use super::simd;
 use crate::backend::Workspace;
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
 
-/// Softmax of one contiguous row, in place from `x` into `y`.
-#[inline]
+/// Softmax of one contiguous row from `x` into `y`.
+#[inline(always)]
 pub fn softmax_row(x: &[f32], y: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = exp(v - max);
-        sum += *o;
-    }
-    let inv = 1.0 / sum;
-    for o in y.iter_mut() {
-        *o *= inv;
-    }
+    let m = simd::max(x);
+    let s = simd::exp_sum(x, m, Some(y));
+    simd::scale(y, 1.0 / s);
 }
 
 /// Log-softmax of one contiguous row.
-#[inline]
+#[inline(always)]
 pub fn log_softmax_row(x: &[f32], y: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = x.iter().map(|&v| exp(v - max)).sum();
-    let lse = max + sum.ln();
+    let m = simd::max(x);
+    let lse = m + simd::exp_sum(x, m, None).ln();
     for (o, &v) in y.iter_mut().zip(x) {
         *o = v - lse;
     }
@@ -43,6 +36,7 @@ pub enum Kind {
 
 /// Runs `f(row inputs..., row output)` over every row along `axis`; rows
 /// off the last axis are copied through workspace.
+#[inline(always)]
 fn for_rows<const N: usize>(
     dims: &[usize],
     axis: usize,
@@ -88,10 +82,7 @@ pub fn forward(
     ws: &mut Workspace,
 ) -> KResult<()> {
     let (xs, ys) = (x.f32()?, y.f32_mut()?);
-    for_rows(x.dims(), axis, [xs], ys, ws, |[xr], yr| match kind {
-        Kind::Softmax => softmax_row(xr, yr),
-        Kind::LogSoftmax => log_softmax_row(xr, yr),
-    })
+    forward_rows(kind, x.dims(), axis, xs, ys, ws)
 }
 
 /// `SoftmaxGrad` / `LogSoftmaxGrad`: `(y, dy) -> dx`.
@@ -104,25 +95,35 @@ pub fn backward(
     ws: &mut Workspace,
 ) -> KResult<()> {
     let (ys, dys, dxs) = (y.f32()?, dy.f32()?, dx.f32_mut()?);
-    for_rows(
-        y.dims(),
-        axis,
-        [ys, dys],
-        dxs,
-        ws,
-        |[yr, dyr], dxr| match kind {
+    backward_rows(kind, y.dims(), axis, ys, dys, dxs, ws)
+}
+
+crate::multiversion! {
+    /// Softmax or log-softmax of every row along `axis`.
+    fn forward_rows(kind: Kind, dims: &[usize], axis: usize, xs: &[f32], ys: &mut [f32], ws: &mut Workspace) -> KResult<()> {
+        for_rows(dims, axis, [xs], ys, ws, |[xr], yr| match kind {
+            Kind::Softmax => softmax_row(xr, yr),
+            Kind::LogSoftmax => log_softmax_row(xr, yr),
+        })
+    }
+}
+
+crate::multiversion! {
+    /// The softmax or log-softmax gradient of every row along `axis`.
+    fn backward_rows(kind: Kind, dims: &[usize], axis: usize, ys: &[f32], dys: &[f32], dxs: &mut [f32], ws: &mut Workspace) -> KResult<()> {
+        for_rows(dims, axis, [ys, dys], dxs, ws, |[yr, dyr], dxr| match kind {
             Kind::Softmax => {
-                let dot: f32 = yr.iter().zip(dyr).map(|(a, b)| a * b).sum();
+                let dot = simd::dot(yr, dyr);
                 for j in 0..yr.len() {
                     dxr[j] = yr[j] * (dyr[j] - dot);
                 }
             }
             Kind::LogSoftmax => {
-                let sum: f32 = dyr.iter().sum();
+                let sum = simd::sum(dyr);
                 for j in 0..yr.len() {
                     dxr[j] = dyr[j] - exp(yr[j]) * sum;
                 }
             }
-        },
-    )
+        })
+    }
 }

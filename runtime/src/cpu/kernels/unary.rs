@@ -12,12 +12,13 @@ const GELU_C: f32 = 0.044_715;
 const FRAC_2_SQRT_PI: f32 = std::f32::consts::FRAC_2_SQRT_PI;
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
+#[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     super::fastmath::sigmoid(x)
 }
 
 /// `f(x)` in f32.
-#[inline]
+#[inline(always)]
 pub fn apply(f: UnaryFn, x: f32) -> f32 {
     match f {
         UnaryFn::Neg => -x,
@@ -48,7 +49,7 @@ pub fn apply(f: UnaryFn, x: f32) -> f32 {
 }
 
 /// `f'(x)` in f32.
-#[inline]
+#[inline(always)]
 pub fn derivative(f: UnaryFn, x: f32) -> f32 {
     match f {
         UnaryFn::Neg => -1.0,
@@ -90,6 +91,7 @@ pub fn derivative(f: UnaryFn, x: f32) -> f32 {
     }
 }
 
+#[inline(always)]
 fn gelu_tanh_derivative(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
     let t = fastmath::tanh(u);
@@ -112,20 +114,23 @@ pub fn unary(f: UnaryFn, x: &TensorRef, y: &mut TensorMut) -> KResult<()> {
     }
 }
 
-/// Monomorphised loops so each function vectorises on its own.
-fn map_f32(f: UnaryFn, xs: &[f32], ys: &mut [f32]) {
-    fn run(xs: &[f32], ys: &mut [f32], g: impl Fn(f32) -> f32) {
-        for (y, &x) in ys.iter_mut().zip(xs) {
-            *y = g(x);
+crate::multiversion! {
+    /// Monomorphised loops so each function vectorises on its own.
+    fn map_f32(f: UnaryFn, xs: &[f32], ys: &mut [f32]) {
+        #[inline(always)]
+        fn run(xs: &[f32], ys: &mut [f32], g: impl Fn(f32) -> f32) {
+            for (y, &x) in ys.iter_mut().zip(xs) {
+                *y = g(x);
+            }
         }
-    }
-    match f {
-        UnaryFn::Neg => run(xs, ys, |x| -x),
-        UnaryFn::Relu => run(xs, ys, |x| if x > 0.0 { x } else { 0.0 }),
-        UnaryFn::Square => run(xs, ys, |x| x * x),
-        UnaryFn::Abs => run(xs, ys, f32::abs),
-        UnaryFn::GeluTanh => run(xs, ys, |x| apply(UnaryFn::GeluTanh, x)),
-        _ => run(xs, ys, |x| apply(f, x)),
+        match f {
+            UnaryFn::Neg => run(xs, ys, |x| -x),
+            UnaryFn::Relu => run(xs, ys, |x| if x > 0.0 { x } else { 0.0 }),
+            UnaryFn::Square => run(xs, ys, |x| x * x),
+            UnaryFn::Abs => run(xs, ys, f32::abs),
+            UnaryFn::GeluTanh => run(xs, ys, |x| apply(UnaryFn::GeluTanh, x)),
+            _ => run(xs, ys, |x| apply(f, x)),
+        }
     }
 }
 
@@ -160,15 +165,23 @@ pub fn unary_grad(f: UnaryFn, x: &TensorRef, dy: &TensorRef, dx: &mut TensorMut)
     if xs.len() != dys.len() || xs.len() != dxs.len() {
         crate::kbail!("x, dy and dx must have the same shape");
     }
-    fn run(xs: &[f32], dys: &[f32], dxs: &mut [f32], g: impl Fn(f32) -> f32) {
-        for ((d, &x), &dy) in dxs.iter_mut().zip(xs).zip(dys) {
-            *d = dy * g(x);
+    grad_f32(f, xs, dys, dxs);
+    Ok(())
+}
+
+crate::multiversion! {
+    /// `dx = dy * f'(x)`, one monomorphised loop per function.
+    fn grad_f32(f: UnaryFn, xs: &[f32], dys: &[f32], dxs: &mut [f32]) {
+        #[inline(always)]
+        fn run(xs: &[f32], dys: &[f32], dxs: &mut [f32], g: impl Fn(f32) -> f32) {
+            for ((d, &x), &dy) in dxs.iter_mut().zip(xs).zip(dys) {
+                *d = dy * g(x);
+            }
+        }
+        match f {
+            UnaryFn::Relu => run(xs, dys, dxs, |x| if x > 0.0 { 1.0 } else { 0.0 }),
+            UnaryFn::GeluTanh => run(xs, dys, dxs, gelu_tanh_derivative),
+            _ => run(xs, dys, dxs, |x| derivative(f, x)),
         }
     }
-    match f {
-        UnaryFn::Relu => run(xs, dys, dxs, |x| if x > 0.0 { 1.0 } else { 0.0 }),
-        UnaryFn::GeluTanh => run(xs, dys, dxs, gelu_tanh_derivative),
-        _ => run(xs, dys, dxs, |x| derivative(f, x)),
-    }
-    Ok(())
 }
