@@ -93,10 +93,22 @@ struct RankOut {
     peak: u64,
 }
 
-/// Trains `plan` on `plan.cluster.world` thread ranks.
+/// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
+/// `opts.data` describes.
 pub fn train(
     plan: &Plan,
     opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
+    train_with_data(plan, opts, data, on_step)
+}
+
+/// `train` with a caller-supplied data source (`opts.data` is ignored).
+pub fn train_with_data(
+    plan: &Plan,
+    opts: &TrainOptions,
+    data: Arc<dyn DataSource>,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     let prep = prepare(plan)?;
@@ -104,7 +116,6 @@ pub fn train(
     if world == 0 {
         return Err(RuntimeError::plan("the cluster has no ranks"));
     }
-    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
     let backend = CpuBackend::new(CpuConfig {
         threads: opts.threads_per_rank.max(1),
     });

@@ -1,0 +1,103 @@
+//! Failure handling of the executor: a rank that errors or panics stops
+//! every rank with an error naming it, within the timeout, never a hang.
+
+mod support;
+
+use fsdpc_ir::Optimizer;
+use fsdpc_planner::Strategy;
+use fsdpc_runtime::data::{open, DataSource};
+use fsdpc_runtime::{
+    train, train_with_data, Batch, DataSpec, RuntimeError, TensorMut, TrainOptions,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::plan::plan;
+
+const GPT: &str = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
+
+/// Synthetic data that fails (or panics) for rank 1 at step 2.
+struct Faulty {
+    inner: Arc<dyn DataSource>,
+    panic: bool,
+}
+
+impl DataSource for Faulty {
+    fn fill(&self, name: &str, batch: Batch, out: TensorMut<'_>) -> Result<(), RuntimeError> {
+        if batch.step == 2 && batch.first_sample == 2 {
+            if self.panic {
+                panic!("injected panic");
+            }
+            return Err(RuntimeError::data(name, "injected failure"));
+        }
+        self.inner.fill(name, batch, out)
+    }
+}
+
+fn run_faulty(world: u32, panic: bool) -> (Result<Vec<f32>, RuntimeError>, Duration) {
+    let p = plan(GPT, world, Strategy::FullShard, Optimizer::adamw(1e-2));
+    let inner = open(&DataSpec::Synthetic, &p.training.graph, 1).unwrap();
+    let opts = TrainOptions {
+        steps: 5,
+        comm_timeout: Duration::from_secs(20),
+        ..TrainOptions::default()
+    };
+    let start = Instant::now();
+    let r = train_with_data(&p, &opts, Arc::new(Faulty { inner, panic }), &mut |_| {});
+    (r.map(|r| r.losses), start.elapsed())
+}
+
+#[test]
+fn failing_rank_stops_every_rank_with_its_error() {
+    for world in [2, 4] {
+        let (r, took) = run_faulty(world, false);
+        assert_eq!(
+            r,
+            Err(RuntimeError::data("ids", "injected failure")),
+            "world {world}"
+        );
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
+}
+
+#[test]
+fn panicking_rank_is_reported_as_failed() {
+    let (r, took) = run_faulty(2, true);
+    match r {
+        Err(RuntimeError::RankFailed { rank: 1, reason }) => {
+            assert!(reason.contains("injected panic"), "{reason}")
+        }
+        other => panic!("expected rank 1 to fail, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn bad_token_file_is_a_data_error() {
+    let dir = std::env::temp_dir().join(format!("fsdpc-rt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("bad.bin");
+    let toks: Vec<u8> = (0..100u16)
+        .flat_map(|t| (t * 7 % 200).to_le_bytes())
+        .collect();
+    std::fs::write(&bin, toks).unwrap();
+    let p = plan(GPT, 1, Strategy::FullShard, Optimizer::adamw(1e-2));
+    let opts = TrainOptions {
+        steps: 1,
+        data: DataSpec::TokenBin(bin),
+        ..TrainOptions::default()
+    };
+    match train(&p, &opts, &mut |_| {}) {
+        Err(RuntimeError::Data { reason, .. }) => {
+            assert!(reason.contains("vocabulary is 64"), "{reason}")
+        }
+        other => panic!("expected a data error, got {other:?}"),
+    }
+    let missing = TrainOptions {
+        data: DataSpec::TextFile(dir.join("nope.txt")),
+        ..opts
+    };
+    assert!(matches!(
+        train(&p, &missing, &mut |_| {}),
+        Err(RuntimeError::Io { .. })
+    ));
+}
