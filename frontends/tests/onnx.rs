@@ -320,3 +320,35 @@ fn decomposed_tanh_gelu_is_fused() {
             f: fsdpc_ir::UnaryFn::Tanh
         }));
 }
+
+#[test]
+fn decomposed_layer_norm_is_fused() {
+    let m = import(
+        &fixture("gpt_torchscript.onnx"),
+        &dims(&[("batch", 1), ("sequence", 8)]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let g = &m.graph;
+    let norms: Vec<(String, f64)> = g
+        .node_ids()
+        .filter_map(|n| match g.node(n).op {
+            Op::LayerNorm { eps } => Some((g.module_info(g.node(n).module).path.clone(), eps)),
+            _ => None,
+        })
+        .collect();
+    let paths: Vec<&str> = norms.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "transformer.h.0.ln_1",
+            "transformer.h.0.ln_2",
+            "transformer.h.1.ln_1",
+            "transformer.h.1.ln_2",
+            "transformer.ln_f"
+        ]
+    );
+    assert!(norms.iter().all(|(_, eps)| (eps - 1e-5).abs() < 1e-9));
+    assert!(!g
+        .node_ids()
+        .any(|n| matches!(g.node(n).op, Op::Reduce { .. })));
+}

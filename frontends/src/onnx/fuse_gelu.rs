@@ -1,29 +1,10 @@
 //! Fusion of GELU as exporters write it before opset 20, elementwise:
 //! `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` becomes `Unary{GeluTanh}` and
 //! `0.5·x·(1 + erf(x/√2))` becomes `Unary{GeluErf}`, whatever the order and
-//! grouping of the factors. Only nodes read by nothing else are replaced.
+//! grouping of the factors, when nothing else reads the intermediates.
 
+use super::pattern::{bin, match_root, mul, replace_node, Pat};
 use fsdpc_ir::{BinaryFn, Graph, NodeId, Op, UnaryFn, ValueId};
-
-/// An elementwise expression pattern over one variable.
-enum Pat {
-    /// The variable (bound at first sight, equal afterwards).
-    X,
-    /// A scalar constant, compared with a relative tolerance.
-    C(f64),
-    Bin(BinaryFn, Box<Pat>, Box<Pat>),
-    Un(UnaryFn, Box<Pat>),
-    /// `x^3` as `Pow(x, 3)` or `x·x·x`.
-    Cube,
-}
-
-fn bin(f: BinaryFn, a: Pat, b: Pat) -> Pat {
-    Pat::Bin(f, Box::new(a), Box::new(b))
-}
-
-fn mul(a: Pat, b: Pat) -> Pat {
-    bin(BinaryFn::Mul, a, b)
-}
 
 /// `1 + inner`.
 fn one_plus(inner: Pat) -> Pat {
@@ -69,85 +50,6 @@ fn erf_form() -> Vec<Pat> {
         .collect()
 }
 
-/// What a match found: the variable and the nodes it covered.
-#[derive(Clone, Default)]
-struct Found {
-    x: Option<ValueId>,
-    nodes: Vec<NodeId>,
-}
-
-fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
-    match &g.try_node(v.node)?.op {
-        Op::Constant { value } => {
-            let t = super::tensor::HostTensor::from_data(value).ok()?;
-            (t.numel() == 1).then(|| t.as_f64()[0])
-        }
-        _ => None,
-    }
-}
-
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-4 * b.abs().max(1e-6)
-}
-
-/// Matches `p` at `v`, extending `found`; commutative ops try both orders.
-fn matches(g: &Graph, v: ValueId, p: &Pat, found: &mut Found) -> bool {
-    match p {
-        Pat::X => match found.x {
-            Some(x) => x == v,
-            None => {
-                found.x = Some(v);
-                true
-            }
-        },
-        Pat::C(c) => scalar(g, v).is_some_and(|s| close(s, *c)),
-        Pat::Cube => {
-            let pow = bin(BinaryFn::Pow, Pat::X, Pat::C(3.0));
-            let prod = mul(Pat::X, mul(Pat::X, Pat::X));
-            let prod2 = mul(mul(Pat::X, Pat::X), Pat::X);
-            [pow, prod, prod2].iter().any(|q| attempt(g, v, q, found))
-        }
-        Pat::Un(f, a) => match g.try_node(v.node).map(|n| &n.op) {
-            Some(Op::Unary { f: h }) if h == f => {
-                found.nodes.push(v.node);
-                g.inputs(v.node)
-                    .first()
-                    .is_some_and(|&i| matches(g, i, a, found))
-            }
-            _ => false,
-        },
-        Pat::Bin(f, a, b) => match g.try_node(v.node).map(|n| &n.op) {
-            Some(Op::Binary { f: h }) if h == f => {
-                let ins = g.inputs(v.node);
-                let [l, r] = ins.as_slice() else { return false };
-                found.nodes.push(v.node);
-                let commutes = matches!(f, BinaryFn::Add | BinaryFn::Mul);
-                both(g, *l, a, *r, b, found) || (commutes && both(g, *r, a, *l, b, found))
-            }
-            _ => false,
-        },
-    }
-}
-
-/// `matches` on a copy of `found`, kept only on success.
-fn attempt(g: &Graph, v: ValueId, p: &Pat, found: &mut Found) -> bool {
-    let mut trial = found.clone();
-    let ok = matches(g, v, p, &mut trial);
-    if ok {
-        *found = trial;
-    }
-    ok
-}
-
-fn both(g: &Graph, l: ValueId, a: &Pat, r: ValueId, b: &Pat, found: &mut Found) -> bool {
-    let mut trial = found.clone();
-    let ok = matches(g, l, a, &mut trial) && matches(g, r, b, &mut trial);
-    if ok {
-        *found = trial;
-    }
-    ok
-}
-
 /// The GELU rooted at node `root`, if any: its input and form.
 fn match_at(g: &Graph, root: NodeId) -> Option<(ValueId, UnaryFn)> {
     let v = ValueId {
@@ -159,15 +61,8 @@ fn match_at(g: &Graph, root: NodeId) -> Option<(ValueId, UnaryFn)> {
         (erf_form(), UnaryFn::GeluErf),
     ] {
         for p in &pats {
-            let mut found = Found::default();
-            if matches(g, v, p, &mut found) {
-                let x = found.x?;
-                let inner_private = found
-                    .nodes
-                    .iter()
-                    .filter(|&&n| n != root)
-                    .all(|&n| g.users(ValueId { node: n, slot: 0 }).len() == 1);
-                return inner_private.then_some((x, f));
+            if let Some(found) = match_root(g, v, p) {
+                return (found.is_private(g)).then_some((found.x?, f));
             }
         }
     }
@@ -192,17 +87,7 @@ pub(crate) fn fuse_gelu(g: &mut Graph) -> usize {
         let Ok(y) = g.add1(Op::Unary { f }, &[x], format!("{name}/fused_gelu"), module) else {
             continue;
         };
-        let old = ValueId {
-            node: root,
-            slot: 0,
-        };
-        for (user, slot) in g.users(old) {
-            g.set_input(user, slot, y);
-        }
-        for o in g.outputs.iter_mut().filter(|o| **o == old) {
-            *o = y;
-        }
-        g.remove_node(root);
+        replace_node(g, root, y);
         fused += 1;
     }
     fused

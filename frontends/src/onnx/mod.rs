@@ -7,14 +7,15 @@
 //! the op table, and find the loss.
 //!
 //! Last, exported attention is fused into the IR's `Attention` op and
-//! decomposed GELU into one unary op, dead nodes
+//! decomposed GELU and LayerNorm into single ops, dead nodes
 //! go, and node ids are renumbered in topological order.
 //!
 //! Where things are: `proto` (decoding, tensors, external data),
 //! `initializers` (parameters vs constants, ties), `types` (inputs, symbolic
 //! dims, declared-type check), `context` (per-node view for converters),
 //! `ops/` (the op table, one file per family), `tensor` (folding arithmetic),
-//! `names` (module paths), `fuse` (attention fusion, dead code), `fuse_gelu`.
+//! `names` (module paths), `fuse` (attention fusion, dead code), `fuse_gelu`, `fuse_norm`
+//! (decomposed ops, matched with `pattern`).
 //!
 //! Shapes are static: `Shape` yields a constant, so the shape arithmetic that
 //! exporters emit (Shape -> Gather -> Concat -> Reshape, Range, masks built
@@ -23,9 +24,11 @@
 mod context;
 mod fuse;
 mod fuse_gelu;
+mod fuse_norm;
 mod initializers;
 mod names;
 mod ops;
+mod pattern;
 mod proto;
 mod tensor;
 mod types;
@@ -79,6 +82,7 @@ pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, F
 fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError> {
     fuse::fuse_attention(&mut g);
     fuse_gelu::fuse_gelu(&mut g);
+    fuse_norm::fuse_layer_norm(&mut g);
     fuse::remove_dead(&mut g);
     names::adopt_orphan_params(&mut g);
     let (g, _) = g
