@@ -43,10 +43,13 @@ impl Workspace {
 
 /// Arguments of one optimizer update over a flat fp32 shard.
 pub struct OptimizerArgs<'a> {
+    /// The program's optimizer and its hyper-parameters.
     pub optimizer: &'a Optimizer,
     /// 0-based training step; bias correction uses `t = step + 1`.
     pub step: u64,
+    /// The fp32 master shard, updated in place.
     pub params: &'a mut [f32],
+    /// The reduced gradient of the shard.
     pub grads: &'a [f32],
     /// One buffer per state slot (`Optimizer::state_slots`), each as long as
     /// `params`.

@@ -31,13 +31,28 @@ macro_rules! kbail {
 pub enum CommError {
     /// Another rank of the world failed; every blocked collective reports it.
     #[error("rank {rank} failed: {reason}")]
-    RankFailed { rank: usize, reason: String },
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// What it reported.
+        reason: String,
+    },
     /// A wait ran past the communicator's timeout.
     #[error("collective `{op}` timed out after {waited:?} waiting for the other ranks")]
-    Timeout { op: String, waited: Duration },
+    Timeout {
+        /// The collective.
+        op: String,
+        /// How long it waited.
+        waited: Duration,
+    },
     /// The ranks called the collective with inconsistent arguments.
     #[error("collective `{op}`: {reason}")]
-    Mismatch { op: String, reason: String },
+    Mismatch {
+        /// The collective.
+        op: String,
+        /// What differed.
+        reason: String,
+    },
 }
 
 /// Errors of the runtime.
@@ -45,35 +60,55 @@ pub enum CommError {
 pub enum RuntimeError {
     /// A rank failed (error or panic); names the rank that failed first.
     #[error("rank {rank} failed: {reason}")]
-    RankFailed { rank: usize, reason: String },
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// What it reported.
+        reason: String,
+    },
     /// A wait (collective or event) ran past its timeout.
     #[error("rank {rank}: {what} timed out after {waited:?}")]
     Timeout {
+        /// The rank that gave up.
         rank: usize,
+        /// What it waited for.
         what: String,
+        /// How long it waited.
         waited: Duration,
     },
     /// A kernel failed.
     #[error("kernel of node {node} ({op}): {reason}")]
     Kernel {
+        /// The node (id and name).
         node: String,
+        /// The op's short name.
         op: String,
+        /// What the kernel reported.
         reason: String,
     },
     /// A collective failed.
     #[error("rank {rank}: {source}")]
     Comm {
+        /// The rank that saw it.
         rank: usize,
+        /// The collective's error.
         #[source]
         source: CommError,
     },
     /// The data source could not produce an input.
     #[error("data input `{input}`: {reason}")]
-    Data { input: String, reason: String },
+    Data {
+        /// The input's name.
+        input: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The plan cannot be executed as written.
     #[error("plan: {reason} (instruction {instr:?})")]
     Plan {
+        /// The instruction, if one is to blame.
         instr: Option<usize>,
+        /// What is wrong.
         reason: String,
     },
     /// The reference evaluator was given inconsistent feeds or parameters.
@@ -81,7 +116,12 @@ pub enum RuntimeError {
     Eval(String),
     /// Reading a file.
     #[error("{path}: {reason}")]
-    Io { path: String, reason: String },
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        reason: String,
+    },
 }
 
 impl RuntimeError {

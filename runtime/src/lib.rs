@@ -9,6 +9,8 @@
 //! Architecture invariant: the runtime decides nothing — units, buffers,
 //! offsets and the instruction order all come from the plan.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod comm;
 pub mod cpu;

@@ -13,14 +13,18 @@ use std::borrow::Cow;
 /// A read-only view of one tensor.
 #[derive(Copy, Clone, Debug)]
 pub struct TensorRef<'a> {
+    /// Element type and shape.
     pub ty: &'a TensorType,
+    /// Little-endian elements, row-major.
     pub bytes: &'a [u8],
 }
 
 /// A writable view of one tensor.
 #[derive(Debug)]
 pub struct TensorMut<'a> {
+    /// Element type and shape.
     pub ty: &'a TensorType,
+    /// Little-endian elements, row-major.
     pub bytes: &'a mut [u8],
 }
 
@@ -37,14 +41,17 @@ impl<'a> TensorRef<'a> {
         Ok(TensorRef { ty, bytes })
     }
 
+    /// The shape's dimensions.
     pub fn dims(&self) -> &'a [usize] {
         self.ty.shape.dims()
     }
 
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.ty.numel() as usize
     }
 
+    /// Element type.
     pub fn dtype(&self) -> DType {
         self.ty.dtype
     }
@@ -92,14 +99,17 @@ impl<'a> TensorMut<'a> {
         Ok(TensorMut { ty, bytes })
     }
 
+    /// The shape's dimensions.
     pub fn dims(&self) -> &'a [usize] {
         self.ty.shape.dims()
     }
 
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.ty.numel() as usize
     }
 
+    /// Element type.
     pub fn dtype(&self) -> DType {
         self.ty.dtype
     }
@@ -201,6 +211,7 @@ fn put(bytes: &mut [u8], i: usize, v: &[u8]) {
 /// An owned tensor in 8-byte aligned storage.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// Element type and shape.
     pub ty: TensorType,
     words: Vec<u64>,
 }
@@ -257,11 +268,13 @@ impl HostTensor {
         Ok(t)
     }
 
+    /// The elements' bytes.
     pub fn bytes(&self) -> &[u8] {
         let b: &[u8] = bytemuck::cast_slice(&self.words);
         &b[..self.ty.bytes() as usize]
     }
 
+    /// The elements' bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let n = self.ty.bytes() as usize;
         let b: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);
@@ -280,6 +293,7 @@ impl HostTensor {
         (0..r.numel()).map(|i| r.get_i64(i)).collect()
     }
 
+    /// A kernel input view.
     pub fn view(&self) -> TensorRef<'_> {
         TensorRef {
             ty: &self.ty,
@@ -287,6 +301,7 @@ impl HostTensor {
         }
     }
 
+    /// A kernel output view.
     pub fn view_mut(&mut self) -> TensorMut<'_> {
         let n = self.ty.bytes() as usize;
         let b: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);

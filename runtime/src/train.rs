@@ -21,9 +21,13 @@ use std::time::{Duration, Instant};
 /// How to train.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainOptions {
+    /// Optimizer steps to run.
     pub steps: u64,
+    /// Seeds parameter init, data and dropout.
     pub seed: u64,
+    /// Where the data comes from.
     pub data: DataSpec,
+    /// Arena (streams) or debug (serial, per-buffer allocations).
     pub mode: ExecMode,
     /// Threads each rank's matrix products may use.
     pub threads_per_rank: usize,
@@ -47,6 +51,7 @@ impl Default for TrainOptions {
 /// One finished step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepReport {
+    /// The step (0-based).
     pub step: u64,
     /// The global mean loss: the mean of every rank's local-mean loss.
     pub loss: f32,
@@ -62,6 +67,7 @@ pub struct StepReport {
 /// A finished training run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainReport {
+    /// The global mean loss of every step.
     pub losses: Vec<f32>,
     /// Full parameters by original name, in unit and layout order.
     pub final_params: Vec<(String, Vec<f32>)>,
@@ -70,7 +76,9 @@ pub struct TrainReport {
     pub measured_peak_bytes: u64,
     /// Tokens (all ranks) per second over the whole run.
     pub tokens_per_s: f64,
+    /// Wall time of the whole run.
     pub elapsed: Duration,
+    /// Number of ranks.
     pub world: usize,
 }
 

@@ -15,14 +15,18 @@ use fsdpc_ir::DType;
 /// A read-only buffer of `dtype` elements.
 #[derive(Copy, Clone, Debug)]
 pub struct Buf<'a> {
+    /// Element type.
     pub dtype: DType,
+    /// Little-endian elements.
     pub bytes: &'a [u8],
 }
 
 /// A writable buffer of `dtype` elements.
 #[derive(Debug)]
 pub struct BufMut<'a> {
+    /// Element type.
     pub dtype: DType,
+    /// Little-endian elements.
     pub bytes: &'a mut [u8],
 }
 
@@ -32,6 +36,7 @@ impl Buf<'_> {
         self.bytes.len() / self.dtype.size()
     }
 
+    /// Whether the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }
@@ -43,6 +48,7 @@ impl BufMut<'_> {
         self.bytes.len() / self.dtype.size()
     }
 
+    /// Whether the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }

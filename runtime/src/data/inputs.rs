@@ -7,8 +7,11 @@ use fsdpc_ir::{Graph, NodeId, Op, TensorType, ValueId};
 /// One data input.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputDesc {
+    /// The input's name.
     pub name: String,
+    /// Its `Input` node.
     pub node: NodeId,
+    /// Its type (axis 0 is the batch).
     pub ty: TensorType,
     /// Exclusive upper bound of valid integer values, if a consumer fixes one.
     pub range: Option<i64>,

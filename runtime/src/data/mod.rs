@@ -37,6 +37,7 @@ pub enum DataSpec {
 /// Which of a rank's samples an input request covers.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
+    /// The training step.
     pub step: u64,
     /// Global index of the first sample.
     pub first_sample: u64,

@@ -3,10 +3,10 @@
 //! one allocation per buffer (`memory`), after resolving and checking the
 //! plan once (`prepare`).
 
-pub mod events;
-pub mod memory;
-pub mod prepare;
-pub mod rank;
+pub(crate) mod events;
+pub(crate) mod memory;
+pub(crate) mod prepare;
+pub(crate) mod rank;
 
 /// How a rank executes the plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]

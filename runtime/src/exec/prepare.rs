@@ -59,7 +59,6 @@ pub enum Step<'p> {
 #[derive(Debug)]
 pub struct Prepared<'p> {
     pub plan: &'p Plan,
-    pub graph: &'p Graph,
     pub steps: Vec<Step<'p>>,
     /// Instruction indices of each stream, in list order.
     pub streams: Vec<(Stream, Vec<usize>)>,
@@ -114,7 +113,6 @@ pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
         region(plan, plan.loss, 4).map_err(|e| RuntimeError::plan(format!("loss slot: {e}")))?;
     Ok(Prepared {
         plan,
-        graph,
         steps,
         streams,
         uncovered: uncovered(plan),

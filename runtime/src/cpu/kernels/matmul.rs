@@ -14,9 +14,13 @@ use gemm::Parallelism;
 /// `cols x rows`).
 #[derive(Copy, Clone, Debug)]
 pub struct Mat<'a> {
+    /// The stored elements.
     pub data: &'a [f32],
+    /// Logical rows.
     pub rows: usize,
+    /// Logical columns.
     pub cols: usize,
+    /// Stored transposed (`cols x rows`).
     pub trans: bool,
 }
 

@@ -165,9 +165,13 @@ fn slice_len(dim: usize, start: usize, end: usize, step: usize) -> KResult<usize
 /// Attributes of a `Slice` or `SliceGrad`.
 #[derive(Copy, Clone, Debug)]
 pub struct SliceSpec {
+    /// The sliced axis.
     pub axis: usize,
+    /// First index.
     pub start: usize,
+    /// End index (exclusive, clamped to the axis).
     pub end: usize,
+    /// Stride along the axis (>= 1).
     pub step: usize,
 }
 

@@ -30,7 +30,9 @@ pub fn log_softmax_row(x: &[f32], y: &mut [f32]) {
 /// Which row function and gradient a kernel runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// `Softmax`.
     Softmax,
+    /// `LogSoftmax`.
     LogSoftmax,
 }
 
