@@ -160,3 +160,43 @@ fn train_writes_metrics() {
     }
     assert!(String::from_utf8_lossy(&o.stdout).contains("trained"));
 }
+
+#[test]
+fn trace_has_every_instruction_on_its_stream() {
+    let plan_path = tmp("trace-plan.json");
+    compile_tiny(&plan_path);
+    let out = tmp("trace.json");
+    let o = fsdpc(&[
+        "trace",
+        plan_path.to_str().expect("utf8"),
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).expect("plan"))
+            .expect("plan json");
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("trace")).expect("trace json");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    let instrs = plan["instructions"].as_array().expect("instructions");
+    assert_eq!(slices.len(), instrs.len(), "one slice per instruction");
+    for (s, i) in slices.iter().zip(instrs) {
+        let tid = match i["stream"].as_str() {
+            Some("compute") => 0,
+            Some("unshard") => 1,
+            Some("reduce") => 2,
+            other => panic!("unknown stream {other:?}"),
+        };
+        assert_eq!(s["tid"], tid);
+        assert!(s["dur"].as_f64().is_some_and(|d| d >= 0.0));
+    }
+    assert!(slices.iter().any(|s| s["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("all_gather"))));
+    assert!(
+        events.iter().any(|e| e["ph"] == "C"),
+        "a live-memory counter track"
+    );
+}

@@ -7,6 +7,7 @@
 mod compile;
 mod error;
 mod inspect;
+mod trace;
 mod train;
 
 pub use error::CliError;
@@ -33,6 +34,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Train a model (compiling it first) or execute a plan on CPU thread ranks.
     Train(train::TrainArgs),
+    /// Write the simulated step as a Perfetto/Chrome trace.
+    Trace(trace::TraceArgs),
 }
 
 /// Flags shared by `compile` and `train`: how the model is planned.
@@ -62,6 +65,10 @@ pub struct PlanFlags {
     /// Weight decay (decoupled for AdamW).
     #[arg(long, default_value_t = 0.0)]
     pub weight_decay: f64,
+    /// Activation checkpointing: every non-root unit re-runs its forward in
+    /// its backward instead of keeping its activations.
+    #[arg(long)]
+    pub activation_checkpointing: bool,
     /// Plan even if the peak does not fit the preset's memory.
     #[arg(long)]
     pub no_fit_check: bool,
@@ -72,6 +79,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Compile(a) => compile::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Train(a) => train::run(a),
+        Command::Trace(a) => trace::run(a),
     }
 }
 
