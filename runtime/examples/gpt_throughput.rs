@@ -54,5 +54,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tps[tps.len() / 2],
         report.measured_peak_bytes
     );
+    if let Some(cpu) = cpu_seconds() {
+        // What the run would reach with one dedicated core per rank (the
+        // machine is shared, so wall-clock figures vary with its load).
+        let tokens = (plan.model.tokens_per_rank_step * world as u64 * steps) as f64;
+        println!(
+            "cpu {cpu:.2} s: {:.0} tok/s on {world} dedicated cores",
+            tokens / (cpu / world as f64)
+        );
+    }
     Ok(())
+}
+
+/// User + system CPU seconds of this process so far (Linux).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
 }

@@ -18,6 +18,7 @@ pub mod data;
 pub mod error;
 pub mod eval;
 pub mod exec;
+pub mod export;
 pub mod init;
 mod irinit;
 pub mod optim;

@@ -112,3 +112,29 @@ fn world_1_matches_world_4_within_tolerance() {
         "max |dloss| {dl}, max |dparam| {dp}"
     );
 }
+
+#[test]
+fn debug_peak_matches_plan_at_world_4_and_mlp_sharding_is_exact() {
+    let p = plan(GPT, 4, Strategy::FullShard, Optimizer::adamw(1e-2));
+    assert_eq!(
+        run(&p, 1, ExecMode::DebugAlloc).measured_peak_bytes,
+        p.memory.peak_bytes
+    );
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.01,
+    };
+    let fs = plan(MLP, 4, Strategy::FullShard, sgd.clone());
+    let ns = plan(MLP, 4, Strategy::NoShard, sgd);
+    let (a, b) = (
+        run(&fs, 4, ExecMode::Arena),
+        run(&ns, 4, ExecMode::DebugAlloc),
+    );
+    assert_eq!(a.losses, b.losses);
+    assert_eq!(a.final_params, b.final_params);
+    assert_eq!(
+        run(&ns, 1, ExecMode::DebugAlloc).measured_peak_bytes,
+        ns.memory.peak_bytes
+    );
+}

@@ -1,0 +1,141 @@
+//! Exporting trained parameters: a safetensors file holding every parameter
+//! as f32 under its original name (what `zero_to_fp32.py` and a full
+//! `StateDictType.FULL` state dict give FSDP users), written atomically — to a
+//! temporary file in the target's directory, then renamed over it.
+
+use crate::error::RuntimeError;
+use fsdpc_planner::plan::Plan;
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// One tensor to export: its name, shape and f32 values (row-major).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExportTensor<'a> {
+    /// The parameter's original name (`h.0.attn.c_attn.weight`).
+    pub name: &'a str,
+    /// Its shape; the product must equal `data.len()`.
+    pub shape: &'a [usize],
+    /// Its values.
+    pub data: &'a [f32],
+}
+
+/// Writes `tensors` to the safetensors file `path` (F32, names kept).
+pub fn save_safetensors(tensors: &[ExportTensor<'_>], path: &Path) -> Result<(), RuntimeError> {
+    let err = |reason: String| RuntimeError::Io {
+        path: path.display().to_string(),
+        reason,
+    };
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|t| bytemuck::cast_slice::<f32, u8>(t.data).to_vec())
+        .collect();
+    let mut views = Vec::with_capacity(tensors.len());
+    for (t, b) in tensors.iter().zip(&bytes) {
+        let view = TensorView::new(Dtype::F32, t.shape.to_vec(), b)
+            .map_err(|e| err(format!("tensor `{}`: {e}", t.name)))?;
+        views.push((t.name, view));
+    }
+    let out = safetensors::serialize(views, None).map_err(|e| err(e.to_string()))?;
+    write_atomic(path, &out).map_err(|e| err(e.to_string()))
+}
+
+/// Writes the trained `params` (as `TrainReport::final_params` gives them) of
+/// `plan` to `path`, each with its shape in the plan's training graph.
+pub fn save_params(
+    plan: &Plan,
+    params: &[(String, Vec<f32>)],
+    path: &Path,
+) -> Result<(), RuntimeError> {
+    let shapes: HashMap<&str, &[usize]> = plan
+        .training
+        .graph
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), p.ty.shape.dims()))
+        .collect();
+    let tensors = params
+        .iter()
+        .map(|(name, data)| {
+            let shape = shapes.get(name.as_str()).ok_or_else(|| RuntimeError::Io {
+                path: path.display().to_string(),
+                reason: format!("parameter `{name}` is not in the plan's training graph"),
+            })?;
+            Ok(ExportTensor { name, shape, data })
+        })
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
+    save_safetensors(&tensors, path)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory,
+/// renamed over `path` once complete, so a reader never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = temp_path(path);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    let r = write();
+    if r.is_err() {
+        // The temporary file is ours; the original error is what matters.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// `dir/.name.tmp-PID` next to `path`.
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_through_the_safetensors_crate() {
+        let dir = std::env::temp_dir().join(format!("fsdpc-export-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("p.safetensors");
+        let (a, b) = ([1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [0.5f32]);
+        let ts = [
+            ExportTensor {
+                name: "w",
+                shape: &[2, 3],
+                data: &a,
+            },
+            ExportTensor {
+                name: "b.bias",
+                shape: &[1],
+                data: &b,
+            },
+        ];
+        save_safetensors(&ts, &path).unwrap_or_else(|e| panic!("{e}"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{e}"));
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+        let w = st.tensor("w").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(w.shape(), &[2, 3]);
+        assert_eq!(w.data(), bytemuck::cast_slice::<f32, u8>(&a));
+        assert_eq!(st.names().len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_wrong_shape_is_an_error() {
+        let path = std::env::temp_dir().join("fsdpc-export-never-written.safetensors");
+        let ts = [ExportTensor {
+            name: "w",
+            shape: &[2, 2],
+            data: &[1.0],
+        }];
+        assert!(save_safetensors(&ts, &path).is_err());
+        assert!(!path.exists());
+    }
+}
