@@ -257,3 +257,83 @@ fn wrong_input_count_is_an_error() {
     let e = run(Op::Binary { f: BinaryFn::Add }, &[x], &[ty(&[3])]).unwrap_err();
     assert!(e.contains("expected 2 inputs"), "{e}");
 }
+
+#[test]
+fn dropout_mask_is_keyed_by_global_element() {
+    let x = f32t(&[4, 3], &[1.0; 12]);
+    let node = |n: usize| Node {
+        op: Op::Dropout { p: 0.5, seed: 3 },
+        name: "d".into(),
+        module: ModuleId::ROOT,
+        phase: Phase::Forward,
+        outputs: vec![ty(&[n, 3])],
+    };
+    let run_at = |t: &HostTensor, offset: u64| {
+        let n = t.ty.shape.0[0];
+        let mut out = HostTensor::zeros(ty(&[n, 3]));
+        let ctx = KernelCtx {
+            step: 5,
+            sample_offset: offset,
+            seed: 1,
+        };
+        CpuBackend::default()
+            .run(
+                &node(n),
+                &[t.view()],
+                &mut [out.view_mut()],
+                &ctx,
+                &mut Workspace::default(),
+            )
+            .unwrap();
+        out.to_f32()
+    };
+    let whole = run_at(&x, 0);
+    let half = f32t(&[2, 3], &[1.0; 6]);
+    let parts = [run_at(&half, 0), run_at(&half, 2)].concat();
+    assert_eq!(whole, parts);
+    assert!(whole.iter().all(|&v| v == 0.0 || v == 2.0));
+}
+
+#[test]
+fn adamw_and_sgd_match_hand_computed_steps() {
+    use fsdpc_ir::Optimizer;
+    use fsdpc_runtime::OptimizerArgs;
+    let (mut p, g, mut m, mut v) = (vec![1.0f32], vec![0.5f32], vec![0.0f32], vec![0.0f32]);
+    let adamw = Optimizer::AdamW {
+        lr: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let args = OptimizerArgs {
+        optimizer: &adamw,
+        step: 0,
+        params: &mut p,
+        grads: &g,
+        state: vec![&mut m, &mut v],
+    };
+    CpuBackend::default().optimizer_step(args).unwrap();
+    // p = 1 * (1 - 0.1 * 0.01) - (0.1 / 0.1) * 0.05 / (sqrt(0.00025) / sqrt(0.001) + 1e-8)
+    close(&p, &[0.899]);
+    close(&m, &[0.05]);
+    close(&v, &[0.00025]);
+    let sgd = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.1,
+    };
+    let (mut p, mut b) = (vec![1.0f32], vec![0.0f32]);
+    for _ in 0..2 {
+        let args = OptimizerArgs {
+            optimizer: &sgd,
+            step: 0,
+            params: &mut p,
+            grads: &g,
+            state: vec![&mut b],
+        };
+        CpuBackend::default().optimizer_step(args).unwrap();
+    }
+    // step 1: d = 0.6, buf = 0.6, p = 0.94; step 2: d = 0.594, buf = 1.134, p = 0.8266
+    close(&p, &[0.8266]);
+}

@@ -2,6 +2,14 @@
 //! streams and events (`rank`), in the plan's arena or, in debug mode, with
 //! one allocation per buffer (`memory`), after resolving and checking the
 //! plan once (`prepare`).
+//!
+//! Memory: tensors live only in the plan's arena. Besides it, a rank keeps
+//! one `Workspace` per stream (kernel scratch: two `seq x seq` attention
+//! tiles, two normalisation rows, strided softmax rows; it reaches its size
+//! in the first step and is reused after), and per kernel call a few small
+//! vectors of views and labels — bookkeeping, not tensor memory. Arithmetic
+//! ops on bf16/f16 operands run on promoted f32 copies (a slow path for
+//! mixed-precision plans, allocated per call).
 
 pub(crate) mod events;
 pub(crate) mod memory;
