@@ -6,12 +6,17 @@
 //! kernel sums over all 8 samples) and W ranks (each sums its own samples, then
 //! the collective sums the ranks in rank order), so those are compared within
 //! a tolerance. `full_shard` and `no_shard` at the same world sum in the same
-//! order and must agree bit for bit, as must two runs with the same seed.
+//! order and must agree bit for bit, as must two runs with the same seed, and
+//! runs with and without activation checkpointing (recomputation runs the
+//! same kernels on the same values).
 
 mod common;
 
 use common::{bits, max_param_diff, plan, train};
-use fsdpc_planner::{Strategy, WrapPolicy};
+use fsdpc_frontends::{LoadOptions, LoadedModel};
+use fsdpc_planner::{
+    CheckpointPolicy, Cluster, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy, WrapPolicy,
+};
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;
@@ -145,4 +150,97 @@ fn loss_falls_on_the_synthetic_task() {
         last < 0.5 * first,
         "loss should fall clearly: {first} -> {last}"
     );
+}
+
+/// `spec` planned like `common::plan`, with activation checkpointing `policy`.
+fn plan_checkpointed(spec: &str, world: u32, strategy: Strategy, policy: CheckpointPolicy) -> Plan {
+    let LoadedModel {
+        name,
+        program,
+        tokens_per_sample,
+    } = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cfg = FsdpConfig {
+        strategy,
+        activation_checkpointing: policy,
+        ..FsdpConfig::default()
+    };
+    let info = ModelInfo {
+        name,
+        params: program.graph.param_numel(),
+        tokens_per_rank_step: tokens_per_sample,
+    };
+    let plan = fsdpc_planner::compile(program, info, &cluster, &cfg).expect("plan compiles");
+    if let Err(v) = plan.validate() {
+        panic!("checkpointed plan for {spec} at world {world} does not validate: {v:?}");
+    }
+    plan
+}
+
+/// Kernels of `plan` that recompute a forward node.
+fn recomputes(plan: &Plan) -> usize {
+    let g = &plan.training.graph;
+    plan.instructions
+        .iter()
+        .filter(|i| match i.op {
+            InstrOp::Kernel { node, .. } => g
+                .try_node(node)
+                .is_some_and(fsdpc_planner::checkpoint::is_recompute),
+            _ => false,
+        })
+        .count()
+}
+
+/// A zoo spec for a micro-batch size.
+type Spec = fn(u32) -> String;
+
+fn gpt_dropout(batch: u32) -> String {
+    format!("{},dropout=0.1", gpt(batch))
+}
+
+#[test]
+fn activation_checkpointing_is_bit_identical() {
+    let families: [(&str, Spec); 3] = [("gpt", gpt), ("mlp", mlp), ("gpt+dropout", gpt_dropout)];
+    for (family, spec) in families {
+        for world in [2, 4] {
+            let spec = spec(8 / world);
+            let plain =
+                plan_checkpointed(&spec, world, Strategy::FullShard, CheckpointPolicy::None);
+            let ckpt =
+                plan_checkpointed(&spec, world, Strategy::FullShard, CheckpointPolicy::Units);
+            assert!(recomputes(&ckpt) > 0, "{family}: something is recomputed");
+            eprintln!(
+                "{spec} world {world}: peak {} -> {} bytes with checkpointing, {} recompute kernels",
+                plain.memory.peak_bytes,
+                ckpt.memory.peak_bytes,
+                recomputes(&ckpt)
+            );
+            assert!(ckpt.memory.peak_bytes <= plain.memory.peak_bytes);
+            let a = train(&plain, STEPS, ExecMode::Arena);
+            let b = train(&ckpt, STEPS, ExecMode::Arena);
+            assert!(a.losses.iter().all(|l| l.is_finite()));
+            assert_eq!(
+                bits(&a),
+                bits(&b),
+                "{family} world {world}: checkpointing must not change training"
+            );
+        }
+    }
+}
+
+#[test]
+fn planned_peak_equals_measured_peak_with_checkpointing() {
+    for (spec, world, strategy) in [
+        (gpt(2), 4, Strategy::FullShard),
+        (mlp(4), 2, Strategy::FullShard),
+        (gpt_dropout(4), 2, Strategy::FullShard),
+        (gpt(4), 2, Strategy::NoShard),
+    ] {
+        let p = plan_checkpointed(&spec, world, strategy, CheckpointPolicy::Units);
+        let r = train(&p, 2, ExecMode::DebugAlloc);
+        assert_eq!(
+            r.measured_peak_bytes, p.memory.peak_bytes,
+            "{spec} world {world} {strategy:?} with checkpointing"
+        );
+    }
 }

@@ -568,19 +568,47 @@ impl Graph {
     /// order, and the map from old to new ids. Fails with the nodes of a cycle.
     pub fn renumbered(&self) -> Result<(Graph, HashMap<NodeId, NodeId>), Vec<NodeId>> {
         let order = self.topo_order()?;
-        let map: HashMap<NodeId, NodeId> = order
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (n, NodeId(i as u32)))
-            .collect();
+        self.reordered(&order).map_err(|_| order)
+    }
+
+    /// A copy of the graph whose node ids are `0..` in the order of `order`,
+    /// and the map from old to new ids. `order` must name every node exactly
+    /// once, each after the producers of its inputs; then the new ids are
+    /// topological (`ids_are_topological`) and `topo_order` is `order`.
+    /// Passes use this to decide where new nodes run (the planner schedules
+    /// in `topo_order`, ties broken by id).
+    pub fn reordered(&self, order: &[NodeId]) -> Result<(Graph, HashMap<NodeId, NodeId>), String> {
+        let mut map: HashMap<NodeId, NodeId> = HashMap::with_capacity(order.len());
+        for (i, &n) in order.iter().enumerate() {
+            if !self.contains(n) {
+                return Err(format!("the order names {n}, which does not exist"));
+            }
+            if map.insert(n, NodeId(i as u32)).is_some() {
+                return Err(format!("the order names {n} twice"));
+            }
+        }
+        if map.len() != self.node_count() {
+            return Err(format!(
+                "the order names {} of {} nodes",
+                map.len(),
+                self.node_count()
+            ));
+        }
         let remap = |v: ValueId| ValueId {
             node: map.get(&v.node).copied().unwrap_or(v.node),
             slot: v.slot,
         };
-        let nodes = order.iter().map(|&n| {
-            let inputs = self.inputs(n).into_iter().map(remap).collect();
-            (map[&n], self.node(n).clone(), inputs)
-        });
+        let mut nodes = Vec::with_capacity(order.len());
+        for (i, &n) in order.iter().enumerate() {
+            let inputs: Vec<ValueId> = self.inputs(n).into_iter().map(remap).collect();
+            if let Some(v) = inputs.iter().find(|v| v.node.0 as usize >= i) {
+                let name = &self.node(n).name;
+                return Err(format!(
+                    "{n} (`{name}`) comes before the producer of its input {v}"
+                ));
+            }
+            nodes.push((NodeId(i as u32), self.node(n).clone(), inputs));
+        }
         let outputs = self.outputs.iter().map(|&v| remap(v)).collect();
         let g = Graph::from_parts(
             self.name.clone(),
@@ -588,8 +616,7 @@ impl Graph {
             self.params.clone(),
             nodes,
             outputs,
-        )
-        .map_err(|_| order.clone())?;
+        )?;
         Ok((g, map))
     }
 

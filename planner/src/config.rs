@@ -1,7 +1,7 @@
 //! The FSDP configuration a user chooses, and parsers for the CLI's strings.
 
 use crate::error::PlanError;
-use crate::plan::{BackwardPrefetch, Strategy, WrapPolicy};
+use crate::plan::{BackwardPrefetch, CheckpointPolicy, Strategy, WrapPolicy};
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +18,10 @@ pub struct FsdpConfig {
     pub param_dtype: DType,
     /// The dtype gradients are reduced in (f32 for now).
     pub reduce_dtype: DType,
+    /// Which units recompute their forward activations in backward instead
+    /// of keeping them (trades compute for activation memory).
+    #[serde(default)]
+    pub activation_checkpointing: CheckpointPolicy,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -33,6 +37,7 @@ impl Default for FsdpConfig {
             limit_all_gathers: 2,
             param_dtype: DType::F32,
             reduce_dtype: DType::F32,
+            activation_checkpointing: CheckpointPolicy::None,
             check_fits: true,
         }
     }
@@ -66,6 +71,32 @@ impl FsdpConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl CheckpointPolicy {
+    /// The values `CheckpointPolicy::parse` accepts.
+    pub const ALLOWED: &'static str = "none, units";
+
+    /// The policy's name as `parse` accepts it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointPolicy::None => "none",
+            CheckpointPolicy::Units => "units",
+        }
+    }
+
+    /// Parses `none` or `units`.
+    pub fn parse(s: &str) -> Result<CheckpointPolicy, PlanError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(CheckpointPolicy::None),
+            "units" => Ok(CheckpointPolicy::Units),
+            _ => Err(PlanError::BadConfig {
+                what: "activation checkpointing",
+                value: s.to_string(),
+                reason: format!("allowed values: {}", CheckpointPolicy::ALLOWED),
+            }),
+        }
     }
 }
 

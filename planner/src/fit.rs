@@ -4,7 +4,8 @@
 //! Persistent buffers (shards, reduced gradients, optimizer state) shrink as
 //! 1/F; everything else (gathered parameters, flat gradients, activations)
 //! does not depend on F. So the peak at another world size is the transient
-//! peak plus the persistent bytes at that F.
+//! peak plus the persistent bytes at that F. Sharding and activation
+//! checkpointing change the transient part, so those candidates are compiled.
 
 use crate::cluster::Cluster;
 use crate::config::FsdpConfig;
@@ -23,24 +24,65 @@ pub fn does_not_fit(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> PlanErr
     }
 }
 
+/// What would fit, tried in order of how little it changes: full_shard
+/// instead of no_shard, then activation checkpointing (when off); each
+/// candidate is compiled and measured. When none fits at this world, the
+/// smallest world for full_shard, without and with checkpointing.
 fn suggestion(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> String {
-    if cfg.strategy == Strategy::NoShard {
-        let sharded = FsdpConfig {
-            strategy: Strategy::FullShard,
-            check_fits: false,
-            ..cfg.clone()
-        };
+    let mut measured: Vec<(String, Plan)> = Vec::new();
+    for (label, alt) in alternatives(cfg) {
         let model = plan.model.clone();
-        return match crate::compile_unchecked(plan.training.clone(), model, cluster, &sharded) {
-            Ok(p) if p.memory.peak_bytes <= cluster.memory_bytes => format!(
-                "full_shard at world {} fits (peak {} bytes per rank)",
-                cluster.world, p.memory.peak_bytes
-            ),
-            Ok(p) => smallest_world(&p, cluster, "full_shard"),
-            Err(e) => format!("full_shard could not be planned either: {e}"),
-        };
+        match crate::compile_unchecked(plan.training.clone(), model, cluster, &alt) {
+            Ok(p) if p.memory.peak_bytes <= cluster.memory_bytes => {
+                return format!(
+                    "{label} at world {} fits (peak {} bytes per rank)",
+                    cluster.world, p.memory.peak_bytes
+                )
+            }
+            Ok(p) => measured.push((label, p)),
+            Err(e) => return format!("{label} could not be planned: {e}"),
+        }
     }
-    smallest_world(plan, cluster, plan.config.strategy.name())
+    let base = match cfg.strategy {
+        Strategy::NoShard => measured.first().map(|(_, p)| p),
+        Strategy::FullShard => Some(plan),
+    };
+    let Some(base) = base else {
+        return smallest_world(plan, cluster, plan.config.strategy.name());
+    };
+    let mut out = smallest_world(base, cluster, "full_shard");
+    let checkpointed = measured
+        .iter()
+        .find(|(_, p)| p.config.activation_checkpointing != CheckpointPolicy::None);
+    if let Some((_, p)) = checkpointed {
+        let with = smallest_world(p, cluster, "full_shard with activation checkpointing");
+        out = format!("{out}; {with}");
+    }
+    out
+}
+
+/// The configurations `suggestion` tries, with how it names them.
+fn alternatives(cfg: &FsdpConfig) -> Vec<(String, FsdpConfig)> {
+    let sharded = FsdpConfig {
+        strategy: Strategy::FullShard,
+        check_fits: false,
+        ..cfg.clone()
+    };
+    let mut out = Vec::new();
+    if cfg.strategy == Strategy::NoShard {
+        out.push(("full_shard".to_string(), sharded.clone()));
+    }
+    if cfg.activation_checkpointing == CheckpointPolicy::None {
+        let ckpt = FsdpConfig {
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..sharded
+        };
+        out.push((
+            "full_shard with activation checkpointing (--activation-checkpointing)".to_string(),
+            ckpt,
+        ));
+    }
+    out
 }
 
 /// Bytes per rank of the persistent buffers of `plan` at sharding factor `f`.

@@ -18,6 +18,7 @@ pub struct Summary {
     pub wrap: WrapPolicy,
     pub backward_prefetch: BackwardPrefetch,
     pub limit_all_gathers: u32,
+    pub activation_checkpointing: CheckpointPolicy,
     pub peak_bytes_per_rank: u64,
     /// Instruction index of the peak.
     pub peak_at: u32,
@@ -78,6 +79,7 @@ pub fn summary(plan: &Plan) -> Summary {
         wrap: plan.config.wrap.clone(),
         backward_prefetch: plan.config.backward_prefetch,
         limit_all_gathers: plan.config.limit_all_gathers,
+        activation_checkpointing: plan.config.activation_checkpointing,
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
         arena_bytes: plan.memory.arena_bytes,
@@ -177,6 +179,13 @@ fn header(out: &mut String, s: &Summary) {
         format!("{:?}", s.backward_prefetch).to_lowercase(),
         s.limit_all_gathers
     );
+    // Shown only when on, so tables of plans without it read as before.
+    if s.activation_checkpointing == CheckpointPolicy::Units {
+        let _ = writeln!(
+            out,
+            "checkpoint activations of every non-root unit: its forward re-runs in its backward"
+        );
+    }
     let streams: Vec<String> = s
         .instructions_per_stream
         .iter()

@@ -5,6 +5,9 @@
 //! for what it decides (see `compile`):
 //!
 //! 1. `units::assign_units`: FSDP units from the module tree (wrap policy);
+//!    then `checkpoint::apply`: activation checkpointing rewrites the program
+//!    (checkpointed units recompute their forward in backward), and units
+//!    are assigned again on the rewritten graph;
 //! 2. `flat::layout_units`: flat-parameter layout and shards;
 //! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
 //!    reductions, optimizer steps, events);
@@ -13,6 +16,7 @@
 //!
 //! In debug builds (and so in tests) the plan is validated after the passes.
 
+pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod cost;
@@ -25,6 +29,7 @@ pub mod memory;
 pub mod plan;
 pub mod schedule;
 pub mod simulate;
+pub mod trace;
 pub mod units;
 pub mod validate;
 mod validate_fsdp;
@@ -63,6 +68,7 @@ pub fn compile_unchecked(
     cfg.check()?;
     let shard_factor = cfg.shard_factor(cluster.world);
     let assign = units::assign_units(&program.graph, &cfg.wrap)?;
+    let (program, assign) = checkpointed(program, assign, cfg)?;
     let units = flat::layout_units(&program.graph, &assign, shard_factor)?;
     let mut sched = schedule::lower(&schedule::LowerInput {
         program: &program,
@@ -84,6 +90,7 @@ pub fn compile_unchecked(
             limit_all_gathers: cfg.limit_all_gathers,
             param_dtype: cfg.param_dtype,
             reduce_dtype: cfg.reduce_dtype,
+            activation_checkpointing: cfg.activation_checkpointing,
         },
         units,
         streams: Stream::ALL.to_vec(),
@@ -100,6 +107,22 @@ pub fn compile_unchecked(
         plan.validate().map_err(PlanError::Invalid)?;
     }
     Ok(plan)
+}
+
+/// Runs the checkpointing pass; when it rewrote the program, assigns units
+/// again (the units are the same: clones keep their module and read the same
+/// parameters, but nodes have new ids).
+fn checkpointed(
+    program: TrainingProgram,
+    assign: units::UnitAssignment,
+    cfg: &FsdpConfig,
+) -> Result<(TrainingProgram, units::UnitAssignment), PlanError> {
+    if cfg.activation_checkpointing == CheckpointPolicy::None {
+        return Ok((program, assign));
+    }
+    let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing)?;
+    let assign = units::assign_units(&program.graph, &cfg.wrap)?;
+    Ok((program, assign))
 }
 
 /// Parameter elements of a program (tied parameters counted once): what

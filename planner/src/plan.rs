@@ -123,6 +123,19 @@ pub enum WrapPolicy {
     Paths { paths: Vec<String> },
 }
 
+/// Which units re-run their forward in backward (activation checkpointing,
+/// PyTorch's `apply_activation_checkpointing`; see `checkpoint`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointPolicy {
+    /// Keep every forward activation the backward reads.
+    #[default]
+    None,
+    /// Every non-root unit: keep only what a unit reads from outside itself
+    /// (its input), recompute the rest just before the unit's backward.
+    Units,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PlanConfig {
     pub strategy: Strategy,
@@ -134,6 +147,9 @@ pub struct PlanConfig {
     pub limit_all_gathers: u32,
     pub param_dtype: DType,
     pub reduce_dtype: DType,
+    /// Absent in plans written before checkpointing existed: `none`.
+    #[serde(default)]
+    pub activation_checkpointing: CheckpointPolicy,
 }
 
 /// One FSDP unit: a flat parameter and the modules whose parameters it holds.
@@ -334,14 +350,17 @@ pub struct Estimates {
     pub peak_bytes_per_rank: u64,
     /// Bytes each rank sends per step over all collectives.
     pub comm_bytes_per_step: u64,
-    /// FLOPs one rank computes per step.
+    /// FLOPs one rank computes per step (activation-checkpointing
+    /// recomputation included).
     pub flops_per_rank_step: f64,
     /// Simulated step time in seconds.
     pub step_time_s: f64,
     /// Simulated time the compute stream waits on communication.
     pub exposed_comm_s: f64,
+    /// Model FLOP/s per rank, in TFLOP/s: recomputation does not count.
     pub tflops_per_rank: f64,
-    /// Model FLOPs utilisation against the preset's peak.
+    /// Model FLOPs utilisation against the preset's peak (recomputation
+    /// does not count).
     pub mfu: f64,
 }
 

@@ -16,7 +16,11 @@ pub struct Timeline {
     /// Time the compute stream spends blocked in `Wait`s.
     pub exposed_comm_s: f64,
     pub comm_bytes: u64,
+    /// FLOPs of every kernel, recomputation included.
     pub flops: f64,
+    /// FLOPs of the model: `flops` less activation-checkpointing
+    /// recomputation (what MFU counts).
+    pub model_flops: f64,
 }
 
 /// Simulates one step of `plan` on `cluster`.
@@ -47,8 +51,13 @@ pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
         tl.end.push(t[s]);
         tl.comm_bytes += bytes;
         if let InstrOp::Kernel { node, .. } = ins.op {
-            if plan.training.graph.contains(node) {
-                tl.flops += cost::node_flops(&plan.training.graph, node);
+            let g = &plan.training.graph;
+            if let Some(n) = g.try_node(node) {
+                let flops = cost::node_flops(g, node);
+                tl.flops += flops;
+                if !crate::checkpoint::is_recompute(n) {
+                    tl.model_flops += flops;
+                }
             }
         }
     }
@@ -62,7 +71,7 @@ pub fn estimate(plan: &Plan) -> Estimates {
     let tl = simulate(plan, &cluster);
     let peak = cluster.hardware.peak_flops(plan.config.param_dtype);
     let achieved = if tl.step_time_s > 0.0 {
-        tl.flops / tl.step_time_s
+        tl.model_flops / tl.step_time_s
     } else {
         0.0
     };

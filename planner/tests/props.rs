@@ -1,8 +1,10 @@
-//! Property tests: random models, world sizes, strategies and wrap policies
-//! always give plans that validate.
+//! Property tests: random models, world sizes, strategies, wrap policies and
+//! activation checkpointing (on or off) always give plans that validate.
 mod common;
 use common::*;
-use fsdpc_planner::{compile_unchecked, BackwardPrefetch, Cluster, FsdpConfig, Plan, WrapPolicy};
+use fsdpc_planner::{
+    compile_unchecked, BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, Plan, WrapPolicy,
+};
 use proptest::prelude::*;
 
 fn spec() -> impl proptest::strategy::Strategy<Value = String> {
@@ -37,14 +39,18 @@ fn config() -> impl proptest::strategy::Strategy<Value = FsdpConfig> {
             Just(BackwardPrefetch::None)
         ],
         1u32..4,
+        prop_oneof![Just(CheckpointPolicy::None), Just(CheckpointPolicy::Units)],
     )
         .prop_map(
-            |(strategy, wrap, backward_prefetch, limit_all_gathers)| FsdpConfig {
-                strategy,
-                wrap,
-                backward_prefetch,
-                limit_all_gathers,
-                ..FsdpConfig::default()
+            |(strategy, wrap, backward_prefetch, limit_all_gathers, activation_checkpointing)| {
+                FsdpConfig {
+                    strategy,
+                    wrap,
+                    backward_prefetch,
+                    limit_all_gathers,
+                    activation_checkpointing,
+                    ..FsdpConfig::default()
+                }
             },
         )
 }
@@ -58,6 +64,7 @@ proptest! {
         let cluster = Cluster::preset("cpu-local", world, 1).unwrap();
         let plan = compile_unchecked(p, info, &cluster, &cfg).unwrap();
         prop_assert_eq!(plan.validate(), Ok(()));
+        prop_assert_eq!(plan.training.validate(), Ok(()));
         let back = Plan::from_json(&plan.to_json_pretty().unwrap()).unwrap();
         prop_assert_eq!(back.memory, plan.memory);
     }

@@ -4,7 +4,9 @@ use super::{CliError, PlanFlags};
 use clap::Args;
 use fsdpc_frontends::{LoadOptions, LoadedModel};
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{BackwardPrefetch, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy};
+use fsdpc_planner::{
+    BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy,
+};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -73,6 +75,11 @@ pub(crate) fn plan_model(
         wrap: WrapPolicy::parse(&f.wrap)?,
         backward_prefetch: BackwardPrefetch::parse(&f.backward_prefetch)?,
         limit_all_gathers: f.limit_all_gathers,
+        activation_checkpointing: if f.activation_checkpointing {
+            CheckpointPolicy::Units
+        } else {
+            CheckpointPolicy::None
+        },
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };
