@@ -133,6 +133,7 @@ pub fn train_with_data(
             timeout: opts.comm_timeout,
         },
     );
+    check_fits_host(plan, opts.mode)?;
     let mut arenas: Vec<Arena> = match opts.mode {
         ExecMode::Arena => (0..world)
             .map(|_| Arena::new(plan.memory.arena_bytes))
@@ -392,4 +393,38 @@ impl RankCtx<'_> {
         }
         Ok(out)
     }
+}
+
+/// Most thread ranks one process runs.
+const MAX_THREAD_RANKS: usize = 1024;
+
+/// Refuses plans whose ranks cannot all live in this process: too many
+/// ranks, or more memory than the machine has (rather than aborting on a
+/// failed allocation or being killed for it).
+fn check_fits_host(plan: &Plan, mode: ExecMode) -> Result<(), RuntimeError> {
+    let world = plan.cluster.world as usize;
+    if world > MAX_THREAD_RANKS {
+        return Err(RuntimeError::plan(format!(
+            "{world} ranks are more than the {MAX_THREAD_RANKS} thread ranks one process runs"
+        )));
+    }
+    let per_rank = match mode {
+        ExecMode::Arena => plan.memory.arena_bytes,
+        ExecMode::DebugAlloc => plan.memory.peak_bytes,
+    };
+    let need = per_rank.saturating_mul(world as u64);
+    match host_memory_bytes() {
+        Some(have) if need > have => Err(RuntimeError::plan(format!(
+            "the plan needs {per_rank} bytes per rank x {world} ranks = {need} bytes, this machine has {have}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Physical memory of this machine, if known (`/proc/meminfo`).
+fn host_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

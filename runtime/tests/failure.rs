@@ -101,3 +101,37 @@ fn bad_token_file_is_a_data_error() {
         Err(RuntimeError::Io { .. })
     ));
 }
+
+#[test]
+fn bad_plans_are_errors_not_crashes() {
+    let p = plan(GPT, 2, Strategy::FullShard, Optimizer::adamw(1e-2));
+    let opts = TrainOptions {
+        steps: 1,
+        ..TrainOptions::default()
+    };
+    let mut huge = p.clone();
+    huge.memory.arena_bytes = 1 << 55;
+    assert!(matches!(
+        train(&huge, &opts, &mut |_| {}),
+        Err(RuntimeError::Plan { .. })
+    ));
+    let mut outside = p.clone();
+    outside.buffers[0].offset = p.memory.arena_bytes;
+    assert!(matches!(
+        train(&outside, &opts, &mut |_| {}),
+        Err(RuntimeError::Plan { .. })
+    ));
+    let mut slot = p.clone();
+    let k = slot.instructions.iter_mut().find_map(|i| match &mut i.op {
+        fsdpc_planner::InstrOp::Kernel { outputs, .. } => Some(outputs),
+        _ => None,
+    });
+    k.unwrap()[0].offset = u64::MAX / 2;
+    match train(&slot, &opts, &mut |_| {}) {
+        Err(RuntimeError::Plan {
+            instr: Some(_),
+            reason,
+        }) => assert!(reason.contains("overflow"), "{reason}"),
+        other => panic!("expected a plan error, got {other:?}"),
+    }
+}

@@ -193,6 +193,14 @@ fn resolve<'p>(
     op: &'p InstrOp,
 ) -> Result<Step<'p>, RuntimeError> {
     Ok(match op {
+        InstrOp::AllGather { src, dst, .. } | InstrOp::ReduceScatter { src, dst, .. }
+            if src == dst =>
+        {
+            return Err(err(
+                i,
+                format!("collective reads and writes the same buffer {src}"),
+            ));
+        }
         InstrOp::AllGather {
             unit: u, src, dst, ..
         } => {

@@ -21,9 +21,11 @@ pub fn softmax_row(x: &[f32], y: &mut [f32]) {
 #[inline(always)]
 pub fn log_softmax_row(x: &[f32], y: &mut [f32]) {
     let m = simd::max(x);
-    let lse = m + simd::exp_sum(x, m, None).ln();
+    // `(v - m) - ln Σ`, not `v - (m + ln Σ)`: the latter loses the small
+    // terms when |m| is large (ONNX test_logsoftmax_large_number).
+    let ln_sum = simd::exp_sum(x, m, None).ln();
     for (o, &v) in y.iter_mut().zip(x) {
-        *o = v - lse;
+        *o = (v - m) - ln_sum;
     }
 }
 
