@@ -13,10 +13,7 @@
 mod common;
 
 use common::{bits, max_param_diff, plan, train};
-use fsdpc_frontends::{LoadOptions, LoadedModel};
-use fsdpc_planner::{
-    CheckpointPolicy, Cluster, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy, WrapPolicy,
-};
+use fsdpc_planner::{CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy, WrapPolicy};
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;
@@ -154,27 +151,12 @@ fn loss_falls_on_the_synthetic_task() {
 
 /// `spec` planned like `common::plan`, with activation checkpointing `policy`.
 fn plan_checkpointed(spec: &str, world: u32, strategy: Strategy, policy: CheckpointPolicy) -> Plan {
-    let LoadedModel {
-        name,
-        program,
-        tokens_per_sample,
-    } = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
     let cfg = FsdpConfig {
         strategy,
         activation_checkpointing: policy,
         ..FsdpConfig::default()
     };
-    let info = ModelInfo {
-        name,
-        params: program.graph.param_numel(),
-        tokens_per_rank_step: tokens_per_sample,
-    };
-    let plan = fsdpc_planner::compile(program, info, &cluster, &cfg).expect("plan compiles");
-    if let Err(v) = plan.validate() {
-        panic!("checkpointed plan for {spec} at world {world} does not validate: {v:?}");
-    }
-    plan
+    common::plan_with(spec, world, &cfg)
 }
 
 /// Kernels of `plan` that recompute a forward node.

@@ -9,25 +9,34 @@ use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
 /// Compiles `spec` for `world` ranks on the `cpu-local` preset.
 pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Plan {
+    plan_with(
+        spec,
+        world,
+        &FsdpConfig {
+            strategy,
+            wrap,
+            ..FsdpConfig::default()
+        },
+    )
+}
+
+/// Compiles `spec` for `world` ranks on the `cpu-local` preset with `cfg`, and
+/// checks that the plan validates.
+pub fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
     let LoadedModel {
         name,
         program,
         tokens_per_sample,
     } = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
     let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
-    let cfg = FsdpConfig {
-        strategy,
-        wrap,
-        ..FsdpConfig::default()
-    };
     let info = ModelInfo {
         name,
         params: program.graph.param_numel(),
         tokens_per_rank_step: tokens_per_sample,
     };
-    let plan = fsdpc_planner::compile(program, info, &cluster, &cfg).expect("plan compiles");
+    let plan = fsdpc_planner::compile(program, info, &cluster, cfg).expect("plan compiles");
     if let Err(v) = plan.validate() {
-        panic!("plan for {spec} at world {world} does not validate: {v:?}");
+        panic!("plan for {spec} at world {world} ({cfg:?}) does not validate: {v:?}");
     }
     plan
 }
