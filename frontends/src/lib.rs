@@ -11,6 +11,7 @@ pub mod onnx;
 pub mod zoo;
 
 pub use error::FrontendError;
+pub use onnx::{LossKind, LossSpec};
 pub use zoo::{ZooConfig, ZooModel};
 
 use fsdpc_ir::{DType, Graph, Op, Optimizer, TrainingProgram, ValueId};
@@ -27,6 +28,10 @@ pub struct LoadOptions {
     pub dims: HashMap<String, usize>,
     /// Tokens per sample, overriding what the frontend derives.
     pub tokens_per_sample: Option<u64>,
+    /// The loss of an ONNX model whose output is not a scalar loss (`None`:
+    /// logits get a cross-entropy against a new `labels` input). Only ONNX
+    /// models take one.
+    pub loss: Option<LossSpec>,
 }
 
 impl Default for LoadOptions {
@@ -36,6 +41,7 @@ impl Default for LoadOptions {
             optimizer: Optimizer::adamw(1e-3),
             dims: HashMap::new(),
             tokens_per_sample: None,
+            loss: None,
         }
     }
 }
@@ -59,10 +65,21 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendErro
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
+    if opts.loss.is_some() && ext.as_deref() != Some("onnx") {
+        return Err(FrontendError::bad_spec(
+            model,
+            "a loss (--loss) can be chosen only for an ONNX model; zoo models and \
+             fsdpc IR files carry their own",
+        ));
+    }
     match ext.as_deref() {
         Some("json") => load_ir_json(path, opts),
         Some("onnx") => {
-            let m = onnx::import(path, &opts.dims)?;
+            let io = onnx::ImportOptions {
+                dims: opts.dims.clone(),
+                loss: opts.loss.clone(),
+            };
+            let m = onnx::import_with(path, &io)?;
             let tokens = opts
                 .tokens_per_sample
                 .unwrap_or_else(|| guess_tokens(&m.graph));

@@ -1,8 +1,8 @@
 //! `fsdpc compile MODEL --world N -o plan.json`
 
-use super::{CliError, PlanFlags};
+use super::{CliError, ModelFlags, PlanFlags};
 use clap::Args;
-use fsdpc_frontends::{LoadOptions, LoadedModel};
+use fsdpc_frontends::LoadedModel;
 use fsdpc_ir::Optimizer;
 use fsdpc_planner::{
     BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy,
@@ -22,13 +22,15 @@ pub struct CompileArgs {
     pub preset: String,
     #[command(flatten)]
     pub plan: PlanFlags,
+    #[command(flatten)]
+    pub import: ModelFlags,
     /// Where to write the plan (JSON); `-` for stdout.
     #[arg(short, long)]
     pub output: PathBuf,
 }
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
-    let plan = plan_model(&a.model, a.world, &a.preset, &a.plan)?;
+    let plan = plan_model(&a.model, a.world, &a.preset, &a.plan, &a.import)?;
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
         println!("{json}");
@@ -54,11 +56,9 @@ pub(crate) fn plan_model(
     world: u32,
     preset: &str,
     f: &PlanFlags,
+    import: &ModelFlags,
 ) -> Result<Plan, CliError> {
-    let opts = LoadOptions {
-        optimizer: optimizer(f)?,
-        ..LoadOptions::default()
-    };
+    let opts = import.load_options(optimizer(f)?)?;
     let LoadedModel {
         name,
         program,

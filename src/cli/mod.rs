@@ -7,10 +7,12 @@
 mod compile;
 mod error;
 mod inspect;
+mod model;
 mod trace;
 mod train;
 
 pub use error::CliError;
+pub use model::ModelFlags;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

@@ -1,14 +1,16 @@
-//! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]`
+//! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]
+//! [--save-onnx out.onnx] [--save-safetensors out.safetensors]`
 
 use super::compile::plan_model;
 use super::inspect::load_plan;
-use super::{CliError, PlanFlags};
+use super::{CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_planner::inspect::human_bytes;
 use fsdpc_runtime::{DataSpec, ExecMode, StepReport, TrainOptions};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -42,11 +44,27 @@ pub struct TrainArgs {
     pub preset: String,
     #[command(flatten)]
     pub plan: PlanFlags,
+    #[command(flatten)]
+    pub import: ModelFlags,
+    /// After training, write the ONNX model (MODEL must be an `.onnx` file)
+    /// with its initializers replaced by the trained parameters.
+    #[arg(long, value_name = "OUT.onnx")]
+    pub save_onnx: Option<PathBuf>,
+    /// After training, write every parameter (f32, original names) to a
+    /// safetensors file.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub save_safetensors: Option<PathBuf>,
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
     if a.ranks == 0 {
         return Err(CliError::Usage("--ranks must be at least 1".into()));
+    }
+    if a.save_onnx.is_some() && !is_onnx(&a.model) {
+        return Err(CliError::Usage(format!(
+            "--save-onnx needs an ONNX model to write back into, but `{}` is not an `.onnx` file",
+            a.model
+        )));
     }
     let plan = if a.model.ends_with(".plan.json") || is_plan_file(&a.model) {
         let plan = load_plan(&PathBuf::from(&a.model))?;
@@ -58,7 +76,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         }
         plan
     } else {
-        plan_model(&a.model, a.ranks, &a.preset, &a.plan)?
+        plan_model(&a.model, a.ranks, &a.preset, &a.plan, &a.import)?
     };
     let opts = TrainOptions {
         steps: a.steps,
@@ -100,6 +118,38 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         report.tokens_per_s,
         human_bytes(report.measured_peak_bytes),
     );
+    save(&a, &plan, &report.final_params)
+}
+
+fn is_onnx(model: &str) -> bool {
+    Path::new(model)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// Writes the trained parameters where `--save-onnx`/`--save-safetensors` ask.
+fn save(
+    a: &TrainArgs,
+    plan: &fsdpc_planner::Plan,
+    params: &[(String, Vec<f32>)],
+) -> Result<(), CliError> {
+    if let Some(out) = &a.save_safetensors {
+        fsdpc_runtime::export::save_params(plan, params, out)?;
+        println!("wrote {} ({} parameters)", out.display(), params.len());
+    }
+    if let Some(out) = &a.save_onnx {
+        let map: HashMap<String, Vec<f32>> = params.iter().cloned().collect();
+        let s = fsdpc_frontends::onnx::write_with_params(Path::new(&a.model), &map, out)?;
+        let ext = s
+            .external_data
+            .map(|p| format!(", data in {}", p.display()))
+            .unwrap_or_default();
+        println!(
+            "wrote {} ({} initializers updated{ext})",
+            out.display(),
+            s.replaced
+        );
+    }
     Ok(())
 }
 

@@ -5,11 +5,10 @@
 
 use super::context::{Importer, Val};
 use super::tensor::HostTensor;
-use super::{names, proto};
+use super::{names, proto, Source};
 use crate::error::FrontendError;
 use fsdpc_ir::{DType, Graph, Init, ModuleId, Op, ParamSpec, ValueId};
 use onnx_protobuf::GraphProto;
-use std::path::Path;
 
 /// Float initializers with more than one element become trainable parameters
 /// holding the file's values; the rest (shapes, scalars, masks) become
@@ -19,10 +18,12 @@ use std::path::Path;
 pub(super) fn initializers(
     imp: &mut Importer,
     graph: &mut GraphProto,
-    path: &Path,
+    from: &Source<'_>,
 ) -> Result<(), FrontendError> {
-    let dir = path.parent().unwrap_or(Path::new(""));
-    let src = proto::TensorSource { dir, model: path };
+    let src = proto::TensorSource {
+        dir: from.dir,
+        model: from.path,
+    };
     let mut matrices: Vec<ValueId> = Vec::new();
     for t in &mut graph.initializer {
         let raw = std::mem::take(&mut t.raw_data);

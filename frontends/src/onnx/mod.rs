@@ -27,19 +27,24 @@ mod fuse_gelu;
 mod fuse_norm;
 mod initializers;
 mod names;
+mod objective;
 mod ops;
 mod pattern;
 mod proto;
 mod tensor;
 mod types;
+mod write;
 
 use crate::error::{FrontendError, UnsupportedOp};
-use context::{Importer, NodeCx, Val};
-use fsdpc_ir::{DType, Graph, ModuleId, Op, TensorType, ValueId};
-use onnx_protobuf::GraphProto;
+use context::{Importer, NodeCx};
+use fsdpc_ir::{Graph, ValueId};
+use onnx_protobuf::{GraphProto, ModelProto};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use tensor::HostTensor;
+
+pub use objective::{LossKind, LossSpec};
+pub use write::{write_with_params, WriteSummary};
 
 /// A model imported from ONNX.
 #[derive(Clone, Debug)]
@@ -52,10 +57,59 @@ pub struct OnnxModel {
     pub loss: ValueId,
 }
 
+/// How to import an ONNX model.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ImportOptions {
+    /// Values of symbolic dimensions (`batch`, `seq`) of the inputs.
+    pub dims: HashMap<String, usize>,
+    /// The loss to build when the first output is not a scalar loss (see
+    /// [`objective`](LossSpec)); `None` keeps the automatic choice.
+    pub loss: Option<LossSpec>,
+}
+
 /// Imports the ONNX model at `path`; `dims` gives values to symbolic
 /// dimensions (`batch`, `seq`) of its inputs.
 pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, FrontendError> {
-    let mut model = proto::read_model(path)?;
+    let opts = ImportOptions {
+        dims: dims.clone(),
+        loss: None,
+    };
+    import_with(path, &opts)
+}
+
+/// Imports the ONNX model at `path` with `opts`.
+pub fn import_with(path: &Path, opts: &ImportOptions) -> Result<OnnxModel, FrontendError> {
+    let model = proto::read_model(path)?;
+    let src = Source {
+        path,
+        dir: Some(path.parent().unwrap_or(Path::new(""))),
+    };
+    import_model(model, &src, opts)
+}
+
+/// Imports an ONNX model from its bytes (errors name the file `<bytes>`).
+/// Tensors kept in external data files are refused: there is no directory to
+/// look for them in.
+pub fn import_bytes(bytes: &[u8], opts: &ImportOptions) -> Result<OnnxModel, FrontendError> {
+    let path = Path::new("<bytes>");
+    let model = proto::decode_model(bytes, path)?;
+    let src = Source { path, dir: None };
+    import_model(model, &src, opts)
+}
+
+/// Where a model came from: its path (for errors and its name) and the
+/// directory of its external data, if it has one.
+pub(crate) struct Source<'a> {
+    pub path: &'a Path,
+    pub dir: Option<&'a Path>,
+}
+
+fn import_model(
+    mut model: ModelProto,
+    src: &Source<'_>,
+    opts: &ImportOptions,
+) -> Result<OnnxModel, FrontendError> {
+    let path = src.path;
     let opset = proto::opset(&model, path)?;
     let Some(graph) = model.graph.0.as_deref_mut() else {
         return Err(model_error(path, "the file holds no graph"));
@@ -67,12 +121,12 @@ pub fn import(path: &Path, dims: &HashMap<String, usize>) -> Result<OnnxModel, F
     } else {
         graph.name.clone()
     };
-    let mut imp = importer(&name, opset, path);
-    initializers::initializers(&mut imp, graph, path)?;
-    types::inputs(&mut imp, graph, dims, path)?;
+    let mut imp = importer(&name, opset, src);
+    initializers::initializers(&mut imp, graph, src)?;
+    types::inputs(&mut imp, graph, &opts.dims, path)?;
     nodes(&mut imp, graph, path)?;
-    types::check_types(&imp, graph, dims, path)?;
-    let loss = loss(&mut imp, graph, path)?;
+    types::check_types(&imp, graph, &opts.dims, path)?;
+    let loss = objective::loss(&mut imp, graph, opts.loss.as_ref(), path)?;
     imp.g.outputs = vec![loss];
     let (graph, loss) = clean_up(imp.g, path)?;
     Ok(OnnxModel { name, graph, loss })
@@ -85,6 +139,7 @@ fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError
     fuse_norm::fuse_layer_norm(&mut g);
     fuse::remove_dead(&mut g);
     names::adopt_orphan_params(&mut g);
+    names::structural_kinds(&mut g);
     let (g, _) = g
         .renumbered()
         .map_err(|_| model_error(path, "the graph has a cycle"))?;
@@ -134,12 +189,12 @@ fn check_ops(graph: &GraphProto, opset: i64, path: &Path) -> Result<(), Frontend
     }
 }
 
-fn importer(name: &str, opset: i64, path: &Path) -> Importer {
-    let model = path.to_path_buf();
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+fn importer(name: &str, opset: i64, src: &Source<'_>) -> Importer {
+    let model = src.path.to_path_buf();
+    let dir = src.dir.map(Path::to_path_buf);
     let decode = move |t: &onnx_protobuf::TensorProto| {
         let src = proto::TensorSource {
-            dir: &dir,
+            dir: dir.as_deref(),
             model: &model,
         };
         let data = proto::tensor(t, &src).map_err(|e| e.to_string())?;
@@ -158,11 +213,12 @@ fn importer(name: &str, opset: i64, path: &Path) -> Importer {
 /// Converts every node through the op table.
 fn nodes(imp: &mut Importer, graph: &GraphProto, path: &Path) -> Result<(), FrontendError> {
     let table = ops::registry();
+    let skip = names::node_path_skip(graph);
     for node in &graph.node {
         let Some(convert) = table.get(node.op_type.as_str()) else {
             continue; // check_ops already refused the model
         };
-        let module = names::node_module(&mut imp.g, node);
+        let module = names::node_module(&mut imp.g, node, skip);
         let mut cx = NodeCx {
             imp: &mut *imp,
             node,
@@ -176,97 +232,4 @@ fn nodes(imp: &mut Importer, graph: &GraphProto, path: &Path) -> Result<(), Fron
         })?;
     }
     Ok(())
-}
-
-/// The loss: the first graph output if it is a float scalar; logits
-/// `[..., C]` get a mean cross-entropy against a new i64 `labels` input.
-fn loss(imp: &mut Importer, graph: &GraphProto, path: &Path) -> Result<ValueId, FrontendError> {
-    let first = graph
-        .output
-        .first()
-        .ok_or_else(|| model_error(path, "the graph has no outputs"))?;
-    let v = match imp.vals.get(&first.name) {
-        Some(Val::Ir(v)) => *v,
-        Some(Val::Const(_)) => {
-            return Err(model_error(
-                path,
-                format!("output `{}` is a constant", first.name),
-            ))
-        }
-        None => {
-            return Err(model_error(
-                path,
-                format!("output `{}` is not produced by any node", first.name),
-            ))
-        }
-    };
-    let ty = imp.g.value_type(v).clone();
-    if !ty.dtype.is_float() {
-        return Err(model_error(
-            path,
-            format!("output `{}` ({ty}) is not a float tensor", first.name),
-        ));
-    }
-    match ty.shape.rank() {
-        0 => Ok(v),
-        1 => Err(model_error(
-            path,
-            format!(
-                "output `{}` ({ty}) is neither a scalar loss nor logits [..., classes]",
-                first.name
-            ),
-        )),
-        _ => logits_loss(imp, v, &ty).map_err(|e| model_error(path, e)),
-    }
-}
-
-fn logits_loss(imp: &mut Importer, logits: ValueId, ty: &TensorType) -> Result<ValueId, String> {
-    let dims = ty.shape.dims();
-    let (lead, classes) = dims.split_at(dims.len() - 1);
-    let rows: usize = lead.iter().product();
-    // A name no input of the model has.
-    let name = (0..)
-        .map(|i| {
-            if i == 0 {
-                "labels".to_string()
-            } else {
-                format!("labels_{i}")
-            }
-        })
-        .find(|n| !imp.vals.contains_key(n))
-        .unwrap_or_default();
-    let labels = imp
-        .g
-        .add_input(&name, TensorType::new(DType::I64, lead.to_vec()));
-    let root = ModuleId::ROOT;
-    let err = |e: fsdpc_ir::IrError| e.to_string();
-    let mut x = logits;
-    let mut l = labels;
-    if lead.len() > 1 {
-        x = imp
-            .g
-            .add1(
-                Op::Reshape {
-                    shape: vec![rows, classes[0]],
-                },
-                &[x],
-                "logits_flat",
-                root,
-            )
-            .map_err(err)?;
-        l = imp
-            .g
-            .add1(Op::Reshape { shape: vec![rows] }, &[l], "labels_flat", root)
-            .map_err(err)?;
-    }
-    imp.g
-        .add1(
-            Op::CrossEntropy {
-                ignore_index: Some(-100),
-            },
-            &[x, l],
-            "loss",
-            root,
-        )
-        .map_err(err)
 }

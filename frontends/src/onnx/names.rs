@@ -3,23 +3,63 @@
 //! 1. the node's `metadata_props` written by the dynamo exporter
 //!    (`pkg.torch.onnx.name_scopes = ['', 'h.0', 'h.0.attn', 'matmul']` with
 //!    `pkg.torch.onnx.class_hierarchy = ['GPT', 'Block', 'Attention', 'aten.mm']`);
-//! 2. TorchScript-exporter node names (`/h.0/attn/MatMul` -> `h.0.attn`);
+//! 2. TorchScript-exporter node names (`/h.0/attn/MatMul` -> `h.0.attn`),
+//!    without a leading segment the parameter names lack (an exporter's wrapper
+//!    module: `/model/model.0/encoder/MatMul` with `model.0.encoder.bias`);
 //! 3. for parameters, the initializer name (`h.0.attn.c_attn.weight` -> `h.0.attn.c_attn`),
 //!    else (`onnx::MatMul_123`, a weight the exporter transposed) the module of
 //!    the node that reads it, so it lands in the right FSDP unit.
 
 use fsdpc_ir::{Graph, ModuleId, Op, ValueId};
-use onnx_protobuf::NodeProto;
+use onnx_protobuf::{GraphProto, NodeProto};
+use std::collections::HashSet;
 
 const SCOPES: &str = "pkg.torch.onnx.name_scopes";
 const CLASSES: &str = "pkg.torch.onnx.class_hierarchy";
 
-/// The module of `node`, created in `g` with its kinds if new.
-pub(crate) fn node_module(g: &mut Graph, node: &NodeProto) -> ModuleId {
+/// The module of `node`, created in `g` with its kinds if new; `skip`
+/// leading segments of a TorchScript node-name path are dropped (see
+/// [`node_path_skip`]).
+pub(crate) fn node_module(g: &mut Graph, node: &NodeProto, skip: usize) -> ModuleId {
     if let Some(m) = from_metadata(g, node) {
         return m;
     }
-    from_node_name(g, &node.name).unwrap_or(ModuleId::ROOT)
+    let path = ts_path(&node.name).map(|p| skip_segments(&p, skip).to_string());
+    match path.filter(|p| valid_path(p)) {
+        Some(p) => intern(g, &p, None),
+        None => ModuleId::ROOT,
+    }
+}
+
+/// 1 when TorchScript node-name paths carry one leading segment more than the
+/// initializer names (`/model/model.0/...` with `model.0....weight`: the
+/// exporter wrapped the module), judged by which matches more parameter
+/// modules; else 0.
+pub(crate) fn node_path_skip(graph: &GraphProto) -> usize {
+    let params: HashSet<&str> = graph
+        .initializer
+        .iter()
+        .filter_map(|t| t.name.rsplit_once('.').map(|(p, _)| p))
+        .filter(|p| valid_path(p))
+        .collect();
+    let score = |skip: usize| {
+        graph
+            .node
+            .iter()
+            .filter_map(|n| ts_path(&n.name))
+            .filter(|p| params.contains(skip_segments(p, skip)))
+            .count()
+    };
+    usize::from(score(1) > score(0))
+}
+
+/// `path` without its first `skip` dotted segments ("" when it has no more).
+fn skip_segments(path: &str, skip: usize) -> &str {
+    let mut rest = path;
+    for _ in 0..skip {
+        rest = rest.split_once('.').map_or("", |(_, r)| r);
+    }
+    rest
 }
 
 /// The module of a parameter named `name` (`a.b.weight` -> `a.b`).
@@ -48,6 +88,42 @@ pub(crate) fn adopt_orphan_params(g: &mut Graph) {
     }
 }
 
+/// Numbered modules (`layer.0`, `model.1`) whose class the file does not
+/// give (TorchScript exports) get the kind `Module(child,child,...)` from
+/// their child modules, so numbered siblings that are different classes
+/// (a sentence-transformers `Sequential` of encoder and pooling) no longer
+/// look alike to the `blocks` wrap policy, while repeated layers still do.
+pub(crate) fn structural_kinds(g: &mut Graph) {
+    let mut children: Vec<Vec<&str>> = vec![Vec::new(); g.modules.len()];
+    for m in &g.modules {
+        if let Some(p) = m.parent {
+            let last = m.path.rsplit('.').next().unwrap_or(&m.path);
+            children[p.0 as usize].push(last);
+        }
+    }
+    let kinds: Vec<Option<String>> = g
+        .modules
+        .iter()
+        .zip(&mut children)
+        .map(|(m, kids)| {
+            let numbered = m
+                .path
+                .rsplit('.')
+                .next()
+                .is_some_and(|s| s.parse::<u64>().is_ok());
+            (numbered && m.kind == "Module" && !kids.is_empty()).then(|| {
+                kids.sort_unstable();
+                format!("Module({})", kids.join(","))
+            })
+        })
+        .collect();
+    for (i, k) in kinds.into_iter().enumerate() {
+        if let Some(k) = k {
+            g.set_module_kind(ModuleId(i as u32), &k);
+        }
+    }
+}
+
 fn from_metadata(g: &mut Graph, node: &NodeProto) -> Option<ModuleId> {
     let get = |k: &str| {
         node.metadata_props
@@ -72,10 +148,16 @@ fn from_metadata(g: &mut Graph, node: &NodeProto) -> Option<ModuleId> {
     Some(m)
 }
 
-fn from_node_name(g: &mut Graph, name: &str) -> Option<ModuleId> {
+/// The module path of a TorchScript node name (`/h.0/attn/MatMul` -> `h.0.attn`).
+fn ts_path(name: &str) -> Option<String> {
     let rest = name.strip_prefix('/')?;
     let (scopes, _op) = rest.rsplit_once('/')?;
-    let path = scopes.split('/').collect::<Vec<_>>().join(".");
+    Some(scopes.split('/').collect::<Vec<_>>().join("."))
+}
+
+#[cfg(test)]
+fn from_node_name(g: &mut Graph, name: &str) -> Option<ModuleId> {
+    let path = ts_path(name)?;
     valid_path(&path).then(|| intern(g, &path, None))
 }
 
@@ -174,5 +256,22 @@ mod tests {
         );
         assert_eq!(from_node_name(&mut g, "/MatMul"), None);
         assert_eq!(from_node_name(&mut g, "MatMul_3"), None);
+    }
+
+    #[test]
+    fn a_wrapper_segment_the_parameters_lack_is_skipped() {
+        let mut graph = GraphProto::new();
+        let mut t = onnx_protobuf::TensorProto::new();
+        t.name = "model.0.encoder.layer.0.dense.bias".into();
+        graph.initializer.push(t);
+        let mut n = NodeProto::new();
+        n.name = "/model/model.0/encoder/layer.0/dense/Add".into();
+        graph.node.push(n.clone());
+        assert_eq!(node_path_skip(&graph), 1);
+        let mut g = Graph::new("t");
+        let m = node_module(&mut g, &n, 1);
+        assert_eq!(g.module_info(m).path, "model.0.encoder.layer.0.dense");
+        graph.initializer[0].name = "model.model.0.encoder.layer.0.dense.bias".into();
+        assert_eq!(node_path_skip(&graph), 0);
     }
 }

@@ -25,7 +25,12 @@ pub(crate) fn read_model(path: &Path) -> Result<ModelProto, FrontendError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let model = ModelProto::parse_from_bytes(&bytes).map_err(|e| FrontendError::OnnxDecode {
+    decode_model(&bytes, path)
+}
+
+/// Decodes the bytes of an ONNX model file; `path` names it in errors.
+pub(crate) fn decode_model(bytes: &[u8], path: &Path) -> Result<ModelProto, FrontendError> {
+    let model = ModelProto::parse_from_bytes(bytes).map_err(|e| FrontendError::OnnxDecode {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
@@ -76,8 +81,9 @@ pub(crate) fn dtype(t: i32) -> Result<DType, String> {
 
 /// Where a tensor's external data file is looked for.
 pub(crate) struct TensorSource<'a> {
-    /// The directory of the model file.
-    pub dir: &'a Path,
+    /// The directory of the model file (`None`: a model read from bytes,
+    /// which cannot have external data).
+    pub dir: Option<&'a Path>,
     /// The model file, for errors.
     pub model: &'a Path,
 }
@@ -138,6 +144,30 @@ pub(crate) fn tensor_from(
     })
 }
 
+/// The bytes of external tensor `t` as they are in its data file (its own
+/// element type, doubles included).
+pub(crate) fn external_bytes(
+    t: &TensorProto,
+    src: &TensorSource<'_>,
+) -> Result<Vec<u8>, FrontendError> {
+    let bad = |reason: String| FrontendError::OnnxTensor {
+        path: src.model.to_path_buf(),
+        tensor: t.name.clone(),
+        reason,
+    };
+    let width = if t.data_type == DataType::DOUBLE as i32 {
+        8
+    } else {
+        dtype(t.data_type).map_err(bad)?.size()
+    };
+    let len = t
+        .dims
+        .iter()
+        .try_fold(width, |a, &d| a.checked_mul(usize::try_from(d).ok()?))
+        .ok_or_else(|| bad(format!("shape {:?} is invalid", t.dims)))?;
+    external(t, src, len)
+}
+
 /// Bytes from the typed repeated fields (`float_data`, `int64_data`, ...).
 fn typed_fields(t: &TensorProto, dt: DType, is_double: bool) -> Vec<u8> {
     if is_double {
@@ -194,7 +224,13 @@ fn external(t: &TensorProto, src: &TensorSource<'_>, len: usize) -> Result<Vec<u
             "the location must be a path inside the model's directory".into(),
         ));
     }
-    let file = src.dir.join(rel);
+    let Some(dir) = src.dir else {
+        return Err(missing(
+            rel.to_path_buf(),
+            "a model imported from bytes has no directory to read external data from".into(),
+        ));
+    };
+    let file = dir.join(rel);
     let num = |k: &str| -> Result<Option<u64>, FrontendError> {
         key(k)
             .map(|v| {
