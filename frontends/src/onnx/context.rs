@@ -34,6 +34,9 @@ pub(crate) struct Importer {
     pub log_softmax_of: HashMap<String, (ValueId, usize)>,
     /// Decodes a `TENSOR` attribute (it may live in external data).
     pub decode: Decoder,
+    /// Values of graph inputs that a converter may read as constants (a
+    /// forward import's `input_values`: Reshape's shape given as an input).
+    pub bound: HashMap<String, HostTensor>,
 }
 
 /// One node being converted.
@@ -72,11 +75,12 @@ impl NodeCx<'_> {
         self.opt(i)?.ok_or_else(|| format!("input {i} is required"))
     }
 
-    /// Input `i` as a folded constant.
+    /// Input `i` as a folded constant (or a graph input's bound value).
     pub fn konst(&self, i: usize, what: &str) -> Result<&HostTensor, String> {
-        match self.val(i)? {
-            Val::Const(t) => Ok(t),
-            Val::Ir(_) => Err(format!(
+        let bound = self.node.input.get(i).and_then(|n| self.imp.bound.get(n));
+        match (self.val(i)?, bound) {
+            (Val::Const(t), _) | (Val::Ir(_), Some(t)) => Ok(t),
+            (Val::Ir(_), None) => Err(format!(
                 "the {what} (input {i}) must be known when the model is compiled, but it is computed at run time"
             )),
         }

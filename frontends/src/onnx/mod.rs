@@ -207,6 +207,7 @@ fn importer(name: &str, opset: i64, src: &Source<'_>) -> Importer {
         next_seed: 0,
         log_softmax_of: HashMap::new(),
         decode: Box::new(decode),
+        bound: HashMap::new(),
     }
 }
 

@@ -1,11 +1,13 @@
 //! Type conversion and pass-through — ONNX operators Cast (opsets 13–21),
 //! Identity (13–21) and Dropout (13–21: identity unless `training_mode` is
-//! true, then the IR's counter-based dropout with a seed per site).
+//! true, then the IR's counter-based dropout with a seed per site; the mask
+//! output only where nothing is dropped, when it is all true).
 
 use super::Convert;
 use crate::onnx::context::{NodeCx, Val};
 use crate::onnx::proto::dtype;
-use fsdpc_ir::Op;
+use crate::onnx::tensor::{check_size, HostTensor};
+use fsdpc_ir::{DType, Op};
 
 pub(super) const OPS: &[(&str, Convert)] =
     &[("Cast", cast), ("Identity", identity), ("Dropout", dropout)];
@@ -30,9 +32,6 @@ fn identity(cx: &mut NodeCx<'_>) -> Result<(), String> {
 }
 
 fn dropout(cx: &mut NodeCx<'_>) -> Result<(), String> {
-    if cx.wants(1) {
-        return Err("the mask output is not supported".into());
-    }
     let p = cx
         .opt_konst(1, "ratio")?
         .map_or(0.5, |t| t.as_f64().first().copied().unwrap_or(0.5));
@@ -40,7 +39,19 @@ fn dropout(cx: &mut NodeCx<'_>) -> Result<(), String> {
         .opt_konst(2, "training_mode")?
         .is_some_and(|t| t.as_i64().first().is_some_and(|&b| b != 0));
     if !training || p == 0.0 {
+        if cx.wants(1) {
+            let shape = cx.ty(0)?.shape.dims().to_vec();
+            check_size(&shape)?;
+            let n = shape.iter().product();
+            cx.set(
+                1,
+                Val::Const(HostTensor::ints(DType::Bool, shape, vec![1; n])),
+            );
+        }
         return identity(cx);
+    }
+    if cx.wants(1) {
+        return Err("the mask output of a training-mode dropout is not supported".into());
     }
     if !(0.0..1.0).contains(&p) {
         return Err(format!("ratio {p} is not in [0, 1)"));

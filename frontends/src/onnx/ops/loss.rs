@@ -1,10 +1,11 @@
 //! Losses — ONNX operators SoftmaxCrossEntropyLoss (opsets 13–21) and
-//! NegativeLogLikelihoodLoss (13–21) when its input is a LogSoftmax over the
-//! class axis (what `F.cross_entropy` exports), both with mean reduction and
-//! no class weights, onto the IR's `CrossEntropy`. Scores `[N, C, d...]` are
-//! moved to `[N * d..., C]`.
+//! NegativeLogLikelihoodLoss (13–21). With mean reduction and no class
+//! weights (and, for NegativeLogLikelihoodLoss, on a LogSoftmax over the class
+//! axis: what `F.cross_entropy` exports) they become the IR's `CrossEntropy`,
+//! scores `[N, C, d...]` moved to `[N * d..., C]`; every other form is built
+//! from elementwise ops (`nll`).
 
-use super::Convert;
+use super::{nll, Convert};
 use crate::onnx::context::{NodeCx, Val};
 use fsdpc_ir::{Op, ValueId};
 
@@ -13,46 +14,67 @@ pub(super) const OPS: &[(&str, Convert)] = &[
     ("NegativeLogLikelihoodLoss", nll),
 ];
 
-fn check_attrs(cx: &NodeCx<'_>) -> Result<Option<i64>, String> {
+/// The attributes both losses share.
+pub(super) struct LossAttrs {
+    /// `none`, `sum` or `mean`.
+    pub reduction: String,
+    pub ignore_index: Option<i64>,
+    /// True when class weights (input 2) are given.
+    pub weighted: bool,
+}
+
+impl LossAttrs {
+    /// True when the IR's `CrossEntropy` computes the loss.
+    fn fused(&self) -> bool {
+        self.reduction == "mean" && !self.weighted
+    }
+}
+
+fn attrs(cx: &NodeCx<'_>) -> Result<LossAttrs, String> {
     let reduction = cx.attr_s("reduction", "mean")?;
-    if reduction != "mean" {
-        return Err(format!("reduction `{reduction}`: only mean is supported"));
+    if !["none", "sum", "mean"].contains(&reduction.as_str()) {
+        return Err(format!(
+            "reduction `{reduction}` (expected none, sum or mean)"
+        ));
     }
-    if cx.opt(2)?.is_some() {
-        return Err("class weights are not supported".into());
-    }
-    Ok(
-        if cx.node.attribute.iter().any(|a| a.name == "ignore_index") {
-            Some(cx.attr_i("ignore_index", -100)?)
-        } else {
-            None
-        },
-    )
+    let ignore_index = if cx.has_attr("ignore_index") {
+        Some(cx.attr_i("ignore_index", -100)?)
+    } else {
+        None
+    };
+    Ok(LossAttrs {
+        reduction,
+        ignore_index,
+        weighted: cx.opt(2)?.is_some(),
+    })
 }
 
 fn softmax_cross_entropy(cx: &mut NodeCx<'_>) -> Result<(), String> {
-    let ignore_index = check_attrs(cx)?;
-    if cx.wants(1) {
-        return Err("the log_prob output is not supported".into());
-    }
+    let a = attrs(cx)?;
     let scores = cx.ir(0)?;
-    let y = cross_entropy(cx, scores, ignore_index)?;
+    let y = if a.fused() && !cx.wants(1) {
+        cross_entropy(cx, scores, a.ignore_index)?
+    } else {
+        let log_prob = cx.add(Op::LogSoftmax { axis: 1 }, &[scores], "log_prob")?;
+        cx.set(1, Val::Ir(log_prob));
+        nll::nll(cx, log_prob, &a)?
+    };
     cx.set(0, Val::Ir(y));
     Ok(())
 }
 
+/// A cross-entropy when the input is a LogSoftmax over the class axis and
+/// the loss a plain mean; otherwise the general form of `nll`.
 fn nll(cx: &mut NodeCx<'_>) -> Result<(), String> {
-    let ignore_index = check_attrs(cx)?;
+    let a = attrs(cx)?;
     let input = cx.node.input.first().cloned().unwrap_or_default();
-    let Some(&(logits, axis)) = cx.imp.log_softmax_of.get(&input) else {
-        return Err("supported only on the output of a LogSoftmax (cross-entropy)".into());
+    let y = match cx.imp.log_softmax_of.get(&input) {
+        Some(&(logits, 1)) if a.fused() => cross_entropy(cx, logits, a.ignore_index)?,
+        _ => {
+            let log_prob = cx.ir(0)?;
+            nll::nll(cx, log_prob, &a)?
+        }
     };
-    if axis != 1 {
-        return Err(format!(
-            "the LogSoftmax is over axis {axis}, not the class axis 1"
-        ));
-    }
-    let y = cross_entropy(cx, logits, ignore_index)?;
     cx.set(0, Val::Ir(y));
     Ok(())
 }

@@ -9,6 +9,7 @@ mod generators;
 mod logic;
 mod loss;
 mod matmul;
+mod nll;
 mod norm;
 mod reduce;
 mod shape;

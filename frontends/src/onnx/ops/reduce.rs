@@ -1,10 +1,11 @@
 //! Reductions — ONNX operators ReduceSum (opsets 13–21, axes as an input),
 //! ReduceMean and ReduceMax (13–17 with an `axes` attribute, 18–21 with an
-//! input); `keepdims` and `noop_with_empty_axes` as the spec defines them.
+//! input); `keepdims` and `noop_with_empty_axes` as the spec defines them;
+//! bool inputs (ReduceMax from opset 20) are reduced as 0.0/1.0.
 
 use super::Convert;
 use crate::onnx::context::{norm_axis, NodeCx, Val};
-use fsdpc_ir::{Op, ReduceFn};
+use fsdpc_ir::{DType, Op, ReduceFn};
 
 pub(super) const OPS: &[(&str, Convert)] = &[
     ("ReduceSum", |cx| reduce(cx, ReduceFn::Sum, 13)),
@@ -36,8 +37,16 @@ fn reduce(cx: &mut NodeCx<'_>, f: ReduceFn, axes_input_from: i64) -> Result<(), 
     };
     axes.sort_unstable();
     axes.dedup();
-    let x = cx.ir(0)?;
-    let y = cx.add(Op::Reduce { f, axes, keepdims }, &[x], "reduce")?;
+    let mut x = cx.ir(0)?;
+    // The IR reduces numbers: a bool max (any) runs on 0.0/1.0.
+    let boolean = cx.imp.g.value_type(x).dtype == DType::Bool;
+    if boolean {
+        x = cx.add(Op::Cast { to: DType::F32 }, &[x], "as_number")?;
+    }
+    let mut y = cx.add(Op::Reduce { f, axes, keepdims }, &[x], "reduce")?;
+    if boolean {
+        y = cx.add(Op::Cast { to: DType::Bool }, &[y], "as_bool")?;
+    }
     cx.set(0, Val::Ir(y));
     Ok(())
 }

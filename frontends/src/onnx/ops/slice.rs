@@ -1,6 +1,8 @@
-//! Slicing and joining — ONNX operators Slice (opsets 13–21, positive steps),
-//! Split (13–21: `split` as an input, `num_outputs` from 18), Concat (13–21)
-//! and Pad (13–21, constant mode; `axes` from 18). Constant operands fold.
+//! Slicing and joining — ONNX operators Slice (opsets 13–21; a negative step
+//! becomes a `Gather` of the indices it visits), Split (13–21: `split` as an
+//! input, `num_outputs` from 18), Concat (13–21) and Pad (13–21, `axes` from
+//! 18; constant mode, and edge, reflect and wrap as a `Gather` per axis).
+//! Constant operands fold.
 
 use super::Convert;
 use crate::onnx::context::{norm_axis, NodeCx, Val};
@@ -62,6 +64,51 @@ fn fold_slice(t: &HostTensor, r: Range1) -> Result<HostTensor, String> {
     Ok(t.pick(&flat, shape))
 }
 
+/// `x` at positions `idx` of `axis` (a `Gather` with constant indices).
+fn take(cx: &mut NodeCx<'_>, x: Sliced, axis: usize, idx: Vec<i64>) -> Result<Sliced, String> {
+    let idx = HostTensor::vec_i64(idx);
+    Ok(match x {
+        Sliced::Const(t) => Sliced::Const(fold_take(&t, axis, &idx.as_i64())?),
+        Sliced::Ir(v) => {
+            let i = cx.constant(&idx)?;
+            Sliced::Ir(cx.add(Op::Gather { axis }, &[v, i], "take")?)
+        }
+    })
+}
+
+fn fold_take(t: &HostTensor, axis: usize, idx: &[i64]) -> Result<HostTensor, String> {
+    let dim = t.shape[axis];
+    let outer: usize = t.shape[..axis].iter().product();
+    let inner: usize = t.shape[axis + 1..].iter().product();
+    let mut shape = t.shape.clone();
+    shape[axis] = idx.len();
+    check_size(&shape)?;
+    let mut flat = Vec::with_capacity(shape.iter().product());
+    for o in 0..outer {
+        for &k in idx {
+            let base = (o * dim + k as usize) * inner;
+            flat.extend(base..base + inner);
+        }
+    }
+    Ok(t.pick(&flat, shape))
+}
+
+/// The indices a negative `step` visits from `start` towards `end` (the
+/// spec's clamping: start into `[0, dim-1]`, end into `[-1, dim-1]`).
+fn backward_indices(start: i64, end: i64, step: i64, dim: usize) -> Vec<i64> {
+    let d = dim as i64;
+    let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+    let start = norm(start).clamp(0, d - 1);
+    let end = norm(end).clamp(-1, d - 1);
+    let mut idx = Vec::new();
+    let mut i = start;
+    while i > end {
+        idx.push(i);
+        i = i.saturating_add(step);
+    }
+    idx
+}
+
 fn start_value(cx: &NodeCx<'_>) -> Result<Sliced, String> {
     Ok(match cx.val(0)? {
         Val::Const(t) => Sliced::Const(t.clone()),
@@ -102,11 +149,13 @@ fn slice(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let mut x = start_value(cx)?;
     for i in 0..n {
         let axis = norm_axis(axes[i], dims.len())?;
-        if steps[i] < 1 {
-            return Err(format!(
-                "step {} on axis {axis}: only positive steps are supported",
-                steps[i]
-            ));
+        if steps[i] == 0 {
+            return Err(format!("step 0 on axis {axis}"));
+        }
+        if steps[i] < 0 {
+            let idx = backward_indices(starts[i], ends[i], steps[i], dims[axis]);
+            x = take(cx, x, axis, idx)?;
+            continue;
         }
         let start = clamp(starts[i], dims[axis]);
         let end = clamp(ends[i], dims[axis]).max(start);
@@ -229,9 +278,6 @@ fn fold_concat(parts: &[HostTensor], axis: usize) -> Result<HostTensor, String> 
 
 fn pad(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let mode = cx.attr_s("mode", "constant")?;
-    if mode != "constant" {
-        return Err(format!("mode `{mode}`: only constant padding is supported"));
-    }
     let rank = cx.rank(0)?;
     let pads = cx.konst(1, "pads")?.as_i64();
     let value = cx
@@ -261,8 +307,56 @@ fn pad(cx: &mut NodeCx<'_>) -> Result<(), String> {
         .map(|(&d, &(b, e))| d.checked_add(b)?.checked_add(e))
         .collect();
     check_numel(&padded.ok_or("pads overflow")?)?;
+    if mode != "constant" {
+        return pad_by_index(cx, &mode, &pairs, &dims);
+    }
     let x = cx.ir(0)?;
     let y = cx.add(Op::Pad { pads: pairs, value }, &[x], "pad")?;
     cx.set(0, Val::Ir(y));
+    Ok(())
+}
+
+/// Edge, reflect and wrap padding: per padded axis, a `Gather` of the source
+/// index of every output position.
+fn pad_by_index(
+    cx: &mut NodeCx<'_>,
+    mode: &str,
+    pairs: &[(usize, usize)],
+    dims: &[usize],
+) -> Result<(), String> {
+    let mut x = start_value(cx)?;
+    for (axis, (&(b, e), &d)) in pairs.iter().zip(dims).enumerate() {
+        if b == 0 && e == 0 {
+            continue;
+        }
+        if d == 0 {
+            return Err(format!("mode `{mode}` cannot pad the empty axis {axis}"));
+        }
+        let (d, b) = (d as i64, b as i64);
+        let src = |j: i64| -> Result<i64, String> {
+            let s = j - b;
+            Ok(match mode {
+                "edge" => s.clamp(0, d - 1),
+                "wrap" => s.rem_euclid(d),
+                "reflect" if d == 1 => 0,
+                "reflect" => {
+                    let m = s.rem_euclid(2 * (d - 1));
+                    if m >= d {
+                        2 * (d - 1) - m
+                    } else {
+                        m
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "mode `{mode}` (expected constant, edge, reflect or wrap)"
+                    ))
+                }
+            })
+        };
+        let idx = (0..d + b + e as i64).map(src).collect::<Result<_, _>>()?;
+        x = take(cx, x, axis, idx)?;
+    }
+    finish(cx, 0, x);
     Ok(())
 }
