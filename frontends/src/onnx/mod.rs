@@ -15,13 +15,15 @@
 //! dims, declared-type check), `context` (per-node view for converters),
 //! `ops/` (the op table, one file per family), `tensor` (folding arithmetic),
 //! `names` (module paths), `fuse` (attention fusion, dead code), `fuse_gelu`, `fuse_norm`
-//! (decomposed ops, matched with `pattern`).
+//! (decomposed ops, matched with `pattern`), `forward` (the forward-only
+//! import the ONNX node-test conformance run uses).
 //!
 //! Shapes are static: `Shape` yields a constant, so the shape arithmetic that
 //! exporters emit (Shape -> Gather -> Concat -> Reshape, Range, masks built
 //! from ConstantOfShape/Trilu/Where) folds away at import time.
 
 mod context;
+mod forward;
 mod fuse;
 mod fuse_gelu;
 mod fuse_norm;
@@ -42,6 +44,8 @@ use onnx_protobuf::{GraphProto, ModelProto};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use tensor::HostTensor;
+
+pub use forward::{import_forward, read_tensor_proto, ForwardOptions, OnnxForward};
 
 pub use objective::{LossKind, LossSpec};
 pub use write::{write_with_params, WriteSummary};
@@ -133,7 +137,15 @@ fn import_model(
 }
 
 /// Fuses attention, drops dead nodes and renumbers ids topologically.
-fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError> {
+fn clean_up(g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError> {
+    let g = tidy(g, path)?;
+    let loss = g.outputs.first().copied();
+    let loss = loss.ok_or_else(|| model_error(path, "the loss was lost in clean-up"))?;
+    Ok((g, loss))
+}
+
+/// The clean-up steps of [`clean_up`], keeping every output.
+fn tidy(mut g: Graph, path: &Path) -> Result<Graph, FrontendError> {
     fuse::fuse_attention(&mut g);
     fuse_gelu::fuse_gelu(&mut g);
     fuse_norm::fuse_layer_norm(&mut g);
@@ -143,9 +155,7 @@ fn clean_up(mut g: Graph, path: &Path) -> Result<(Graph, ValueId), FrontendError
     let (g, _) = g
         .renumbered()
         .map_err(|_| model_error(path, "the graph has a cycle"))?;
-    let loss = g.outputs.first().copied();
-    let loss = loss.ok_or_else(|| model_error(path, "the loss was lost in clean-up"))?;
-    Ok((g, loss))
+    Ok(g)
 }
 
 fn model_error(path: &Path, reason: impl Into<String>) -> FrontendError {
