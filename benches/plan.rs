@@ -6,7 +6,7 @@
 mod common;
 
 use fsdpc_frontends::LoadOptions;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use fsdpc_planner::{BufferKind, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
 use std::time::Instant;
 
 fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
@@ -22,7 +22,7 @@ fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Res
         params: m.program.graph.param_numel(),
         tokens_per_rank_step: m.tokens_per_sample,
     };
-    fsdpc_planner::compile(m.program, info, &cluster, &cfg).map_err(|e| e.to_string())
+    fsdpc_planner::compile(m.program, info, &cluster, cfg).map_err(|e| e.to_string())
 }
 
 fn gib(b: u64) -> f64 {
@@ -86,6 +86,21 @@ fn main() {
             gib(p.memory.peak_bytes)
         ),
         Err(e) => println!("gpt3-175b world 128 no_shard does not fit 80 GB: {e}"),
+    }
+    for world in [128, 512] {
+        let cfg = FsdpConfig {
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..FsdpConfig::default()
+        };
+        match compile_with("gpt3-175b", world, &cfg) {
+            Ok(p) => println!(
+                "gpt3-175b world {world} full_shard + activation checkpointing: peak {:.2} GiB per rank (fits 80 GiB), activations {:.2} GiB, step {:.2} s simulated",
+                gib(p.memory.peak_bytes),
+                gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
+                p.estimates.step_time_s
+            ),
+            Err(e) => println!("gpt3-175b world {world} with activation checkpointing: {e}"),
+        }
     }
     if let Some(rss) = common::peak_rss_bytes() {
         println!(

@@ -64,3 +64,51 @@ fn minilm_imports_and_plans_with_its_layers_as_units() {
         assert!(units.contains(&layer.as_str()), "{layer} in {units:?}");
     }
 }
+
+/// `fsdpc train` on the encoder: synthetic `input_ids` inside the vocabulary,
+/// an all-ones `attention_mask`, standard-normal MSE targets; sharded over 2
+/// ranks it trains like 1 rank.
+#[test]
+fn minilm_trains_sharded_like_unsharded() {
+    let Some(path) = model_path() else {
+        eprintln!("SKIP minilm training: no model (run scripts/fetch-minilm.sh)");
+        return;
+    };
+    let run = |world: u32, batch: usize| {
+        let opts = LoadOptions {
+            dims: [
+                ("batch_size".to_string(), batch),
+                ("sequence_length".to_string(), 16),
+            ]
+            .into(),
+            loss: Some(LossSpec {
+                kind: LossKind::Mse,
+                output: Some("461".into()),
+                target: None,
+            }),
+            ..LoadOptions::default()
+        };
+        let m = fsdpc_frontends::load(&path.display().to_string(), &opts).expect("MiniLM imports");
+        let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+        let info = ModelInfo {
+            name: m.name,
+            params: m.program.graph.param_numel(),
+            tokens_per_rank_step: 16,
+        };
+        let plan = fsdpc_planner::compile(m.program, info, &cluster, &FsdpConfig::default())
+            .expect("plans");
+        let opts = fsdpc_runtime::TrainOptions {
+            steps: 3,
+            ..fsdpc_runtime::TrainOptions::default()
+        };
+        fsdpc_runtime::train(&plan, &opts, &mut |_| {}).expect("MiniLM trains")
+    };
+    let one = run(1, 4);
+    let two = run(2, 2);
+    for (a, b) in one.losses.iter().zip(&two.losses) {
+        assert!(
+            a.is_finite() && (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+            "losses {a} vs {b}"
+        );
+    }
+}

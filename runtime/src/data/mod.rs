@@ -137,13 +137,21 @@ fn generic(
         }
         return Ok(());
     }
+    if desc.range.is_none() && is_mask(&desc.name) {
+        // An attention mask (`attention_mask` of a BERT export): every position
+        // is a real token, as in a batch of sequences that fill the window.
+        for i in 0..out.numel() {
+            out.set_i64(i, 1);
+        }
+        return Ok(());
+    }
     let range =
         match (desc.ty.dtype, desc.range) {
             (fsdpc_ir::DType::Bool, _) => 2,
             (_, Some(r)) if r > 0 => r as u64,
             _ => return Err(RuntimeError::data(
                 &desc.name,
-                "cannot determine the range of this integer input (it feeds no embedding or loss)",
+                "cannot determine the range of this integer input (it feeds no embedding or loss, and is not a mask)",
             )),
         };
     for i in 0..out.numel() {
@@ -154,6 +162,11 @@ fn generic(
         );
     }
     Ok(())
+}
+
+/// An integer input that is a mask by name (`attention_mask`, `mask`).
+fn is_mask(name: &str) -> bool {
+    name.to_ascii_lowercase().contains("mask")
 }
 
 /// Elements per sample (axis 0 is the batch).
