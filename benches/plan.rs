@@ -10,13 +10,17 @@ use fsdpc_planner::{BufferKind, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo
 use std::time::Instant;
 
 fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
-    let m = fsdpc_frontends::load(model, &LoadOptions::default()).map_err(|e| e.to_string())?;
-    let cluster = Cluster::preset("a100-80g-roce", world, 8).map_err(|e| e.to_string())?;
     let cfg = FsdpConfig {
         strategy,
         check_fits,
         ..FsdpConfig::default()
     };
+    compile_with(model, world, &cfg)
+}
+
+fn compile_with(model: &str, world: u32, cfg: &FsdpConfig) -> Result<Plan, String> {
+    let m = fsdpc_frontends::load(model, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    let cluster = Cluster::preset("a100-80g-roce", world, 8).map_err(|e| e.to_string())?;
     let info = ModelInfo {
         name: m.name,
         params: m.program.graph.param_numel(),
