@@ -200,3 +200,21 @@ fn trace_has_every_instruction_on_its_stream() {
         "a live-memory counter track"
     );
 }
+
+#[test]
+fn train_runs_a_plan_at_its_world_only() {
+    let path = tmp("train-plan.json");
+    compile_tiny(&path);
+    let p = path.to_str().expect("utf8");
+    let o = fsdpc(&["train", p, "--steps", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("on 2 ranks"));
+    check_error(
+        &["train", p, "--ranks", "3", "--steps", "1"],
+        "compiled for world 2",
+    );
+    check_error(
+        &["train", p, "--ranks", "1", "--steps", "1"],
+        "compiled for world 2",
+    );
+}

@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 pub struct TrainArgs {
     /// A model (as for `compile`) or a plan file written by `fsdpc compile`.
     pub model: String,
-    /// Number of rank threads (the world size).
-    #[arg(long, default_value_t = 1)]
-    pub ranks: u32,
+    /// Number of rank threads (the world size). Default: 1 for a model, the
+    /// plan's world for a plan.
+    #[arg(long)]
+    pub ranks: Option<u32>,
     /// Optimizer steps to run.
     #[arg(long, default_value_t = 100)]
     pub steps: u64,
@@ -57,7 +58,7 @@ pub struct TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
-    if a.ranks == 0 {
+    if a.ranks == Some(0) {
         return Err(CliError::Usage("--ranks must be at least 1".into()));
     }
     if a.save_onnx.is_some() && !is_onnx(&a.model) {
@@ -66,17 +67,23 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             a.model
         )));
     }
-    let plan = if a.model.ends_with(".plan.json") || is_plan_file(&a.model) {
+    let plan = if is_plan_file(&a.model) {
         let plan = load_plan(&PathBuf::from(&a.model))?;
-        if plan.cluster.world != a.ranks && a.ranks != 1 {
+        if let Some(ranks) = a.ranks.filter(|&r| r != plan.cluster.world) {
             return Err(CliError::Usage(format!(
-                "the plan was compiled for world {} but --ranks is {}",
-                plan.cluster.world, a.ranks
+                "the plan was compiled for world {} but --ranks is {ranks}",
+                plan.cluster.world
             )));
         }
         plan
     } else {
-        plan_model(&a.model, a.ranks, &a.preset, &a.plan, &a.import)?
+        plan_model(
+            &a.model,
+            a.ranks.unwrap_or(1),
+            &a.preset,
+            &a.plan,
+            &a.import,
+        )?
     };
     let opts = TrainOptions {
         steps: a.steps,
