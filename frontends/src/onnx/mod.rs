@@ -33,6 +33,7 @@ mod objective;
 mod ops;
 mod pattern;
 mod proto;
+mod rewrite;
 mod tensor;
 mod types;
 mod write;
@@ -46,6 +47,7 @@ use std::path::Path;
 use tensor::HostTensor;
 
 pub use forward::{import_forward, read_tensor_proto, ForwardOptions, OnnxForward};
+pub use rewrite::simplify_layout;
 
 pub use objective::{LossKind, LossSpec};
 pub use write::{write_with_params, WriteSummary};
@@ -149,6 +151,7 @@ fn tidy(mut g: Graph, path: &Path) -> Result<Graph, FrontendError> {
     fuse::fuse_attention(&mut g);
     fuse_gelu::fuse_gelu(&mut g);
     fuse_norm::fuse_layer_norm(&mut g);
+    rewrite::simplify_layout(&mut g);
     fuse::remove_dead(&mut g);
     names::adopt_orphan_params(&mut g);
     names::structural_kinds(&mut g);
