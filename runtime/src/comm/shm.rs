@@ -326,6 +326,21 @@ unsafe fn recv_of<'a>(p: &Post, start: usize, len: usize) -> &'a mut [u8] {
     std::slice::from_raw_parts_mut((p.recv as *mut u8).add(start * es), len * es)
 }
 
+/// The post of an in-place collective: `buf` is both what is sent and where
+/// the result lands.
+fn in_place_post(op: &'static str, buf: &BufMut<'_>) -> Post {
+    let addr = buf.bytes.as_ptr() as usize;
+    Post {
+        op,
+        send: addr,
+        send_len: buf.len(),
+        send_dt: buf.dtype,
+        recv: addr,
+        recv_len: buf.len(),
+        recv_dt: buf.dtype,
+    }
+}
+
 fn send_post(
     op: &'static str,
     send: &Buf<'_>,
@@ -489,16 +504,7 @@ impl Communicator for ShmComm {
 
     fn all_reduce(&self, buf: BufMut<'_>, divide_by: u32) -> Result<(), CommError> {
         let n = self.group.n;
-        let addr = buf.bytes.as_mut_ptr() as usize;
-        let post = Post {
-            op: "all_reduce",
-            send: addr,
-            send_len: buf.len(),
-            send_dt: buf.dtype,
-            recv: addr,
-            recv_len: buf.len(),
-            recv_dt: buf.dtype,
-        };
+        let post = in_place_post("all_reduce", &buf);
         let me = self.pos;
         self.collective(post, |posts| {
             let t = posts[0].recv_len;
@@ -530,16 +536,7 @@ impl Communicator for ShmComm {
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
-        let addr = buf.bytes.as_mut_ptr() as usize;
-        let post = Post {
-            op: "broadcast",
-            send: addr,
-            send_len: buf.len(),
-            send_dt: buf.dtype,
-            recv: addr,
-            recv_len: buf.len(),
-            recv_dt: buf.dtype,
-        };
+        let post = in_place_post("broadcast", &buf);
         let me = self.pos;
         self.collective(post, |posts| {
             let Some(r) = posts.get(root) else {

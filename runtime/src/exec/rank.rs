@@ -95,6 +95,29 @@ impl<'a> RankEnv<'a> {
         self.prep.plan.buffers[b.index()].dtype
     }
 
+    /// The whole of `src` to send and the whole of `dst` to receive into, for
+    /// a collective.
+    ///
+    /// # Safety
+    /// As for `Memory::view_mut`; `prepare` rejects collectives whose `src`
+    /// and `dst` are the same buffer.
+    unsafe fn send_recv<'m>(
+        &self,
+        mem: &'m Memory,
+        src: BufferId,
+        dst: BufferId,
+    ) -> Result<(Buf<'m>, BufMut<'m>), RuntimeError> {
+        let send = Buf {
+            dtype: self.dtype(src),
+            bytes: mem.view(mem.whole(src))?,
+        };
+        let recv = BufMut {
+            dtype: self.dtype(dst),
+            bytes: mem.view_mut(mem.whole(dst))?,
+        };
+        Ok((send, recv))
+    }
+
     /// Records a failure so every blocked rank and stream stops.
     pub fn fail(&self, e: &RuntimeError) {
         if !matches!(e, RuntimeError::RankFailed { .. }) {
@@ -117,28 +140,14 @@ impl<'a> RankEnv<'a> {
         unsafe {
             match &self.prep.steps[i] {
                 Step::AllGather { src, dst } => {
-                    let send = Buf {
-                        dtype: self.dtype(*src),
-                        bytes: mem.view(mem.whole(*src))?,
-                    };
-                    let recv = BufMut {
-                        dtype: self.dtype(*dst),
-                        bytes: mem.view_mut(mem.whole(*dst))?,
-                    };
+                    let (send, recv) = self.send_recv(mem, *src, *dst)?;
                     self.comm(stream, Group::Shard)
                         .all_gather(send, recv)
                         .map_err(ce)
                 }
                 Step::ReduceScatter { unit, src, dst } => {
                     self.zero_uncovered(mem, unit.index(), *src)?;
-                    let send = Buf {
-                        dtype: self.dtype(*src),
-                        bytes: mem.view(mem.whole(*src))?,
-                    };
-                    let recv = BufMut {
-                        dtype: self.dtype(*dst),
-                        bytes: mem.view_mut(mem.whole(*dst))?,
-                    };
+                    let (send, recv) = self.send_recv(mem, *src, *dst)?;
                     self.comm(stream, Group::Shard)
                         .reduce_scatter(send, recv, self.world.world() as u32)
                         .map_err(ce)

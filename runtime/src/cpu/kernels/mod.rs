@@ -240,21 +240,21 @@ fn dispatch_shape(op: &Op, xs: &[TensorRef], ys: &mut [TensorMut]) -> KResult<()
         }
         Op::Reshape { .. } => shape::reshape(ins::<1>(xs)?[0], out1(ys)?),
         Op::Transpose { perm } => shape::transpose(perm, ins::<1>(xs)?[0], out1(ys)?),
-        Op::Slice {
+        &Op::Slice {
             axis,
             start,
             end,
             step,
         } => {
             let s = SliceSpec {
-                axis: *axis,
-                start: *start,
-                end: *end,
-                step: *step,
+                axis,
+                start,
+                end,
+                step,
             };
             shape::slice(s, ins::<1>(xs)?[0], out1(ys)?)
         }
-        Op::SliceGrad {
+        &Op::SliceGrad {
             axis,
             start,
             end,
@@ -262,10 +262,10 @@ fn dispatch_shape(op: &Op, xs: &[TensorRef], ys: &mut [TensorMut]) -> KResult<()
             ..
         } => {
             let s = SliceSpec {
-                axis: *axis,
-                start: *start,
-                end: *end,
-                step: *step,
+                axis,
+                start,
+                end,
+                step,
             };
             shape::slice_grad(s, ins::<1>(xs)?[0], out1(ys)?)
         }
