@@ -3,7 +3,7 @@
 use super::{read_file, CliError};
 use clap::Args;
 use fsdpc_planner::Plan;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
@@ -28,6 +28,10 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
 
 /// Reads, parses and validates a plan file.
 pub(crate) fn load_plan(path: &PathBuf) -> Result<Plan, CliError> {
-    let text = read_file(path)?;
-    Plan::from_json(&text).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
+    parse_plan(path, &read_file(path)?)
+}
+
+/// Parses and validates the text of the plan file at `path`.
+pub(crate) fn parse_plan(path: &Path, text: &str) -> Result<Plan, CliError> {
+    Plan::from_json(text).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
 }

@@ -2,7 +2,7 @@
 //! [--save-onnx out.onnx] [--save-safetensors out.safetensors]`
 
 use super::compile::plan_model;
-use super::inspect::load_plan;
+use super::inspect::parse_plan;
 use super::{CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_planner::inspect::human_bytes;
@@ -67,8 +67,8 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             a.model
         )));
     }
-    let plan = if is_plan_file(&a.model) {
-        let plan = load_plan(&PathBuf::from(&a.model))?;
+    let plan = if let Some(text) = plan_text(&a.model) {
+        let plan = parse_plan(Path::new(&a.model), &text)?;
         if let Some(ranks) = a.ranks.filter(|&r| r != plan.cluster.world) {
             return Err(CliError::Usage(format!(
                 "the plan was compiled for world {} but --ranks is {ranks}",
@@ -160,10 +160,15 @@ fn save(
     Ok(())
 }
 
-fn is_plan_file(model: &str) -> bool {
-    model.ends_with(".json")
-        && std::fs::read_to_string(model)
-            .is_ok_and(|s| s.contains("\"schema\"") && s.contains("fsdpc.plan/"))
+/// The text of `model` if it is a plan file (JSON naming an `fsdpc.plan/`
+/// schema), read once; `None` for anything else (a model spec or IR file).
+fn plan_text(model: &str) -> Option<String> {
+    if !model.ends_with(".json") {
+        return None;
+    }
+    std::fs::read_to_string(model)
+        .ok()
+        .filter(|s| s.contains("\"schema\"") && s.contains("fsdpc.plan/"))
 }
 
 fn data_spec(path: &Option<PathBuf>) -> DataSpec {
