@@ -1,14 +1,13 @@
 //! Counter-based random numbers for the data sources: every value is a pure
 //! function of a key (seed, step, sample, feature...), so any rank can draw
 //! exactly the values it needs and every world size sees the same data.
+//! Built on the IR's splitmix64 finaliser (`fsdpc_ir::init::mix64`), which
+//! parameter initialisation uses; data keys are tuples, hence `hash(&[..])`.
 
-/// SplitMix64's finaliser: a bijective 64-bit mix.
+/// One splitmix64 step: the golden-ratio increment, then the finaliser.
 #[inline]
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+pub fn mix(z: u64) -> u64 {
+    fsdpc_ir::init::mix64(z.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
 /// A hash of a sequence of counters.
