@@ -1,4 +1,5 @@
-//! Shared by the benchmarks: peak resident memory of this process.
+//! Shared by the benchmarks: compiling a model, and the peak resident memory
+//! of this process.
 
 /// Peak resident set size (VmHWM) of this process in bytes, from /proc.
 pub fn peak_rss_bytes() -> Option<u64> {
@@ -10,4 +11,26 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Loads `model` and compiles it for `world` ranks (`per_node` per node) on
+/// the cluster `preset` with `cfg`.
+#[allow(dead_code)]
+pub fn compile(
+    model: &str,
+    preset: &str,
+    world: u32,
+    per_node: u32,
+    cfg: &fsdpc_planner::FsdpConfig,
+) -> Result<fsdpc_planner::Plan, String> {
+    let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
+        .map_err(|e| e.to_string())?;
+    let cluster =
+        fsdpc_planner::Cluster::preset(preset, world, per_node).map_err(|e| e.to_string())?;
+    let info = fsdpc_planner::ModelInfo {
+        name: m.name.clone(),
+        params: m.program.graph.param_numel(),
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+    };
+    fsdpc_planner::compile(m.program, info, &cluster, cfg).map_err(|e| e.to_string())
 }

@@ -5,8 +5,7 @@
 
 mod common;
 
-use fsdpc_frontends::LoadOptions;
-use fsdpc_planner::{BufferKind, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use fsdpc_planner::{BufferKind, CheckpointPolicy, FsdpConfig, Plan, Strategy};
 use std::time::Instant;
 
 fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
@@ -19,14 +18,7 @@ fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Res
 }
 
 fn compile_with(model: &str, world: u32, cfg: &FsdpConfig) -> Result<Plan, String> {
-    let m = fsdpc_frontends::load(model, &LoadOptions::default()).map_err(|e| e.to_string())?;
-    let cluster = Cluster::preset("a100-80g-roce", world, 8).map_err(|e| e.to_string())?;
-    let info = ModelInfo {
-        name: m.name,
-        params: m.program.graph.param_numel(),
-        tokens_per_rank_step: m.tokens_per_sample,
-    };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg).map_err(|e| e.to_string())
+    common::compile(model, "a100-80g-roce", world, 8, cfg)
 }
 
 fn gib(b: u64) -> f64 {

@@ -6,8 +6,7 @@
 
 mod common;
 
-use fsdpc_frontends::LoadOptions;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Strategy};
+use fsdpc_planner::{FsdpConfig, Strategy};
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
 const SPEC: &str = "gpt:layers=2,hidden=128,heads=4,seq=128,vocab=1024,batch=8";
@@ -22,18 +21,11 @@ fn main() {
         (2, Strategy::NoShard),
         (1, Strategy::NoShard),
     ] {
-        let m = fsdpc_frontends::load(SPEC, &LoadOptions::default()).expect("model loads");
-        let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
         let cfg = FsdpConfig {
             strategy,
             ..FsdpConfig::default()
         };
-        let info = ModelInfo {
-            name: m.name,
-            params: m.program.graph.param_numel(),
-            tokens_per_rank_step: m.tokens_per_sample * 8,
-        };
-        let plan = fsdpc_planner::compile(m.program, info, &cluster, &cfg).expect("plan");
+        let plan = common::compile(SPEC, "cpu-local", world, world, &cfg).expect("plan");
         let opts = TrainOptions {
             steps,
             seed: 1,

@@ -57,6 +57,25 @@ pub struct LoadedModel {
     pub tokens_per_sample: u64,
 }
 
+impl LoadedModel {
+    /// One rank's micro-batch: the leading dimension of the first data input
+    /// (1 for a model without inputs).
+    pub fn batch_size(&self) -> u64 {
+        let g = &self.program.graph;
+        g.node_ids()
+            .find_map(|n| match &g.node(n).op {
+                Op::Input { .. } => g.node(n).outputs[0].shape.dims().first().map(|&d| d as u64),
+                _ => None,
+            })
+            .unwrap_or(1)
+    }
+
+    /// Tokens (samples, for a non-sequence model) one rank processes a step.
+    pub fn tokens_per_rank_step(&self) -> u64 {
+        self.tokens_per_sample * self.batch_size()
+    }
+}
+
 /// Loads `model`: a path ending in `.json` (fsdpc IR) or `.onnx`, or else a zoo
 /// spec; then builds its training program with `opts.optimizer`.
 pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendError> {

@@ -2,7 +2,6 @@
 
 use super::{CliError, ModelFlags, PlanFlags};
 use clap::Args;
-use fsdpc_frontends::LoadedModel;
 use fsdpc_ir::Optimizer;
 use fsdpc_planner::{
     BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy,
@@ -59,11 +58,7 @@ pub(crate) fn plan_model(
     import: &ModelFlags,
 ) -> Result<Plan, CliError> {
     let opts = import.load_options(optimizer(f)?)?;
-    let LoadedModel {
-        name,
-        program,
-        tokens_per_sample,
-    } = fsdpc_frontends::load(model, &opts)?;
+    let model = fsdpc_frontends::load(model, &opts)?;
     let rpn = f.ranks_per_node.unwrap_or(if preset == "cpu-local" {
         world.max(1)
     } else {
@@ -83,13 +78,12 @@ pub(crate) fn plan_model(
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };
-    let batch = batch_size(&program.graph);
     let info = ModelInfo {
-        name,
-        params: program.graph.param_numel(),
-        tokens_per_rank_step: tokens_per_sample * batch,
+        tokens_per_rank_step: model.tokens_per_rank_step(),
+        params: model.program.graph.param_numel(),
+        name: model.name,
     };
-    Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
+    Ok(fsdpc_planner::compile(model.program, info, &cluster, &cfg)?)
 }
 
 fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
@@ -110,16 +104,4 @@ fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
             "unknown optimizer `{other}` (expected adamw or sgd)"
         ))),
     }
-}
-
-/// One rank's micro-batch: the leading dimension of the model's data inputs.
-fn batch_size(g: &fsdpc_ir::Graph) -> u64 {
-    g.node_ids()
-        .find_map(|n| match &g.node(n).op {
-            fsdpc_ir::Op::Input { .. } => {
-                g.node(n).outputs[0].shape.dims().first().map(|&d| d as u64)
-            }
-            _ => None,
-        })
-        .unwrap_or(1)
 }

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use fsdpc_frontends::{LoadOptions, LoadedModel};
+use fsdpc_frontends::LoadOptions;
 use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy};
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
@@ -23,18 +23,14 @@ pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Pla
 /// Compiles `spec` for `world` ranks on the `cpu-local` preset with `cfg`, and
 /// checks that the plan validates.
 pub fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
-    let LoadedModel {
-        name,
-        program,
-        tokens_per_sample,
-    } = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
     let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
-        name,
-        params: program.graph.param_numel(),
-        tokens_per_rank_step: tokens_per_sample,
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+        params: m.program.graph.param_numel(),
+        name: m.name,
     };
-    let plan = fsdpc_planner::compile(program, info, &cluster, cfg).expect("plan compiles");
+    let plan = fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles");
     if let Err(v) = plan.validate() {
         panic!("plan for {spec} at world {world} ({cfg:?}) does not validate: {v:?}");
     }
