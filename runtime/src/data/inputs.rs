@@ -1,8 +1,14 @@
 //! What each data input of a graph is: its type and, for an integer input,
 //! the range of values its consumers accept (an embedding's rows, a loss's
-//! classes), found by following the value through shape-only ops.
+//! classes), found by following the value through the ops that only move
+//! values (reshapes, slices, pads, concatenations, gathers of it, selections).
 
 use fsdpc_ir::{Graph, NodeId, Op, TensorType, ValueId};
+use std::collections::HashSet;
+
+/// The most values the search for a range visits from one input (a bound on
+/// the work for pathological graphs; real index paths are a few ops long).
+const MAX_VISITED: usize = 4096;
 
 /// One data input.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,50 +32,238 @@ pub fn analyse(graph: &Graph) -> Vec<InputDesc> {
                 name: name.clone(),
                 node: n,
                 ty: graph.node(n).outputs.first()?.clone(),
-                range: range_of(graph, ValueId { node: n, slot: 0 }, 0),
+                range: range_of(graph, ValueId { node: n, slot: 0 }),
             }),
             _ => None,
         })
         .collect()
 }
 
-/// The tightest range any consumer of `v` imposes.
-fn range_of(graph: &Graph, v: ValueId, depth: usize) -> Option<i64> {
-    if depth > 16 {
-        return None;
-    }
+/// The tightest range any consumer of `v`'s values imposes, following the
+/// values through every op that only moves them. Values an op adds (a pad's
+/// constant, the other branch of a `Where`) do not widen the range: it is
+/// the range the input's own values must lie in. The result is the minimum
+/// over all consumers, so it does not depend on the order of the search.
+fn range_of(graph: &Graph, v: ValueId) -> Option<i64> {
+    let mut seen = HashSet::from([v]);
+    let mut todo = vec![v];
     let mut best: Option<i64> = None;
-    for (user, slot) in graph.users(v) {
-        let node = graph.node(user);
-        let ins = graph.inputs(user);
-        let dims = |i: usize| ins.get(i).map(|x| graph.value_type(*x).shape.0.clone());
-        let r = match (&node.op, slot) {
-            (Op::Gather { axis }, 1) => dims(0).and_then(|d| d.get(*axis).map(|&x| x as i64)),
-            (Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. }, 1) => {
-                dims(0).and_then(|d| d.last().map(|&x| x as i64))
-            }
-            (Op::GatherGrad { axis, data_shape }, 0) => data_shape.get(*axis).map(|&x| x as i64),
-            (
-                Op::Reshape { .. }
-                | Op::Cast { .. }
-                | Op::Slice { .. }
-                | Op::Transpose { .. }
-                | Op::Expand { .. },
-                0,
-            ) => range_of(
-                graph,
-                ValueId {
+    while let Some(v) = todo.pop() {
+        for (user, slot) in graph.users(v) {
+            let op = &graph.node(user).op;
+            if moves_values(op, slot) {
+                let out = ValueId {
                     node: user,
                     slot: 0,
-                },
-                depth + 1,
-            ),
-            _ => None,
-        };
-        best = match (best, r) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+                };
+                if seen.len() < MAX_VISITED && seen.insert(out) {
+                    todo.push(out);
+                }
+            } else if let Some(r) = bound(graph, user, op, slot) {
+                best = Some(best.map_or(r, |b| b.min(r)));
+            }
+        }
     }
     best
+}
+
+/// True when input `slot` of `op` reaches its output unchanged (some of its
+/// elements, in another layout or dtype): every pure data-movement op of the
+/// IR. `Flatten`, `Squeeze` and `Unsqueeze` arrive as `Reshape`.
+fn moves_values(op: &Op, slot: u32) -> bool {
+    match op {
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Expand { .. }
+        | Op::Pad { .. }
+        | Op::Cast { .. }
+        // The gathered data (slot 0); its indices (slot 1) are a consumer.
+        | Op::Gather { .. } => slot == 0,
+        Op::Concat { .. } => true,
+        // `(cond, a, b)`: both value slots.
+        Op::Where => slot == 1 || slot == 2,
+        _ => false,
+    }
+}
+
+/// The exclusive bound that input `slot` of `user` (computing `op`) puts on
+/// the integer values it reads: an index's axis length, a label's classes.
+fn bound(graph: &Graph, user: NodeId, op: &Op, slot: u32) -> Option<i64> {
+    let dim = |input: usize, axis: Option<usize>| {
+        let x = *graph.inputs(user).get(input)?;
+        let dims = graph.value_type(x).shape.dims();
+        let d = match axis {
+            Some(a) => dims.get(a),
+            None => dims.last(),
+        };
+        d.and_then(|&d| i64::try_from(d).ok())
+    };
+    match (op, slot) {
+        (Op::Gather { axis }, 1) => dim(0, Some(*axis)),
+        (Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. }, 1) => dim(0, None),
+        (Op::GatherGrad { axis, data_shape }, 0) => {
+            data_shape.get(*axis).and_then(|&d| i64::try_from(d).ok())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fsdpc_ir::{DType, ModuleId, TensorData};
+
+    const ROOT: ModuleId = ModuleId::ROOT;
+
+    fn int(g: &mut Graph, name: &str, dims: &[usize]) -> ValueId {
+        g.add_input(name, TensorType::new(DType::I64, dims.to_vec()))
+    }
+
+    fn float(g: &mut Graph, name: &str, dims: &[usize]) -> ValueId {
+        g.add_input(name, TensorType::new(DType::F32, dims.to_vec()))
+    }
+
+    fn add(g: &mut Graph, op: Op, ins: &[ValueId]) -> ValueId {
+        let name = format!("n{}", g.node_count());
+        g.add1(op, ins, name, ROOT).unwrap()
+    }
+
+    /// `(name, range)` of every input, in node order.
+    fn ranges(g: &Graph) -> Vec<(String, Option<i64>)> {
+        analyse(g).into_iter().map(|d| (d.name, d.range)).collect()
+    }
+
+    /// An embedding table of `rows` rows gathering `ids`.
+    fn embed(g: &mut Graph, ids: ValueId, rows: usize) -> ValueId {
+        let table = float(g, &format!("table{rows}"), &[rows, 4]);
+        add(g, Op::Gather { axis: 0 }, &[table, ids])
+    }
+
+    #[test]
+    fn shifted_labels_through_pad_slice_reshape_reach_the_loss() {
+        // What the causal-LM loss of a dynamo export does with `labels`:
+        // pad one -100 at the end of the sequence, drop the first position,
+        // flatten, and feed a cross-entropy that ignores -100.
+        let mut g = Graph::new("shifted");
+        let labels = int(&mut g, "labels", &[2, 8]);
+        let logits = float(&mut g, "logits", &[16, 50]);
+        let pads = vec![(0, 0), (0, 1)];
+        let padded = add(
+            &mut g,
+            Op::Pad {
+                pads,
+                value: -100.0,
+            },
+            &[labels],
+        );
+        let slice = Op::Slice {
+            axis: 1,
+            start: 1,
+            end: 9,
+            step: 1,
+        };
+        let shifted = add(&mut g, slice, &[padded]);
+        let flat = add(&mut g, Op::Reshape { shape: vec![16] }, &[shifted]);
+        let ce = Op::CrossEntropy {
+            ignore_index: Some(-100),
+        };
+        add(&mut g, ce, &[logits, flat]);
+        let want = [("labels", Some(50)), ("logits", None)];
+        let want: Vec<(String, Option<i64>)> =
+            want.iter().map(|(n, r)| (n.to_string(), *r)).collect();
+        assert_eq!(ranges(&g), want);
+    }
+
+    #[test]
+    fn every_data_slot_of_a_concat_gets_the_range() {
+        let mut g = Graph::new("concat");
+        let a = int(&mut g, "a", &[2, 3]);
+        let b = int(&mut g, "b", &[2, 5]);
+        let both = add(&mut g, Op::Concat { axis: 1 }, &[a, b]);
+        embed(&mut g, both, 30);
+        let r = ranges(&g);
+        assert_eq!(r[0], ("a".to_string(), Some(30)));
+        assert_eq!(r[1], ("b".to_string(), Some(30)));
+    }
+
+    #[test]
+    fn gathered_values_keep_the_range_but_gather_indices_are_a_consumer() {
+        let mut g = Graph::new("gather");
+        let ids = int(&mut g, "ids", &[6]);
+        let which = int(&mut g, "which", &[3]);
+        // `ids[which]`: `which` indexes 6 rows; the gathered ids index 40.
+        let picked = add(&mut g, Op::Gather { axis: 0 }, &[ids, which]);
+        embed(&mut g, picked, 40);
+        let r = ranges(&g);
+        assert_eq!(r[0], ("ids".to_string(), Some(40)));
+        assert_eq!(r[1], ("which".to_string(), Some(6)));
+    }
+
+    #[test]
+    fn both_value_slots_of_a_where_get_the_range_and_the_condition_none() {
+        let mut g = Graph::new("where");
+        let cond = g.add_input("cond", TensorType::new(DType::Bool, vec![4]));
+        let a = int(&mut g, "a", &[4]);
+        let b = int(&mut g, "b", &[4]);
+        let w = add(&mut g, Op::Where, &[cond, a, b]);
+        embed(&mut g, w, 12);
+        let r = ranges(&g);
+        assert_eq!(r[0], ("cond".to_string(), None));
+        assert_eq!(r[1], ("a".to_string(), Some(12)));
+        assert_eq!(r[2], ("b".to_string(), Some(12)));
+    }
+
+    #[test]
+    fn transpose_expand_and_cast_pass_the_range_through() {
+        let mut g = Graph::new("layout");
+        let ids = int(&mut g, "ids", &[3, 1]);
+        let t = add(&mut g, Op::Transpose { perm: vec![1, 0] }, &[ids]);
+        let e = add(&mut g, Op::Expand { shape: vec![2, 3] }, &[t]);
+        let c = add(&mut g, Op::Cast { to: DType::I32 }, &[e]);
+        embed(&mut g, c, 9);
+        assert_eq!(ranges(&g)[0], ("ids".to_string(), Some(9)));
+    }
+
+    #[test]
+    fn the_tightest_consumer_wins_and_a_value_that_only_computes_has_none() {
+        let mut g = Graph::new("two");
+        let ids = int(&mut g, "ids", &[4]);
+        embed(&mut g, ids, 100);
+        let r = add(&mut g, Op::Reshape { shape: vec![2, 2] }, &[ids]);
+        embed(&mut g, r, 7);
+        let other = int(&mut g, "other", &[4]);
+        // An arithmetic consumer computes new values: no range follows.
+        let one = TensorData {
+            ty: TensorType::new(DType::I64, vec![4]),
+            bytes: [1i64; 4].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let one = add(&mut g, Op::Constant { value: one }, &[]);
+        let plus = add(
+            &mut g,
+            Op::Binary {
+                f: fsdpc_ir::BinaryFn::Add,
+            },
+            &[other, one],
+        );
+        embed(&mut g, plus, 5);
+        let r = ranges(&g);
+        assert_eq!(r[0], ("ids".to_string(), Some(7)));
+        assert_eq!(r[3], ("other".to_string(), None));
+    }
+
+    #[test]
+    fn a_lattice_of_shared_paths_is_searched_once_per_value() {
+        // Each `Where` reads the previous value in both value slots: 2^60
+        // paths, 60 values. A search without a visited set would not end.
+        let mut g = Graph::new("lattice");
+        let cond = g.add_input("cond", TensorType::new(DType::Bool, vec![4]));
+        let ids = int(&mut g, "ids", &[4]);
+        let mut v = ids;
+        for _ in 0..60 {
+            v = add(&mut g, Op::Where, &[cond, v, v]);
+        }
+        embed(&mut g, v, 3);
+        assert_eq!(ranges(&g)[1], ("ids".to_string(), Some(3)));
+    }
 }
