@@ -11,10 +11,13 @@
 //! 2. `flat::layout_units`: flat-parameter layout and shards;
 //! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
 //!    reductions, optimizer steps, events);
+//!    then `workspace::plan_workspaces`: each kernel's scratch and one
+//!    `Workspace` buffer per stream that runs kernels;
 //! 4. `memory::plan_memory`: lifetimes, arena offsets, fences, exact peak;
 //! 5. `simulate::estimate`: cost model and discrete-event simulation.
 //!
-//! In debug builds (and so in tests) the plan is validated after the passes.
+//! The plan is validated after the passes in every build (`Plan::validate`);
+//! a violation is `PlanError::Invalid`, a bug in a pass, never a plan handed on.
 
 pub mod checkpoint;
 pub mod cluster;
@@ -33,6 +36,7 @@ pub mod trace;
 pub mod units;
 pub mod validate;
 mod validate_fsdp;
+pub mod workspace;
 
 pub use cluster::{Cluster, Hardware};
 pub use config::FsdpConfig;
@@ -77,6 +81,7 @@ pub fn compile_unchecked(
         cfg,
         world: cluster.world,
     })?;
+    workspace::plan_workspaces(&mut sched, &program.graph);
     let memory = memory::plan_memory(&mut sched);
     let mut plan = Plan {
         schema: SCHEMA.to_string(),
@@ -103,9 +108,7 @@ pub fn compile_unchecked(
         training: program,
     };
     plan.estimates = simulate::estimate(&plan);
-    if cfg!(debug_assertions) {
-        plan.validate().map_err(PlanError::Invalid)?;
-    }
+    plan.validate().map_err(PlanError::Invalid)?;
     Ok(plan)
 }
 

@@ -2,6 +2,7 @@
 //! data file, a kernel given inconsistent shapes, a failed rank) is one of
 //! these structured variants; nothing input can reach panics.
 
+use fsdpc_planner::PlanViolation;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -103,6 +104,13 @@ pub enum RuntimeError {
         /// What went wrong.
         reason: String,
     },
+    /// The plan breaks invariants `Plan::validate` checks; every violation,
+    /// in the verifier's order. Nothing of such a plan is executed.
+    #[error("{}", describe_violations(.violations))]
+    InvalidPlan {
+        /// Every broken invariant, with where it is.
+        violations: Vec<PlanViolation>,
+    },
     /// The plan cannot be executed as written.
     #[error("plan: {reason} (instruction {instr:?})")]
     Plan {
@@ -148,4 +156,27 @@ impl RuntimeError {
             reason: reason.into(),
         }
     }
+}
+
+/// Violations shown in an `InvalidPlan` message; the error holds them all.
+const SHOWN_VIOLATIONS: usize = 3;
+
+/// One line: how many violations, the first few, and how many more.
+fn describe_violations(v: &[PlanViolation]) -> String {
+    let shown: Vec<String> = v
+        .iter()
+        .take(SHOWN_VIOLATIONS)
+        .map(|x| x.to_string())
+        .collect();
+    let more = v.len().saturating_sub(SHOWN_VIOLATIONS);
+    let tail = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "the plan fails validation ({} violation(s)): {}{tail}",
+        v.len(),
+        shown.join("; ")
+    )
 }

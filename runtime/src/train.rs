@@ -102,18 +102,40 @@ struct RankOut {
 }
 
 /// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
-/// `opts.data` describes.
+/// `opts.data` describes. An invalid plan is `RuntimeError::InvalidPlan`
+/// (see `train_with_data`), checked before the data is opened.
 pub fn train(
     plan: &Plan,
     opts: &TrainOptions,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
-    train_with_data(plan, opts, data, on_step)
+    execute(plan, opts, data, on_step)
 }
 
 /// `train` with a caller-supplied data source (`opts.data` is ignored).
+///
+/// The plan is validated first (`Plan::validate`, in every build): the
+/// executor's unchecked arena views are sound only for a valid plan.
 pub fn train_with_data(
+    plan: &Plan,
+    opts: &TrainOptions,
+    data: Arc<dyn DataSource>,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    execute(plan, opts, data, on_step)
+}
+
+/// Every invariant of `plan`, or all its violations.
+fn validate(plan: &Plan) -> Result<(), RuntimeError> {
+    plan.validate()
+        .map_err(|violations| RuntimeError::InvalidPlan { violations })
+}
+
+/// Runs a validated plan.
+fn execute(
     plan: &Plan,
     opts: &TrainOptions,
     data: Arc<dyn DataSource>,

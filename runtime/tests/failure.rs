@@ -4,7 +4,7 @@
 mod support;
 
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::Strategy;
+use fsdpc_planner::{PlanViolation, Strategy};
 use fsdpc_runtime::data::{open, DataSource};
 use fsdpc_runtime::{
     train, train_with_data, Batch, DataSpec, RuntimeError, TensorMut, TrainOptions,
@@ -115,23 +115,68 @@ fn bad_plans_are_errors_not_crashes() {
         train(&huge, &opts, &mut |_| {}),
         Err(RuntimeError::Plan { .. })
     ));
+    // Plans that break invariants are refused by validation, before any
+    // rank runs, with every violation.
     let mut outside = p.clone();
     outside.buffers[0].offset = p.memory.arena_bytes;
-    assert!(matches!(
-        train(&outside, &opts, &mut |_| {}),
-        Err(RuntimeError::Plan { .. })
-    ));
+    let violations = invalid(train(&outside, &opts, &mut |_| {}));
+    assert!(
+        violations
+            .iter()
+            .any(|v| matches!(v, PlanViolation::OutsideArena { .. })),
+        "{violations:?}"
+    );
     let mut slot = p.clone();
     let k = slot.instructions.iter_mut().find_map(|i| match &mut i.op {
         fsdpc_planner::InstrOp::Kernel { outputs, .. } => Some(outputs),
         _ => None,
     });
     k.unwrap()[0].offset = u64::MAX / 2;
-    match train(&slot, &opts, &mut |_| {}) {
-        Err(RuntimeError::Plan {
-            instr: Some(_),
-            reason,
-        }) => assert!(reason.contains("overflow"), "{reason}"),
-        other => panic!("expected a plan error, got {other:?}"),
+    let violations = invalid(train(&slot, &opts, &mut |_| {}));
+    assert!(
+        violations
+            .iter()
+            .any(|v| matches!(v, PlanViolation::SlotOutOfBounds { .. })),
+        "{violations:?}"
+    );
+}
+
+/// The violations of an `InvalidPlan` error; fails the test on anything else.
+fn invalid<T: std::fmt::Debug>(r: Result<T, RuntimeError>) -> Vec<PlanViolation> {
+    match r {
+        Err(RuntimeError::InvalidPlan { violations }) => {
+            assert!(!violations.is_empty(), "an invalid plan names a violation");
+            violations
+        }
+        other => panic!("expected an invalid-plan error, got {other:?}"),
     }
+}
+
+#[test]
+fn every_entry_point_validates_the_plan() {
+    // A plan without its all-gathers: kernels would read parameters nobody
+    // gathered. Both entry points refuse it with every violation listed.
+    let mut p = plan(GPT, 2, Strategy::FullShard, Optimizer::adamw(1e-2));
+    p.instructions
+        .retain(|i| !matches!(i.op, fsdpc_planner::InstrOp::AllGather { .. }));
+    let expected = p.validate().expect_err("the plan is broken");
+    let opts = TrainOptions {
+        steps: 1,
+        ..TrainOptions::default()
+    };
+    assert_eq!(invalid(train(&p, &opts, &mut |_| {})), expected);
+    let data = open(&DataSpec::Synthetic, &p.training.graph, 0).unwrap();
+    let mut steps = 0;
+    let r = train_with_data(&p, &opts, data, &mut |_| steps += 1);
+    assert_eq!(invalid(r), expected);
+    assert_eq!(steps, 0, "nothing of an invalid plan runs");
+    let message = RuntimeError::InvalidPlan {
+        violations: expected.clone(),
+    }
+    .to_string();
+    assert!(
+        message.contains(&format!("{} violation(s)", expected.len()))
+            && message.contains(&expected[0].to_string()),
+        "{message}"
+    );
 }
