@@ -8,11 +8,16 @@
 //! token window. Classifiers (an `x` float input and `labels` i64 `[b]`) get
 //! a learnable teacher task. Any other input gets standard normal floats or
 //! uniform integers in the range its consumer (an embedding, a loss) allows.
+//!
+//! `GivenData` instead feeds tensors the caller gives (recorded inputs), for
+//! `train_with_data`.
 
+mod given;
 mod inputs;
 mod lm;
 mod teacher;
 
+pub use given::GivenData;
 pub use inputs::{analyse, InputDesc};
 
 use crate::error::RuntimeError;
@@ -166,7 +171,9 @@ fn generic(
 
 /// An integer input that is a mask by name (`attention_mask`, `mask`).
 fn is_mask(name: &str) -> bool {
-    name.to_ascii_lowercase().contains("mask")
+    name.as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"mask"))
 }
 
 /// Elements per sample (axis 0 is the batch).
@@ -179,5 +186,7 @@ fn per_sample(dims: &[usize]) -> usize {
 
 /// A key for an input name.
 fn name_key(name: &str) -> u64 {
-    crate::rng::hash(&name.bytes().map(u64::from).collect::<Vec<_>>())
+    // `rng::hash` of the bytes as u64 counters, folded without a copy.
+    name.bytes()
+        .fold(crate::rng::HASH_SEED, |h, b| crate::rng::hash_step(h, u64::from(b)))
 }
