@@ -22,9 +22,17 @@
 //!   compute after the last one.
 //! - Prefetch (depth 1): a forward window's gather is issued when the
 //!   previous forward window starts (what PyTorch's CPU run-ahead does); a
-//!   backward window's gather follows `backward_prefetch` (`pre`: when the
-//!   previous backward window starts; `post`: when its last kernel has been
-//!   issued; `none`: at first use).
+//!   backward window's gather follows `backward_prefetch`, where the previous
+//!   window of the first backward window is the last forward one (`pre`:
+//!   when the previous window starts, so the gather overlaps its gradient
+//!   computation; `post`: after the previous window's last kernel and the
+//!   free of its parameters; `none`: at first use).
+//! - Issue points: a gather does not start before the compute stream reaches
+//!   the point where it is issued. Compute `Record`s an event there and the
+//!   unshard stream `Wait`s on it before the gather (left out where the
+//!   limiter's wait already orders it, or before any compute instruction).
+//!   Without it the unshard stream would run every gather as early as the
+//!   limiter allows, whatever `backward_prefetch` says.
 //! - Rate limiter: the j-th resharded window's gather waits (on the unshard
 //!   stream) for the `Free` of the (j - limit)-th one, so at most `limit`
 //!   resharded windows are alive at once. The root window does not count.
@@ -326,6 +334,9 @@ struct Lowering<'a> {
     hooks: BTreeMap<Pos, Vec<usize>>,
     /// Per window: the limiter event its gather waits on (a window index).
     limiter_wait: Vec<Option<usize>>,
+    /// Per window: whether its gather waits for compute to reach its issue
+    /// point (false where the limiter's wait is recorded at that point).
+    gate: Vec<bool>,
     /// Per window: whether a limiter waits on its free.
     free_waited: Vec<bool>,
     /// Per window: the event recorded after its free.
@@ -372,6 +383,7 @@ impl<'a> Lowering<'a> {
             windows,
             hooks: BTreeMap::new(),
             limiter_wait: vec![None; n_windows],
+            gate: vec![true; n_windows],
             free_waited: vec![false; n_windows],
             free_event: vec![None; n_windows],
             gathered: vec![None; n_windows],
@@ -410,6 +422,7 @@ impl<'a> Lowering<'a> {
             offset: 0,
             start: 0,
             end: None,
+            stream: None,
         });
         id
     }
@@ -502,6 +515,9 @@ impl<'a> Lowering<'a> {
                 }
             }
             pos = pos.max(prev_pos);
+            if let Some(older) = self.limiter_wait[w] {
+                self.gate[w] = pos != self.windows[older].last * 3 + 2;
+            }
             prev_pos = pos;
             self.hooks.entry(pos).or_default().push(w);
         }
@@ -518,20 +534,25 @@ impl<'a> Lowering<'a> {
         let Some(prev) = w.checked_sub(1).map(|p| &self.windows[p]) else {
             return win.first * 3;
         };
-        if prev.phase != win.phase {
-            return win.first * 3;
-        }
         match (win.phase, self.input.cfg.backward_prefetch) {
+            (Phase::Forward, _) if prev.phase != Phase::Forward => win.first * 3,
             (Phase::Forward, _) | (Phase::Backward, BackwardPrefetch::Pre) => prev.first * 3,
-            (Phase::Backward, BackwardPrefetch::Post) => prev.last * 3 + 1,
+            (Phase::Backward, BackwardPrefetch::Post) => prev.last * 3 + 2,
             (Phase::Backward, BackwardPrefetch::None) => win.first * 3,
         }
     }
 
+    /// Issues the gathers placed at `pos`, after their issue point on the
+    /// compute stream.
     fn emit_hooks(&mut self, pos: Pos) {
         let Some(ws) = self.hooks.remove(&pos) else {
             return;
         };
+        let computed = self.instrs.iter().any(|i| i.stream == Stream::Compute);
+        if computed && ws.iter().any(|&w| self.gate[w]) {
+            let event = self.record(Stream::Compute);
+            self.push(Stream::Unshard, InstrOp::Wait { event });
+        }
         for w in ws {
             self.emit_gather(w);
         }
@@ -642,6 +663,7 @@ impl<'a> Lowering<'a> {
                 kernel,
                 inputs,
                 outputs,
+                workspace_bytes: 0,
             },
         );
         Ok(())
