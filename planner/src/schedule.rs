@@ -422,7 +422,6 @@ impl<'a> Lowering<'a> {
             offset: 0,
             start: 0,
             end: None,
-            stream: None,
         });
         id
     }
@@ -663,7 +662,6 @@ impl<'a> Lowering<'a> {
                 kernel,
                 inputs,
                 outputs,
-                workspace_bytes: 0,
             },
         );
         Ok(())
