@@ -235,6 +235,56 @@ fn constant_checks_its_bytes() {
     err_contains(check(Op::Constant { value }, &[]), "expected 4");
 }
 
+/// Sizes that overflow are errors in every build profile, never a panic (a
+/// debug build's overflow check) or a wrapped value (a release build's).
+#[test]
+fn sizes_that_overflow_are_errors() {
+    let big = 1usize << 32;
+    let reshape = Op::Reshape {
+        shape: vec![big, big, 2],
+    };
+    err_contains(check(reshape, &[f32t(&[4])]), "overflows");
+    // An input of 2^80 elements is refused by any op reading it.
+    let relu = Op::Unary { f: UnaryFn::Relu };
+    err_contains(check(relu, &[f32t(&[1 << 40, 1 << 40])]), "overflows");
+    let pad = Op::Pad {
+        pads: vec![(usize::MAX, 1)],
+        value: 0.0,
+    };
+    err_contains(check(pad, &[f32t(&[2])]), "overflow");
+    // Empty tensors may have huge dims; their concatenation may not overflow.
+    let half = TensorType::new(DType::Bool, vec![0, 1 << 63]);
+    err_contains(
+        check(Op::Concat { axis: 1 }, &[half.clone(), half]),
+        "overflows",
+    );
+    // Attention FLOPs multiply dims of two tensors: counted in f64.
+    let q = f32t(&[1, 1, 1 << 40, 0]);
+    let op = Op::Attention {
+        causal: false,
+        scale: 1.0,
+    };
+    let out = check(op.clone(), &[q.clone(), q.clone(), q.clone()]);
+    assert_eq!(out, Ok(q.clone()));
+    let flops = fsdpc_ir::ops::flops(&op, &[&q, &q, &q], std::slice::from_ref(&q));
+    assert_eq!(flops, 2f64.powi(80) * 5.0);
+}
+
+#[test]
+fn cross_entropy_needs_at_least_one_class() {
+    let ce = Op::CrossEntropy {
+        ignore_index: Some(-100),
+    };
+    err_contains(
+        check(ce.clone(), &[f32t(&[4, 0]), i64t(&[4])]),
+        "no classes",
+    );
+    let grad = Op::CrossEntropyGrad { ignore_index: None };
+    let r = check(grad, &[f32t(&[4, 0]), i64t(&[4]), f32t(&[])]);
+    err_contains(r, "no classes");
+    assert_eq!(check(ce, &[f32t(&[4, 1]), i64t(&[4])]), Ok(f32t(&[])));
+}
+
 #[test]
 fn errors_name_the_node() {
     let mut g = Graph::new("t");

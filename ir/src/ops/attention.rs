@@ -50,7 +50,10 @@ pub(crate) fn forward_flops(inputs: &[&TensorType], causal: bool) -> f64 {
     let (&[b, h, s, d], &[_, _, t, _]) = (q.shape.dims(), k.shape.dims()) else {
         return 0.0;
     };
-    let scores = (b * h * s * t) as f64 * if causal { 0.5 } else { 1.0 };
+    // In f64: each tensor's size fits, but this product of two tensors' dims
+    // need not fit in usize.
+    let scores = [b, h, s, t].iter().map(|&x| x as f64).product::<f64>();
+    let scores = scores * if causal { 0.5 } else { 1.0 };
     scores * (4.0 * d as f64 + 5.0)
 }
 

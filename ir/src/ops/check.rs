@@ -1,7 +1,31 @@
-//! Small checks shared by the shape rules: arity, dtypes, ranks, axes and
-//! numpy broadcasting. Each returns the reason a rule failed.
+//! Small checks shared by the shape rules: arity, dtypes, ranks, axes,
+//! sizes and numpy broadcasting. Each returns the reason a rule failed.
 
 use crate::types::{DType, TensorType};
+
+/// The most bytes one tensor may have: 2^60 (an exbibyte), far beyond any
+/// device, so that a tensor's element count, its bytes and sums of many
+/// tensors' bytes all fit in `u64` without overflow.
+pub(crate) const MAX_TENSOR_BYTES: u64 = 1 << 60;
+
+/// The bytes of a tensor of `dtype` and `dims`, if they are at most
+/// [`MAX_TENSOR_BYTES`] (computed without overflow).
+pub(crate) fn checked_bytes(dtype: DType, dims: &[usize]) -> Option<u64> {
+    let bytes = dims.iter().try_fold(dtype.size() as u64, |acc, &d| {
+        acc.checked_mul(u64::try_from(d).ok()?)
+    })?;
+    (bytes <= MAX_TENSOR_BYTES).then_some(bytes)
+}
+
+/// A tensor no larger than [`MAX_TENSOR_BYTES`].
+pub(crate) fn size(t: &TensorType, what: &str) -> Result<(), String> {
+    match checked_bytes(t.dtype, t.shape.dims()) {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "{what} {t} has more than 2^60 bytes (its size overflows)"
+        )),
+    }
+}
 
 /// Exactly `n` inputs.
 pub(crate) fn arity(inputs: &[&TensorType], n: usize, what: &str) -> Result<(), String> {

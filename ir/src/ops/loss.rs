@@ -41,6 +41,11 @@ pub(crate) fn check_logits_labels(logits: &TensorType, labels: &TensorType) -> R
     rank(logits, 2, "logits ([rows, classes])")?;
     int(labels, "labels")?;
     rank(labels, 1, "labels ([rows])")?;
+    if logits.shape.dims()[1] == 0 {
+        return Err(format!(
+            "logits {logits} have no classes (the class axis has length 0)"
+        ));
+    }
     if labels.shape.dims()[0] != logits.shape.dims()[0] {
         return Err(format!(
             "logits {logits} and labels {labels} have different numbers of rows"

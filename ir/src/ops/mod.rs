@@ -87,8 +87,18 @@ fn family(op: &Op) -> &'static dyn Family {
 ///
 /// `Input` and `Param` have no rule here: their types are given when they are
 /// added (`Graph::add_input`, `Graph::add_param`).
+///
+/// Every input and output must be at most `2^60` bytes, so that no later
+/// product of a tensor's dimensions (element counts, bytes, FLOPs) overflows.
 pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>, String> {
-    family(op).infer(op, inputs)
+    for (i, t) in inputs.iter().enumerate() {
+        check::size(t, &format!("input {i}"))?;
+    }
+    let outputs = family(op).infer(op, inputs)?;
+    for (i, t) in outputs.iter().enumerate() {
+        check::size(t, &format!("output {i}"))?;
+    }
+    Ok(outputs)
 }
 
 /// FLOPs of one execution of `op` on inputs `inputs` producing `outputs` (see

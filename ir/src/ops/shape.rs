@@ -7,7 +7,7 @@
 //! exceed it. `Expand` is numpy `broadcast_to`: the input must broadcast to
 //! exactly `shape`.
 
-use super::check::{arity, axis, broadcasts_to, permutation};
+use super::check::{arity, axis, broadcasts_to, checked_bytes, permutation};
 use super::{in_numel, misrouted, Family, VjpCtx};
 use crate::graph::ValueId;
 use crate::op::Op;
@@ -86,6 +86,11 @@ impl Family for ShapeOps {
 }
 
 fn reshape(x: &TensorType, shape: &[usize]) -> Result<TensorType, String> {
+    if checked_bytes(x.dtype, shape).is_none() {
+        return Err(format!(
+            "the target shape {shape:?} is too large (its size overflows)"
+        ));
+    }
     let out = TensorType::new(x.dtype, shape.to_vec());
     if out.numel() != x.numel() {
         return Err(format!(
@@ -167,7 +172,9 @@ fn concat(inputs: &[&TensorType], ax: usize) -> Result<TensorType, String> {
                 "input {i} {t} does not match input 0 {first} outside axis {ax}"
             ));
         }
-        shape[ax] += d[ax];
+        shape[ax] = shape[ax]
+            .checked_add(d[ax])
+            .ok_or_else(|| format!("the concatenated axis {ax} overflows at input {i} {t}"))?;
     }
     Ok(TensorType::new(first.dtype, shape))
 }
@@ -187,13 +194,14 @@ fn pad(x: &TensorType, pads: &[(usize, usize)]) -> Result<TensorType, String> {
             x.shape.rank()
         ));
     }
-    let shape: Vec<usize> = x
+    let shape: Option<Vec<usize>> = x
         .shape
         .dims()
         .iter()
         .zip(pads)
-        .map(|(d, (b, a))| d + b + a)
+        .map(|(d, (b, a))| d.checked_add(*b)?.checked_add(*a))
         .collect();
+    let shape = shape.ok_or_else(|| format!("pads {pads:?} of {x} overflow"))?;
     Ok(TensorType::new(x.dtype, shape))
 }
 
