@@ -218,3 +218,58 @@ fn train_runs_a_plan_at_its_world_only() {
         "compiled for world 2",
     );
 }
+
+/// `fsdpc train plan.json` refuses every compile flag given with it (the
+/// plan has fixed what they decide), naming them, even one given at its
+/// default value; a model still takes them.
+#[test]
+fn train_refuses_compile_flags_with_a_plan() {
+    let path = tmp("train-refuses-compile-flags.json");
+    compile_tiny(&path);
+    let p = path.to_str().expect("utf8");
+    check_error(
+        &["train", p, "--strategy", "no_shard", "--steps", "1"],
+        "so --strategy cannot apply",
+    );
+    check_error(
+        &["train", p, "--backward-prefetch", "pre", "--steps", "1"],
+        "--backward-prefetch",
+    );
+    let o = fsdpc(&[
+        "train",
+        p,
+        "--steps",
+        "1",
+        "--preset",
+        "cpu-local",
+        "--lr",
+        "0.1",
+        "--activation-checkpointing",
+        "--dim",
+        "batch=2",
+        "--seed",
+        "3",
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "compile flags with a plan should fail");
+    assert!(
+        err.contains("--preset, --lr, --activation-checkpointing, --dim cannot apply"),
+        "every refused flag named, got: {err}"
+    );
+    assert!(!err.contains("--seed"), "--seed applies to a run: {err}");
+    let o = fsdpc(&[
+        "train",
+        TINY,
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--strategy",
+        "no_shard",
+        "--lr",
+        "0.01",
+        "--preset",
+        "cpu-local",
+    ]);
+    assert!(o.status.success(), "a model takes compile flags: {}", stderr(&o));
+}

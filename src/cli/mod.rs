@@ -6,6 +6,7 @@
 
 mod compile;
 mod error;
+mod given;
 mod inspect;
 mod model;
 mod trace;

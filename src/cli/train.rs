@@ -2,6 +2,7 @@
 //! [--save-onnx out.onnx] [--save-safetensors out.safetensors]`
 
 use super::compile::plan_model;
+use super::given::Given;
 use super::inspect::parse_plan;
 use super::{CliError, ModelFlags, PlanFlags};
 use clap::Args;
@@ -40,13 +41,13 @@ pub struct TrainArgs {
     /// Matrix-product threads per rank.
     #[arg(long, default_value_t = 1)]
     pub threads_per_rank: usize,
-    /// Hardware preset used for planning.
-    #[arg(long, default_value = "cpu-local")]
-    pub preset: String,
+    /// Hardware preset used for planning a model (default: cpu-local).
+    #[arg(long)]
+    pub preset: Option<String>,
     #[command(flatten)]
-    pub plan: PlanFlags,
+    pub plan: Given<PlanFlags>,
     #[command(flatten)]
-    pub import: ModelFlags,
+    pub import: Given<ModelFlags>,
     /// After training, write the ONNX model (MODEL must be an `.onnx` file)
     /// with its initializers replaced by the trained parameters.
     #[arg(long, value_name = "OUT.onnx")]
@@ -68,6 +69,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         )));
     }
     let plan = if let Some(text) = plan_text(&a.model) {
+        refuse_compile_flags(&a)?;
         let plan = parse_plan(Path::new(&a.model), &text)?;
         if let Some(ranks) = a.ranks.filter(|&r| r != plan.cluster.world) {
             return Err(CliError::Usage(format!(
@@ -80,7 +82,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         plan_model(
             &a.model,
             a.ranks.unwrap_or(1),
-            &a.preset,
+            a.preset.as_deref().unwrap_or("cpu-local"),
             &a.plan,
             &a.import,
         )?
@@ -126,6 +128,28 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         human_bytes(report.measured_peak_bytes),
     );
     save(&a, &plan, &report.final_params)
+}
+
+/// Refuses the compile flags given with a plan file: the plan has fixed what
+/// they would decide (units, strategy, schedule, optimizer, cluster, import).
+fn refuse_compile_flags(a: &TrainArgs) -> Result<(), CliError> {
+    let preset = a.preset.as_ref().map(|_| "--preset".to_string());
+    let given: Vec<&str> = preset
+        .iter()
+        .chain(a.plan.given())
+        .chain(a.import.given())
+        .map(String::as_str)
+        .collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "`{}` is a compiled plan, so {} cannot apply to it; compile the model again with {}, or leave {} out",
+        a.model,
+        given.join(", "),
+        if given.len() == 1 { "it" } else { "them" },
+        if given.len() == 1 { "it" } else { "them" },
+    )))
 }
 
 fn is_onnx(model: &str) -> bool {
