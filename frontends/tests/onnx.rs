@@ -352,3 +352,38 @@ fn decomposed_layer_norm_is_fused() {
         .node_ids()
         .any(|n| matches!(g.node(n).op, Op::Reduce { .. })));
 }
+
+/// A tensor whose element count fits but whose bytes overflow (`2^62` f32)
+/// is one clear error naming the tensor, in debug and release builds alike.
+#[test]
+fn a_tensor_whose_bytes_overflow_is_an_error() {
+    use onnx_protobuf::Message;
+    let bytes = std::fs::read(fixture("mlp.onnx")).unwrap_or_else(|e| panic!("{e}"));
+    let mut m =
+        onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let Some(g) = m.graph.0.as_deref_mut() else {
+        panic!("no graph")
+    };
+    let t = &mut g.initializer[0];
+    t.dims = vec![1 << 62];
+    let name = t.name.clone();
+    let bytes = m.write_to_bytes().unwrap_or_default();
+    let opts = fsdpc_frontends::onnx::ImportOptions {
+        dims: dims(&[("batch", 4)]),
+        loss: None,
+    };
+    match fsdpc_frontends::onnx::import_bytes(&bytes, &opts) {
+        Err(e @ FrontendError::OnnxTensor { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "{}",
+                FrontendError::OnnxTensor {
+                    path: "<bytes>".into(),
+                    tensor: name,
+                    reason: format!("shape [{}] of f32 overflows", 1u64 << 62),
+                }
+            )
+        ),
+        other => panic!("expected OnnxTensor, got {other:?}"),
+    }
+}

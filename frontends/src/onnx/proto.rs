@@ -132,7 +132,10 @@ pub(crate) fn tensor_from(
         typed_fields(t, dt, is_double)
     };
     let bytes = if is_double { doubles_to_f32(&raw) } else { raw };
-    if bytes.len() != numel * dt.size() {
+    let want = numel
+        .checked_mul(dt.size())
+        .ok_or_else(|| bad(format!("shape {shape:?} of {dt} overflows")))?;
+    if bytes.len() != want {
         return Err(bad(format!(
             "{} bytes of data for {numel} elements of {dt}",
             bytes.len()

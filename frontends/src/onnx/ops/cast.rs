@@ -1,13 +1,14 @@
 //! Type conversion and pass-through — ONNX operators Cast (opsets 13–21),
 //! Identity (13–21) and Dropout (13–21: identity unless `training_mode` is
-//! true, then the IR's counter-based dropout with a seed per site; the mask
-//! output only where nothing is dropped, when it is all true).
+//! true, then the IR's counter-based dropout with a seed per site; the
+//! optional `mask` output says which elements were kept: all true where
+//! nothing is dropped, else the same counter-based mask applied to ones).
 
 use super::Convert;
 use crate::onnx::context::{NodeCx, Val};
 use crate::onnx::proto::dtype;
 use crate::onnx::tensor::{check_size, HostTensor};
-use fsdpc_ir::{DType, Op};
+use fsdpc_ir::{CompareFn, DType, Op, ValueId};
 
 pub(super) const OPS: &[(&str, Convert)] =
     &[("Cast", cast), ("Identity", identity), ("Dropout", dropout)];
@@ -50,9 +51,6 @@ fn dropout(cx: &mut NodeCx<'_>) -> Result<(), String> {
         }
         return identity(cx);
     }
-    if cx.wants(1) {
-        return Err("the mask output of a training-mode dropout is not supported".into());
-    }
     if !(0.0..1.0).contains(&p) {
         return Err(format!("ratio {p} is not in [0, 1)"));
     }
@@ -61,5 +59,26 @@ fn dropout(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let x = cx.ir(0)?;
     let y = cx.add(Op::Dropout { p, seed }, &[x], "dropout")?;
     cx.set(0, Val::Ir(y));
+    if cx.wants(1) {
+        let mask = keep_mask(cx, x, p, seed)?;
+        cx.set(1, Val::Ir(mask));
+    }
     Ok(())
+}
+
+/// The bool mask of the elements that `Dropout { p, seed }` keeps in a
+/// tensor shaped like `x`: the same dropout applied to ones is nonzero
+/// exactly where it keeps an element (the mask is a function of the seed,
+/// the step and the element only). It reads no parameter, so it has no
+/// gradient.
+fn keep_mask(cx: &mut NodeCx<'_>, x: ValueId, p: f64, seed: u64) -> Result<ValueId, String> {
+    let ty = cx.imp.g.value_type(x).clone();
+    let scalar = |v: f64| HostTensor::floats(ty.dtype, Vec::new(), vec![v]);
+    let one = cx.constant(&scalar(1.0))?;
+    let shape = ty.shape.dims().to_vec();
+    let ones = cx.add(Op::Expand { shape }, &[one], "mask_ones")?;
+    let kept = cx.add(Op::Dropout { p, seed }, &[ones], "mask_dropout")?;
+    let zero = cx.constant(&scalar(0.0))?;
+    let f = CompareFn::Greater;
+    cx.add(Op::Compare { f }, &[kept, zero], "mask")
 }

@@ -30,7 +30,19 @@ impl LossAttrs {
     }
 }
 
+/// The attributes, after checking that the scores (input 0) are `[N, C, d...]`
+/// with at least one class.
 fn attrs(cx: &NodeCx<'_>) -> Result<LossAttrs, String> {
+    let scores = cx.ty(0)?;
+    match scores.shape.dims() {
+        [_, 0, ..] => {
+            return Err(format!(
+                "the scores {scores} have no classes (axis 1 has length 0)"
+            ))
+        }
+        [_, _, ..] => {}
+        _ => return Err(format!("scores {scores}: need [N, C, ...]")),
+    }
     let reduction = cx.attr_s("reduction", "mean")?;
     if !["none", "sum", "mean"].contains(&reduction.as_str()) {
         return Err(format!(
@@ -95,7 +107,9 @@ fn cross_entropy(
         perm.extend(2..dims.len());
         perm.push(1);
         logits = cx.add(Op::Transpose { perm }, &[logits], "classes_last")?;
-        let rows = dims.iter().product::<usize>() / dims[1];
+        // N · d...: the rows once the class axis is last (`attrs` checked
+        // the axis is not empty; no division needed).
+        let rows = dims[0] * dims[2..].iter().product::<usize>();
         logits = cx.add(
             Op::Reshape {
                 shape: vec![rows, dims[1]],

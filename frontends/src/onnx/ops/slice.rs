@@ -178,19 +178,9 @@ fn split(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let dims = cx.ty(0)?.shape.dims().to_vec();
     let axis = norm_axis(cx.attr_i("axis", 0)?, dims.len())?;
     let dim = dims[axis];
-    let sizes: Vec<usize> = match cx.opt_konst(1, "split")? {
-        Some(t) => t.as_i64().into_iter().map(|s| s.max(0) as usize).collect(),
-        None => {
-            let n = usize::try_from(cx.attr_i("num_outputs", cx.node.output.len() as i64)?)
-                .unwrap_or(0)
-                .max(1);
-            let each = dim.div_ceil(n);
-            (0..n)
-                .map(|i| each.min(dim.saturating_sub(i * each)))
-                .collect()
-        }
-    };
-    if sizes.iter().sum::<usize>() != dim {
+    let sizes = split_sizes(cx, dim)?;
+    let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+    if total != Some(dim) {
         return Err(format!("split sizes {sizes:?} do not add up to {dim}"));
     }
     let mut start = 0;
@@ -209,6 +199,31 @@ fn split(cx: &mut NodeCx<'_>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The length of each output of a Split along an axis of length `dim`: the
+/// `split` input, or `num_outputs` (one per output) parts of equal length but
+/// the last.
+fn split_sizes(cx: &NodeCx<'_>, dim: usize) -> Result<Vec<usize>, String> {
+    if let Some(t) = cx.opt_konst(1, "split")? {
+        let sizes = t.as_i64();
+        return sizes
+            .iter()
+            .map(|&s| usize::try_from(s))
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("split sizes {sizes:?} must not be negative"));
+    }
+    let outputs = cx.node.output.len();
+    let n = cx.attr_i("num_outputs", outputs as i64)?;
+    if n != outputs as i64 || n < 1 {
+        return Err(format!(
+            "num_outputs {n} does not match the node's {outputs} outputs"
+        ));
+    }
+    let each = dim.div_ceil(outputs);
+    Ok((0..outputs)
+        .map(|i| each.min(dim.saturating_sub(i.saturating_mul(each))))
+        .collect())
 }
 
 fn concat(cx: &mut NodeCx<'_>) -> Result<(), String> {
@@ -241,8 +256,8 @@ fn fold_concat(parts: &[HostTensor], axis: usize) -> Result<HostTensor, String> 
     let mut shape = first.shape.clone();
     shape[axis] = parts
         .iter()
-        .map(|p| p.shape.get(axis).copied().unwrap_or(0))
-        .sum();
+        .try_fold(0usize, |a, p| a.checked_add(p.shape.get(axis).copied()?))
+        .ok_or_else(|| "the concatenated axis overflows or an operand lacks it".to_string())?;
     check_size(&shape)?;
     for p in parts {
         if p.shape.len() != shape.len()

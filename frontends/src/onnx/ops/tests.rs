@@ -352,6 +352,97 @@ fn dropout_only_in_training_mode() {
 }
 
 #[test]
+fn split_sizes_that_overflow_or_are_negative_are_errors() {
+    let mut t = T::new(18);
+    t.input("x", DType::F32, &[2, 8]);
+    // 3 · (2^63 - 1) wraps in a release build's sum; it must not add up to 8.
+    let huge = ints(&[i64::MAX, i64::MAX, i64::MAX, 11]);
+    let e = t
+        .konst("huge", huge)
+        .run("Split", &["x", "huge"], &["a", "b", "c", "d"], vec![]);
+    assert_eq!(
+        e.unwrap_err(),
+        format!(
+            "split sizes {:?} do not add up to 2",
+            [i64::MAX as usize; 3]
+                .iter()
+                .chain(&[11])
+                .collect::<Vec<_>>()
+        )
+    );
+    let e = t.konst("neg", ints(&[10, -2])).run(
+        "Split",
+        &["x", "neg"],
+        &["a", "b"],
+        vec![a_i("axis", 1)],
+    );
+    assert_eq!(e.unwrap_err(), "split sizes [10, -2] must not be negative");
+    let e = t.run(
+        "Split",
+        &["x"],
+        &["a", "b"],
+        vec![a_i("num_outputs", i64::MAX)],
+    );
+    assert_eq!(
+        e.unwrap_err(),
+        format!(
+            "num_outputs {} does not match the node's 2 outputs",
+            i64::MAX
+        )
+    );
+}
+
+#[test]
+fn concat_of_constants_whose_axis_overflows_is_an_error() {
+    let empty = |n| HostTensor::ints(DType::I64, vec![0, n], vec![]);
+    let mut t = T::new(17);
+    t.konst("a", empty(1 << 63)).konst("b", empty(1 << 63));
+    let e = t.run("Concat", &["a", "b"], &["c"], vec![a_i("axis", 1)]);
+    assert!(e.unwrap_err().contains("overflows"));
+}
+
+#[test]
+fn a_cross_entropy_without_classes_is_an_error() {
+    for op in ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"] {
+        let mut t = T::new(17);
+        t.input("x", DType::F32, &[4, 0, 3])
+            .input("y", DType::I64, &[4, 3]);
+        let e = t.run(op, &["x", "y"], &["loss"], vec![a_i("ignore_index", -100)]);
+        assert_eq!(
+            e.unwrap_err(),
+            "the scores f32[4, 0, 3] have no classes (axis 1 has length 0)",
+            "{op}"
+        );
+    }
+}
+
+#[test]
+fn training_dropout_mask_is_the_same_dropout_of_ones() {
+    let mut t = T::new(17);
+    let on = HostTensor::ints(DType::Bool, vec![], vec![1]);
+    t.input("x", DType::F32, &[2, 3])
+        .konst("p", scalar_f(0.25))
+        .konst("on", on)
+        .ok("Dropout", &["x", "p", "on"], &["y", "mask"], vec![]);
+    assert!(matches!(t.op("y"), Op::Dropout { seed: 0, .. }));
+    assert_eq!(t.ir("mask"), "compare.greater bool[2, 3]");
+    // mask = Dropout(expand(1)) > 0, with the output's seed and ratio.
+    let Some(Val::Ir(m)) = t.imp.vals.get("mask") else {
+        panic!("mask is not a graph value")
+    };
+    let g = &t.imp.g;
+    let kept = g.inputs(m.node)[0];
+    assert_eq!(g.node(kept.node).op, t.op("y"));
+    let ones = g.inputs(kept.node)[0];
+    assert_eq!(g.node(ones.node).op, Op::Expand { shape: vec![2, 3] });
+    // A second site draws another seed; its unread mask adds nothing.
+    let before = t.imp.g.node_count();
+    t.ok("Dropout", &["x", "p", "on"], &["y2", ""], vec![]);
+    assert!(matches!(t.op("y2"), Op::Dropout { seed: 1, .. }));
+    assert_eq!(t.imp.g.node_count(), before + 1);
+}
+
+#[test]
 fn nll_after_log_softmax_is_a_cross_entropy() {
     let mut t = T::new(17);
     t.input("logits", DType::F32, &[6, 10])
