@@ -1,7 +1,8 @@
 //! Initializers: float tensors become trainable parameters with their data
 //! (`Init::Data`), everything else folded constants; a transposed copy of a
 //! parameter (a tied weight after constant folding) stays tied, and mask
-//! buffers stay constants.
+//! buffers and the buffers the dynamo exporter marks as such (rotary
+//! `inv_freq`) stay constants.
 
 use super::context::{Importer, Val};
 use super::tensor::HostTensor;
@@ -9,6 +10,11 @@ use super::{names, proto, Source};
 use crate::error::FrontendError;
 use fsdpc_ir::{DType, Graph, Init, ModuleId, Op, ParamSpec, ValueId};
 use onnx_protobuf::GraphProto;
+use std::collections::HashSet;
+
+/// The metadata key under which torch's dynamo exporter records what a graph
+/// value was in the exported program (`PARAMETER`, `BUFFER`, `USER_INPUT`).
+const INPUT_KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
 
 /// Float initializers with more than one element become trainable parameters
 /// holding the file's values; the rest (shapes, scalars, masks) become
@@ -25,10 +31,15 @@ pub(super) fn initializers(
         model: from.path,
     };
     let mut matrices: Vec<ValueId> = Vec::new();
+    let buffers = buffers(graph);
     for t in &mut graph.initializer {
         let raw = std::mem::take(&mut t.raw_data);
         let data = proto::tensor_from(t, raw, &src)?;
-        let val = if data.ty.dtype.is_float() && data.ty.numel() > 1 && !is_mask(&data) {
+        let trainable = data.ty.dtype.is_float()
+            && data.ty.numel() > 1
+            && !is_mask(&data)
+            && !buffers.contains(t.name.as_str());
+        let val = if trainable {
             if let Some(v) = tied_transpose(imp, &matrices, &data, &t.name) {
                 imp.vals.insert(t.name.clone(), Val::Ir(v));
                 continue;
@@ -56,6 +67,21 @@ pub(super) fn initializers(
         imp.vals.insert(t.name.clone(), val);
     }
     Ok(())
+}
+
+/// Names of the values the dynamo exporter marks as buffers of the exported
+/// module (in `value_info` metadata): not parameters, so constants.
+fn buffers(graph: &GraphProto) -> HashSet<String> {
+    graph
+        .value_info
+        .iter()
+        .filter(|v| {
+            v.metadata_props
+                .iter()
+                .any(|p| p.key == INPUT_KIND && p.value == "BUFFER")
+        })
+        .map(|v| v.name.clone())
+        .collect()
 }
 
 /// True for a float tensor that only holds 0 and very negative values (down

@@ -1,7 +1,8 @@
 //! Elementwise arithmetic — ONNX operators Add, Sub, Mul, Div, Pow, Min, Max
 //! (opsets 13–21, numpy broadcasting), Neg, Abs, Exp, Log, Sqrt, Reciprocal,
 //! Tanh, Relu, Sigmoid, Erf (13+), Gelu (20+), Clip (13+). All-constant
-//! inputs fold.
+//! inputs fold. Sin and Cos (7+) fold only: the IR has no trigonometric op,
+//! and exporters apply them to constant rotary tables.
 
 use super::Convert;
 use crate::onnx::context::{NodeCx, Val};
@@ -28,6 +29,8 @@ pub(super) const OPS: &[(&str, Convert)] = &[
     ("Erf", |cx| unary(cx, UnaryFn::Erf)),
     ("Gelu", gelu),
     ("Clip", clip),
+    ("Sin", |cx| fold_only(cx, f64::sin)),
+    ("Cos", |cx| fold_only(cx, f64::cos)),
 ];
 
 /// Folds `f` on two constants.
@@ -177,4 +180,46 @@ fn clip(cx: &mut NodeCx<'_>) -> Result<(), String> {
     }
     cx.set(0, Val::Ir(y));
     Ok(())
+}
+
+/// `f` of a constant input (Sin, Cos); a value computed at run time is
+/// refused.
+fn fold_only(cx: &mut NodeCx<'_>, f: fn(f64) -> f64) -> Result<(), String> {
+    let Val::Const(t) = cx.val(0)? else {
+        return Err(
+            "only a constant input folds: the IR has no trigonometric op (rotary \
+                    tables fold when their positions and frequencies are constants)"
+                .into(),
+        );
+    };
+    let y = map_floats(t, f);
+    cx.set(0, Val::Const(y));
+    Ok(())
+}
+
+/// `f` of every element, as floats of the tensor's dtype.
+fn map_floats(t: &HostTensor, f: fn(f64) -> f64) -> HostTensor {
+    HostTensor::floats(
+        t.dtype,
+        t.shape.clone(),
+        t.as_f64().into_iter().map(f).collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fsdpc_ir::DType;
+
+    #[test]
+    fn sin_and_cos_of_constants_fold() {
+        let t = HostTensor::floats(DType::F32, vec![3], vec![0.0, 1.0, -2.5]);
+        let s = map_floats(&t, f64::sin);
+        let c = map_floats(&t, f64::cos);
+        assert_eq!(s.shape, vec![3]);
+        assert_eq!(s.as_f64(), vec![0.0, 1f64.sin(), (-2.5f64).sin()]);
+        assert_eq!(c.as_f64(), vec![1.0, 1f64.cos(), (-2.5f64).cos()]);
+        let names: Vec<&str> = OPS.iter().map(|(n, _)| *n).collect();
+        assert!(names.contains(&"Sin") && names.contains(&"Cos"));
+    }
 }
