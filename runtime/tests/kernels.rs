@@ -337,3 +337,57 @@ fn adamw_and_sgd_match_hand_computed_steps() {
     // step 1: d = 0.6, buf = 0.6, p = 0.94; step 2: d = 0.594, buf = 1.134, p = 0.8266
     close(&p, &[0.8266]);
 }
+
+/// PyTorch's `cross_entropy(ignore_index=-100)`: the mean over the counted
+/// rows only; ignored rows add no loss and get zero gradient.
+#[test]
+fn cross_entropy_with_ignored_rows_matches_pytorch_semantics() {
+    let ln = |v: f32| v.ln();
+    // Row 0: softmax [1/6, 2/6, 3/6], label 2: loss ln 2.
+    // Row 1: ignored; huge logits would dominate if it were counted.
+    // Row 2: softmax [1/4, 1/4, 1/2], label 0: loss ln 4.
+    // Row 3: ignored.
+    let logits = f32t(
+        &[4, 3],
+        &[
+            ln(1.),
+            ln(2.),
+            ln(3.),
+            50.,
+            -50.,
+            0.,
+            ln(1.),
+            ln(1.),
+            ln(2.),
+            1.,
+            2.,
+            3.,
+        ],
+    );
+    let labels = HostTensor::from_i64(&[4], &[2, -100, 0, -100]).unwrap();
+    let ignore_index = Some(-100);
+    let r = run(
+        Op::CrossEntropy { ignore_index },
+        &[logits.clone(), labels.clone()],
+        &[ty(&[])],
+    )
+    .unwrap();
+    // (ln 2 + ln 4) / 2 counted rows, not / 4 rows.
+    close(&r[0].to_f32(), &[1.5 * std::f32::consts::LN_2]);
+    // dlogits = (softmax - onehot) * dloss / 2 on counted rows, with dloss = 2.
+    let dloss = f32t(&[], &[2.0]);
+    let g = run(
+        Op::CrossEntropyGrad { ignore_index },
+        &[logits, labels, dloss],
+        &[ty(&[4, 3])],
+    )
+    .unwrap();
+    #[rustfmt::skip]
+    let want = [
+        1. / 6., 2. / 6., 3. / 6. - 1.,
+        0., 0., 0.,
+        1. / 4. - 1., 1. / 4., 1. / 2.,
+        0., 0., 0.,
+    ];
+    close(&g[0].to_f32(), &want);
+}
