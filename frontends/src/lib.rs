@@ -32,6 +32,9 @@ pub struct LoadOptions {
     /// logits get a cross-entropy against a new `labels` input). Only ONNX
     /// models take one.
     pub loss: Option<LossSpec>,
+    /// Gives every module that reads an initializer the exporter merged (see
+    /// [`onnx::merged_initializers`]) its own copy. Only ONNX models have any.
+    pub untie_merged_initializers: bool,
 }
 
 impl Default for LoadOptions {
@@ -42,6 +45,7 @@ impl Default for LoadOptions {
             dims: HashMap::new(),
             tokens_per_sample: None,
             loss: None,
+            untie_merged_initializers: false,
         }
     }
 }
@@ -98,7 +102,10 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendErro
                 dims: opts.dims.clone(),
                 loss: opts.loss.clone(),
             };
-            let m = onnx::import_with(path, &io)?;
+            let mut m = onnx::import_with(path, &io)?;
+            if opts.untie_merged_initializers {
+                untie(&mut m, path)?;
+            }
             let tokens = opts
                 .tokens_per_sample
                 .unwrap_or_else(|| guess_tokens(&m.graph));
@@ -113,6 +120,28 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendErro
             finish(m.name, m.graph, m.loss, tokens, opts)
         }
     }
+}
+
+/// Unties the merged initializers of `m` (new parameters come last, so node
+/// ids are renumbered to stay in topological order).
+fn untie(m: &mut onnx::OnnxModel, path: &Path) -> Result<(), FrontendError> {
+    if onnx::untie_merged(&mut m.graph).is_empty() {
+        return Ok(());
+    }
+    let cycle = |_| FrontendError::OnnxModel {
+        path: path.to_path_buf(),
+        reason: "untying merged initializers left a cycle".into(),
+    };
+    let (g, ids) = m.graph.renumbered().map_err(cycle)?;
+    let loss = ids
+        .get(&m.loss.node)
+        .map(|&node| ValueId { node, ..m.loss });
+    m.loss = loss.ok_or_else(|| FrontendError::OnnxModel {
+        path: path.to_path_buf(),
+        reason: "the loss was lost untying merged initializers".into(),
+    })?;
+    m.graph = g;
+    Ok(())
 }
 
 fn load_ir_json(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, FrontendError> {

@@ -1,11 +1,13 @@
 //! Flags shared by `compile` and `train` that say how an imported (ONNX)
-//! model is read: values of its symbolic dimensions and the loss to train it
-//! with when its output is not a scalar loss.
+//! model is read: values of its symbolic dimensions, the loss to train it
+//! with when its output is not a scalar loss, and whether initializers the
+//! exporter merged are untied.
 
 use super::CliError;
 use clap::Args;
+use fsdpc_frontends::onnx::merged_initializers;
 use fsdpc_frontends::{LoadOptions, LossKind, LossSpec};
-use fsdpc_ir::Optimizer;
+use fsdpc_ir::{Graph, Optimizer};
 use std::collections::HashMap;
 
 /// How an ONNX model is imported.
@@ -27,6 +29,11 @@ pub struct ModelFlags {
     /// input, or a new input of that name (default: a new `labels`/`target`).
     #[arg(long, visible_alias = "loss-target", value_name = "INPUT")]
     pub labels: Option<String>,
+    /// Gives each module its own copy of an initializer the ONNX exporter
+    /// merged (one all-ones tensor for every LayerNorm weight of a freshly
+    /// initialised model), instead of training it as one tied parameter.
+    #[arg(long)]
+    pub untie_merged_initializers: bool,
 }
 
 impl ModelFlags {
@@ -36,8 +43,17 @@ impl ModelFlags {
             optimizer,
             dims: self.parse_dims()?,
             loss: self.loss_spec()?,
+            untie_merged_initializers: self.untie_merged_initializers,
             ..LoadOptions::default()
         })
+    }
+
+    /// Warns on stderr about each initializer of `graph` the exporter merged
+    /// (none are left once untied).
+    pub fn warn_merged(&self, graph: &Graph) {
+        for m in merged_initializers(graph) {
+            eprintln!("warning: {m}");
+        }
     }
 
     fn parse_dims(&self) -> Result<HashMap<String, usize>, CliError> {

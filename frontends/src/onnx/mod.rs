@@ -14,7 +14,8 @@
 //! `initializers` (parameters vs constants, ties), `types` (inputs, symbolic
 //! dims, declared-type check), `context` (per-node view for converters),
 //! `ops/` (the op table, one file per family), `tensor` (folding arithmetic),
-//! `names` (module paths), `fuse` (attention fusion, dead code), `fuse_gelu`, `fuse_norm`
+//! `names` (module paths), `merged` (initializers the exporter merged, and
+//! untying them), `fuse` (attention fusion, dead code), `fuse_gelu`, `fuse_norm`
 //! (decomposed ops, matched with `pattern`), `forward` (the forward-only
 //! import the ONNX node-test conformance run uses).
 //!
@@ -28,6 +29,7 @@ mod fuse;
 mod fuse_gelu;
 mod fuse_norm;
 mod initializers;
+mod merged;
 mod names;
 mod objective;
 mod ops;
@@ -47,6 +49,7 @@ use std::path::Path;
 use tensor::HostTensor;
 
 pub use forward::{import_forward, read_tensor_proto, ForwardOptions, OnnxForward};
+pub use merged::{merged_initializers, untie_merged, MergedInitializer};
 pub use rewrite::simplify_layout;
 
 pub use objective::{LossKind, LossSpec};
