@@ -59,6 +59,7 @@ pub(crate) fn plan_model(
 ) -> Result<Plan, CliError> {
     let opts = import.load_options(optimizer(f)?)?;
     let model = fsdpc_frontends::load(model, &opts)?;
+    import.warn_merged(&model.program.graph);
     let rpn = f.ranks_per_node.unwrap_or(if preset == "cpu-local" {
         world.max(1)
     } else {
