@@ -26,6 +26,10 @@ pub struct Summary {
     pub capacity_bytes: u64,
     /// Live bytes at the peak, by buffer kind.
     pub breakdown: Vec<(BufferKind, u64)>,
+    /// What the matrix-product library allocates at most outside the arena.
+    pub heap_bytes: u64,
+    /// Arena plus that heap: the most a rank holds during a step.
+    pub rank_bytes: u64,
     pub units: Vec<UnitSummary>,
     pub comm_bytes_per_step: u64,
     pub all_gathers: usize,
@@ -85,6 +89,8 @@ pub fn summary(plan: &Plan) -> Summary {
         arena_bytes: plan.memory.arena_bytes,
         capacity_bytes: plan.cluster.memory_bytes,
         breakdown: plan.memory.breakdown.clone(),
+        heap_bytes: plan.memory.heap_bytes,
+        rank_bytes: plan.memory.rank_bytes,
         units: plan.units.iter().map(unit_summary).collect(),
         comm_bytes_per_step: e.comm_bytes_per_step,
         all_gathers: count(|op| matches!(op, InstrOp::AllGather { .. })),
@@ -255,6 +261,13 @@ fn memory_table(out: &mut String, s: &Summary) {
             human_bytes(*bytes)
         );
     }
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>12}  (matmul packing, outside the arena)\nrank holds at most {} (arena + heap)",
+        "Heap",
+        human_bytes(s.heap_bytes),
+        human_bytes(s.rank_bytes)
+    );
 }
 
 fn estimates(out: &mut String, s: &Summary) {

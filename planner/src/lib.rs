@@ -11,8 +11,9 @@
 //! 2. `flat::layout_units`: flat-parameter layout and shards;
 //! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
 //!    reductions, optimizer steps, events);
-//!    then `workspace::plan_workspaces`: each kernel's scratch and one
-//!    `Workspace` buffer per stream that runs kernels;
+//!    then `workspace::plan_workspaces`: each kernel's scratch, one
+//!    `Workspace` buffer per stream that runs kernels, and the bound of
+//!    what the matrix-product library allocates on its own;
 //! 4. `memory::plan_memory`: lifetimes, arena offsets, fences, exact peak;
 //! 5. `simulate::estimate`: cost model and discrete-event simulation.
 //!
@@ -81,8 +82,10 @@ pub fn compile_unchecked(
         cfg,
         world: cluster.world,
     })?;
-    workspace::plan_workspaces(&mut sched, &program.graph);
-    let memory = memory::plan_memory(&mut sched);
+    let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
+    let mut memory = memory::plan_memory(&mut sched);
+    memory.heap_bytes = heap_bytes;
+    memory.rank_bytes = memory.arena_bytes + heap_bytes;
     let mut plan = Plan {
         schema: SCHEMA.to_string(),
         model,

@@ -253,10 +253,18 @@ pub fn summarize(buffers: &[Buffer], n_instrs: usize, arena_bytes: u64) -> Memor
             *by_kind.entry(b.kind).or_default() += b.bytes;
         }
     }
+    let workspace_bytes = buffers
+        .iter()
+        .filter(|b| b.kind == BufferKind::Workspace)
+        .map(|b| b.bytes)
+        .sum();
     MemorySummary {
         peak_bytes,
         peak_at: peak_at as u32,
         arena_bytes,
         breakdown: by_kind.into_iter().collect(),
+        workspace_bytes,
+        heap_bytes: 0,
+        rank_bytes: arena_bytes,
     }
 }

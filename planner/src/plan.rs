@@ -218,6 +218,10 @@ pub enum BufferKind {
     Input,
     /// The scalar loss (persistent, read after each step).
     Loss,
+    /// A stream's kernel scratch (persistent): each kernel of the stream
+    /// uses its first `workspace_bytes` (attention tiles, normalisation
+    /// rows, f32 copies of half-precision operands).
+    Workspace,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -238,6 +242,9 @@ pub struct Buffer {
     /// Instruction index of its `Free`; `None` for persistent buffers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<u32>,
+    /// The stream whose kernels use a `Workspace` buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Stream>,
 }
 
 impl Buffer {
@@ -308,12 +315,15 @@ pub enum InstrOp {
         name: String,
         dst: Slot,
     },
-    /// Run the kernel of graph node `node`.
+    /// Run the kernel of graph node `node`, with the first `workspace_bytes`
+    /// of its stream's `Workspace` buffer as scratch.
     Kernel {
         node: NodeId,
         kernel: String,
         inputs: Vec<Slot>,
         outputs: Vec<Slot>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        workspace_bytes: u64,
     },
     /// Update `params` (fp32 shard) from `grads` (reduced shard) with the
     /// program's optimizer, using the state buffers.
@@ -331,7 +341,13 @@ pub enum InstrOp {
     Wait { event: EventId },
 }
 
-/// Per-rank memory, exact: the plan's arena is all the runtime allocates.
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
+/// Per-rank memory: the arena (every buffer, kernel workspaces included) and
+/// the bounded transient heap of the matrix-product library; `rank_bytes` is
+/// what a rank holds at most during a step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 pub struct MemorySummary {
     /// Maximum over the schedule of the bytes of live buffers.
@@ -343,6 +359,18 @@ pub struct MemorySummary {
     pub arena_bytes: u64,
     /// Live bytes at the peak, by buffer kind.
     pub breakdown: Vec<(BufferKind, u64)>,
+    /// Bytes of the streams' `Workspace` buffers (inside the arena).
+    #[serde(default)]
+    pub workspace_bytes: u64,
+    /// Most bytes the matrix-product library (`gemm`) allocates on its own
+    /// at once, outside the arena: its packing buffers for the largest
+    /// product panel plus its per-thread L2 slab (`workspace::gemm_heap`).
+    #[serde(default)]
+    pub heap_bytes: u64,
+    /// `arena_bytes + heap_bytes`: the most a rank holds during a step, the
+    /// figure the runtime's measured peak is compared with.
+    #[serde(default)]
+    pub rank_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
@@ -420,6 +448,7 @@ impl BufferKind {
                 | BufferKind::ShardGrads
                 | BufferKind::OptimizerState
                 | BufferKind::Loss
+                | BufferKind::Workspace
         )
     }
 }

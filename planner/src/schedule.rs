@@ -422,6 +422,7 @@ impl<'a> Lowering<'a> {
             offset: 0,
             start: 0,
             end: None,
+            stream: None,
         });
         id
     }
@@ -662,6 +663,7 @@ impl<'a> Lowering<'a> {
                 kernel,
                 inputs,
                 outputs,
+                workspace_bytes: 0,
             },
         );
         Ok(())

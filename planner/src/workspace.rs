@@ -1,0 +1,267 @@
+//! Pass 3b, workspace: the scratch memory each kernel needs besides its
+//! operands, one rule per op kind; every kernel instruction states it
+//! (`workspace_bytes`) and each stream that runs kernels gets one persistent
+//! `Workspace` buffer as large as its largest kernel's need. The runtime hands
+//! a kernel exactly the first `workspace_bytes` of that buffer and a kernel
+//! that would need more fails, so these rules are the kernels' contract.
+//!
+//! The rules (f32 elements unless said otherwise):
+//! - `Attention`: one `sq x sk` probability tile; `AttentionGrad`: two
+//!   (probabilities and their gradient);
+//! - `LayerNormGrad`: two rows of the normalised axis; `RmsNormGrad`: one;
+//! - `Softmax`/`LogSoftmax` (grad) off the last axis: the strided row of each
+//!   input and the output (`(inputs + 1) x len`); along the last axis none;
+//! - `ReduceMaxGrad`: one flag per output element;
+//! - an arithmetic op with bf16/f16 operands runs on f32 copies of those
+//!   operands: their f32 bytes, each rounded up to 8, come first, then the
+//!   op's own rule on the widened types.
+//!
+//! The planner never runs a kernel: these are sizes, stated from the types.
+
+use crate::plan::{Buffer, BufferId, BufferKind, InstrOp, Stream};
+use crate::schedule::Schedule;
+use fsdpc_ir::{DType, Graph, Op, TensorType};
+
+/// Largest inner dimension of one call into the matrix-product library: the
+/// runtime splits longer products into panels (accumulating), so `gemm`
+/// packs blocks of at most `K_PANEL` rows of `b`.
+pub const K_PANEL: u64 = 512;
+
+/// Upper bounds of `gemm`'s register-block sizes over the CPUs it supports
+/// (f32: `MR` is at most 48 with AVX-512, `NR` at most 8): a packed block of
+/// `n` columns holds at most `n + NR_MAX - 1`, one of `m` rows at most
+/// `m + MR_MAX - 1`.
+const MR_MAX: u64 = 64;
+const NR_MAX: u64 = 16;
+
+/// The per-thread slab `gemm` keeps for packing `a` (its `L2_SLAB`: the
+/// size of the L2 cache it detects), allocated by a stream's first product
+/// that does not pre-pack `a`. Planned at 1 MiB, the L2 of the `cpu-local`
+/// machine; a host with a larger L2 holds more than planned.
+pub const GEMM_SLAB_BYTES: u64 = 1 << 20;
+
+/// Bytes `gemm` allocates during one call of an `m x k x n` product with
+/// `k <= K_PANEL`. `gemm` works column-major, so for our row-major output it
+/// computes the transposed product: its right-hand operand has our `m`
+/// columns and its left-hand one our `n` rows. It packs a `kc x nc` block of
+/// the former (`kc = k`, `nc` at most `m` rounded up to `NR`) and, when it
+/// pre-packs the latter (only for `n <= 2 mc <= 16 MR`), `kc x n` rounded up
+/// to `MR`; plus two 128-byte alignments and its flag vector. An upper
+/// bound: `gemm` sizes its blocks from the caches it detects and packs less
+/// when they are small, or for vector shapes (`m` or `n` of 1).
+pub fn gemm_call_bytes(m: u64, k: u64, n: u64) -> u64 {
+    if m == 0 || n == 0 || k == 0 {
+        return 0;
+    }
+    let kc = k.min(K_PANEL);
+    let rhs = kc * (m + NR_MAX - 1);
+    let lhs = if n <= 16 * MR_MAX {
+        kc * (n + MR_MAX - 1)
+    } else {
+        0
+    };
+    4 * (rhs + lhs) + 2 * 128 + 16
+}
+
+/// Bytes `gemm` allocates at once, outside the arena, in one kernel of
+/// `op`: the largest of its products' calls (`gemm_call_bytes`); zero for
+/// kernels that multiply no matrices.
+pub fn gemm_heap(op: &Op, ins: &[&TensorType]) -> u64 {
+    let dims = |i: usize| ins.get(i).map(|t| t.shape.0.as_slice()).unwrap_or(&[]);
+    match op {
+        Op::MatMul { trans_a, trans_b } => {
+            let (m, k, n) = matmul_call(dims(0), dims(1), *trans_a, *trans_b);
+            gemm_call_bytes(m, k, n)
+        }
+        Op::Attention { .. } | Op::AttentionGrad { .. } => {
+            let at = |d: &[usize], i: usize| d.get(i).copied().unwrap_or(0) as u64;
+            let (q, k, v) = (dims(0), dims(1), dims(2));
+            let (sq, sk, d, dv) = (at(q, 2), at(k, 2), at(q, 3), at(v, 3));
+            // Forward: S = Q K^T, O = P V; backward also dP = dY V^T,
+            // dV = P^T dY, dQ = dS K, dK = dS^T Q.
+            let mut calls = vec![(sq, d, sk), (sq, sk, dv)];
+            if matches!(op, Op::AttentionGrad { .. }) {
+                calls.extend([(sq, dv, sk), (sk, sq, dv), (sq, sk, d), (sk, sq, d)]);
+            }
+            calls
+                .into_iter()
+                .map(|(m, k, n)| gemm_call_bytes(m, k, n))
+                .max()
+                .unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+/// The `(m, k, n)` of the calls one `MatMul` kernel makes: one product with
+/// the batch folded into the rows when `b` has no batch and `a` is not
+/// transposed, else one per batch element (rank-1 operands are a row or a
+/// column vector).
+fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (u64, u64, u64) {
+    let pa: Vec<u64> = match a {
+        [x] => vec![1, *x as u64],
+        _ => a.iter().map(|&x| x as u64).collect(),
+    };
+    let pb: Vec<u64> = match b {
+        [x] => vec![*x as u64, 1],
+        _ => b.iter().map(|&x| x as u64).collect(),
+    };
+    if pa.len() < 2 || pb.len() < 2 {
+        return (0, 0, 0);
+    }
+    let (ra, rb) = (pa.len() - 2, pb.len() - 2);
+    let (m, k) = if trans_a {
+        (pa[ra + 1], pa[ra])
+    } else {
+        (pa[ra], pa[ra + 1])
+    };
+    let n = if trans_b { pb[rb] } else { pb[rb + 1] };
+    let a_batch: u64 = pa[..ra].iter().product();
+    let b_batch: u64 = pb[..rb].iter().product();
+    if !trans_a && b_batch == 1 {
+        // Folded when a's batch is the whole output batch (b has none).
+        (a_batch * m, k, n)
+    } else {
+        (m, k, n)
+    }
+}
+
+/// Sets every kernel instruction's `workspace_bytes`, appends one
+/// `Workspace` buffer per stream whose kernels need any, and returns the
+/// most bytes the matrix-product library allocates at once outside the
+/// arena: its slab (`GEMM_SLAB_BYTES`) and the largest kernel's packing
+/// (`gemm_heap`), or zero when no kernel multiplies matrices.
+pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
+    let mut per_stream = [0u64; 3];
+    let mut pack = 0u64;
+    for ins in &mut s.instructions {
+        if let InstrOp::Kernel {
+            node,
+            workspace_bytes,
+            ..
+        } = &mut ins.op
+        {
+            if !graph.contains(*node) {
+                continue;
+            }
+            let n = graph.node(*node);
+            let in_types: Vec<&TensorType> = graph
+                .inputs(*node)
+                .into_iter()
+                .map(|v| graph.value_type(v))
+                .collect();
+            *workspace_bytes = kernel_workspace(&n.op, &in_types, &n.outputs);
+            pack = pack.max(gemm_heap(&n.op, &in_types));
+            let w = &mut per_stream[ins.stream.index()];
+            *w = (*w).max(*workspace_bytes);
+        }
+    }
+    for stream in Stream::ALL {
+        let bytes = per_stream[stream.index()];
+        if bytes == 0 {
+            continue;
+        }
+        let id = BufferId(s.buffers.len() as u32);
+        s.buffers.push(Buffer {
+            id,
+            kind: BufferKind::Workspace,
+            unit: None,
+            value: None,
+            dtype: DType::F32,
+            bytes,
+            offset: 0,
+            start: 0,
+            end: None,
+            stream: Some(stream),
+        });
+    }
+    if pack == 0 {
+        0
+    } else {
+        GEMM_SLAB_BYTES + pack
+    }
+}
+
+/// Scratch bytes the kernel of `op` needs on operands of these types.
+pub fn kernel_workspace(op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> u64 {
+    let half = |t: &TensorType| matches!(t.dtype, DType::Bf16 | DType::F16);
+    if !moves_data(op) && (ins.iter().any(|t| half(t)) || outs.iter().any(half)) {
+        let widen = |t: &TensorType| TensorType {
+            dtype: if half(t) { DType::F32 } else { t.dtype },
+            shape: t.shape.clone(),
+        };
+        let copies: u64 = ins
+            .iter()
+            .copied()
+            .chain(outs.iter())
+            .filter(|t| half(t))
+            .map(|t| round8(t.numel() * 4))
+            .sum();
+        let wins: Vec<TensorType> = ins.iter().map(|t| widen(t)).collect();
+        let win_refs: Vec<&TensorType> = wins.iter().collect();
+        return copies + f32_workspace(op, &win_refs);
+    }
+    f32_workspace(op, ins)
+}
+
+fn round8(x: u64) -> u64 {
+    x.div_ceil(8) * 8
+}
+
+/// The rule of each op on f32 operands.
+fn f32_workspace(op: &Op, ins: &[&TensorType]) -> u64 {
+    let dims = |i: usize| ins.get(i).map(|t| t.shape.0.as_slice()).unwrap_or(&[]);
+    let last = |i: usize| dims(i).last().copied().unwrap_or(0) as u64;
+    let elems = match op {
+        Op::Attention { .. } | Op::AttentionGrad { .. } => {
+            let (q, k) = (dims(0), dims(1));
+            let tile =
+                q.get(2).copied().unwrap_or(0) as u64 * k.get(2).copied().unwrap_or(0) as u64;
+            if matches!(op, Op::Attention { .. }) {
+                tile
+            } else {
+                2 * tile
+            }
+        }
+        Op::LayerNormGrad { .. } => 2 * last(0),
+        Op::RmsNormGrad { .. } => last(0),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => strided_rows(dims(0), *axis, 1),
+        Op::SoftmaxGrad { axis } | Op::LogSoftmaxGrad { axis } => strided_rows(dims(0), *axis, 2),
+        Op::ReduceMaxGrad { .. } => ins.get(1).map_or(0, |t| t.numel()),
+        _ => 0,
+    };
+    elems * 4
+}
+
+/// `(inputs + 1) x len` elements when `axis` is not the last axis of `dims`.
+fn strided_rows(dims: &[usize], axis: usize, inputs: u64) -> u64 {
+    let inner: usize = dims.get(axis + 1..).map_or(1, |d| d.iter().product());
+    if inner == 1 {
+        return 0;
+    }
+    (inputs + 1) * dims.get(axis).copied().unwrap_or(0) as u64
+}
+
+/// Ops that copy or compare elements and so run on every dtype as is (the
+/// runtime's data-movement kernels); every other op computes in f32.
+pub fn moves_data(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Input { .. }
+            | Op::Param { .. }
+            | Op::Constant { .. }
+            | Op::Compare { .. }
+            | Op::Logical { .. }
+            | Op::Not
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Gather { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Expand { .. }
+            | Op::Pad { .. }
+            | Op::SliceGrad { .. }
+    )
+}
