@@ -156,7 +156,11 @@ fn train_writes_metrics() {
         assert_eq!(l["step"], i as u64);
         assert!(l["loss"].as_f64().is_some_and(f64::is_finite));
         assert!(l["tokens_per_s"].as_f64().is_some_and(|t| t > 0.0));
-        assert!(l["peak_bytes"].as_u64().is_some_and(|b| b > 0));
+        // The binary installs the counting allocator: the measured peak is
+        // its own field, next to the plan's.
+        let planned = l["planned_peak_bytes"].as_u64().unwrap_or(0);
+        let measured = l["measured_peak_bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(planned > 0 && measured > 0 && measured <= planned, "{l}");
     }
     assert!(String::from_utf8_lossy(&o.stdout).contains("trained"));
 }
@@ -271,5 +275,253 @@ fn train_refuses_compile_flags_with_a_plan() {
         "--preset",
         "cpu-local",
     ]);
-    assert!(o.status.success(), "a model takes compile flags: {}", stderr(&o));
+    assert!(
+        o.status.success(),
+        "a model takes compile flags: {}",
+        stderr(&o)
+    );
+}
+
+/// Runs `args`, expects failure with exactly one line on stderr, `error: `
+/// and containing `needle`.
+fn check_error_line(args: &[&str], needle: &str) {
+    let o = fsdpc(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line, got: {err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{args:?}: expected `error: ...{needle}...`, got: {err}"
+    );
+}
+
+/// Runs `args` with stdout a pipe; `read_first_line` reads a line before
+/// closing the pipe (as `| head -1`), else the pipe is closed at once.
+/// Returns the exit code and stderr.
+fn with_closed_pipe(args: &[&str], read_first_line: bool) -> (Option<i32>, String) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fsdpc runs");
+    let out = child.stdout.take().expect("piped stdout");
+    if read_first_line {
+        let mut line = String::new();
+        BufReader::new(out)
+            .read_line(&mut line)
+            .expect("reads a line");
+        assert!(!line.is_empty(), "{args:?} printed nothing");
+    } else {
+        drop(out);
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut err)
+        .expect("reads stderr");
+    let status = child.wait().expect("fsdpc ends");
+    (status.code(), err)
+}
+
+#[test]
+fn closed_output_pipe_ends_quietly() {
+    // The convention of `cat` and other tools killed by SIGPIPE: status
+    // 128 + 13 and nothing on stderr.
+    let compile = [
+        "compile",
+        TINY,
+        "--world",
+        "2",
+        "--preset",
+        "cpu-local",
+        "-o",
+        "-",
+    ];
+    let o = fsdpc(&compile);
+    assert!(
+        o.stdout.len() > 1 << 17,
+        "the plan must overflow the pipe buffer (64 KiB) for this test"
+    );
+    assert_eq!(with_closed_pipe(&compile, true), (Some(141), String::new()));
+
+    let path = tmp("pipe-plan.json");
+    compile_tiny(&path);
+    let p = path.to_str().expect("utf8");
+    for args in [vec!["inspect", p], vec!["inspect", "--json", p]] {
+        assert_eq!(
+            with_closed_pipe(&args, false),
+            (Some(141), String::new()),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn meaningless_numeric_flags() {
+    for (flag, value) in [
+        ("--lr", "nan"),
+        ("--lr", "-1"),
+        ("--lr", "inf"),
+        ("--lr", "-inf"),
+        ("--weight-decay", "-0.1"),
+        ("--weight-decay", "inf"),
+        ("--weight-decay", "NaN"),
+    ] {
+        let shown = value.to_ascii_lowercase();
+        for cmd in ["train", "compile"] {
+            let mut args = vec![cmd, TINY, flag, value];
+            args.extend(if cmd == "train" {
+                ["--steps", "1"]
+            } else {
+                ["--world", "1"]
+            });
+            if cmd == "compile" {
+                args.extend(["-o", "-"]);
+            }
+            let o = fsdpc(&args);
+            let err = stderr(&o).to_ascii_lowercase();
+            assert!(!o.status.success(), "{args:?} should fail");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("error: {flag} {shown}")),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    check_error_line(
+        &["train", TINY, "--steps", "0"],
+        "--steps must be at least 1",
+    );
+    check_error_line(
+        &["train", TINY, "--threads-per-rank", "0"],
+        "--threads-per-rank must be at least 1",
+    );
+    // Checked also when training a plan, which does not use them.
+    let path = tmp("flags-plan.json");
+    compile_tiny(&path);
+    check_error_line(
+        &["train", path.to_str().expect("utf8"), "--lr", "nan"],
+        "--lr NaN",
+    );
+}
+
+#[test]
+fn unwritable_metrics_file_is_reported_before_any_work() {
+    // gpt3-175b does not fit cpu-local: had the model been planned first, that
+    // would be the error.
+    check_error_line(
+        &[
+            "train",
+            "gpt3-175b",
+            "--metrics",
+            "/nonexistent-fsdpc-dir/metrics.jsonl",
+        ],
+        "/nonexistent-fsdpc-dir/metrics.jsonl",
+    );
+}
+
+#[test]
+fn json_is_told_apart_before_loading() {
+    let other = tmp("other.json");
+    std::fs::write(&other, r#"{"name": "bert", "layers": 12}"#).expect("write");
+    let o = other.to_str().expect("utf8");
+    for args in [
+        vec!["train", o, "--steps", "1"],
+        vec!["inspect", o],
+        vec!["compile", o, "--world", "2", "-o", "-"],
+    ] {
+        check_error_line(&args, "neither an fsdpc plan");
+    }
+
+    // A plan file that cannot be read: said so, not handed to the IR loader.
+    let dir = tmp("unreadable-plan.json");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let d = dir.to_str().expect("utf8");
+    check_error_line(&["train", d, "--steps", "1"], "unreadable-plan.json: ");
+    check_error_line(&["inspect", d], "unreadable-plan.json: ");
+
+    // An IR model where a plan belongs, and a plan where a model belongs.
+    let ir = tmp("model-ir.json");
+    std::fs::write(&ir, r#"{"nodes": [], "outputs": []}"#).expect("write");
+    check_error_line(&["inspect", ir.to_str().expect("utf8")], "compile it first");
+    let plan = tmp("model-plan.json");
+    compile_tiny(&plan);
+    check_error_line(
+        &[
+            "compile",
+            plan.to_str().expect("utf8"),
+            "--world",
+            "2",
+            "-o",
+            "-",
+        ],
+        "already a plan",
+    );
+
+    // Not JSON at all.
+    let bad = tmp("broken.json");
+    std::fs::write(&bad, "{\"schema\": ").expect("write");
+    check_error_line(&["train", bad.to_str().expect("utf8")], "not valid JSON");
+}
+
+/// Total memory of this machine (`MemTotal`), if known.
+fn total_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[test]
+fn token_bin_files_are_mapped_and_oversized_ones_refused() {
+    // A small .bin of u16 tokens below TINY's vocabulary trains.
+    let small = tmp("small.bin");
+    let toks: Vec<u8> = (0..400u16)
+        .flat_map(|t| (t * 7 % 32).to_le_bytes())
+        .collect();
+    std::fs::write(&small, toks).expect("write");
+    let o = fsdpc(&[
+        "train",
+        TINY,
+        "--steps",
+        "2",
+        "--data",
+        small.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained"));
+
+    // A sparse file twice the machine's memory: refused from its size, at
+    // once, without reading it (it occupies no disk).
+    let Some(total) = total_memory_bytes() else {
+        eprintln!("skipped the oversized file: /proc/meminfo has no MemTotal");
+        return;
+    };
+    let huge = tmp("huge.bin");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(2 * total))
+        .expect("sparse file");
+    let start = std::time::Instant::now();
+    check_error_line(
+        &[
+            "train",
+            TINY,
+            "--steps",
+            "1",
+            "--data",
+            huge.to_str().expect("utf8"),
+        ],
+        "bytes are available",
+    );
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "refused without reading: took {:?}",
+        start.elapsed()
+    );
+    let _ = std::fs::remove_file(&huge);
 }

@@ -24,6 +24,6 @@ pub use error::IrError;
 pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};
 pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn};
 pub use param::{Init, ParamId, ParamSpec};
-pub use program::{Optimizer, ParamGrad, TrainingProgram};
+pub use program::{BadHyperparameter, Optimizer, ParamGrad, TrainingProgram};
 pub use types::{DType, Shape, TensorData, TensorType};
 pub use validate::{validate, Problems};

@@ -142,6 +142,8 @@ pub enum PlanViolation {
     },
     #[error("planned peak {planned} bytes, the buffers' lifetimes give {recomputed}")]
     PeakMismatch { planned: u64, recomputed: u64 },
+    #[error(transparent)]
+    Optimizer(#[from] fsdpc_ir::BadHyperparameter),
 }
 
 impl Plan {
@@ -152,6 +154,9 @@ impl Plan {
             out: Vec::new(),
         };
         c.schema();
+        if let Err(e) = self.training.optimizer.check() {
+            c.push(e.into());
+        }
         if c.ids() {
             let clocks = Clocks::new(&self.instructions, self.events);
             c.events();

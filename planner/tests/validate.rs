@@ -133,6 +133,21 @@ fn changed_peak_is_rejected() {
 }
 
 #[test]
+fn meaningless_optimizer_hyperparameters_are_rejected() {
+    let mut p = tiny();
+    p.training.optimizer = fsdpc_ir::Optimizer::Sgd {
+        lr: -1.0,
+        momentum: 0.0,
+        weight_decay: 0.0,
+    };
+    let v = violations(&p);
+    assert!(
+        matches!(v.as_slice(), [PlanViolation::Optimizer(e)] if e.name == "lr"),
+        "{v:#?}"
+    );
+}
+
+#[test]
 fn json_round_trip_and_schema_check() {
     let p = tiny();
     let text = p.to_json_pretty().unwrap();

@@ -1,12 +1,13 @@
 //! `fsdpc compile MODEL --world N -o plan.json`
 
-use super::{CliError, ModelFlags, PlanFlags};
+use super::json_kind::{is_json, sniff, JsonKind};
+use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_ir::Optimizer;
 use fsdpc_planner::{
     BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct CompileArgs {
@@ -29,10 +30,19 @@ pub struct CompileArgs {
 }
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
+    if is_json(&a.model) {
+        let path = Path::new(&a.model);
+        if sniff(path, &read_file(path)?)? == JsonKind::Plan {
+            return Err(CliError::Usage(format!(
+                "{}: already a plan (fsdpc inspect or fsdpc train it); compile takes a model",
+                a.model
+            )));
+        }
+    }
     let plan = plan_model(&a.model, a.world, &a.preset, &a.plan, &a.import)?;
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
-        println!("{json}");
+        print_out(&format!("{json}\n"))?;
     } else {
         std::fs::write(&a.output, json).map_err(|source| CliError::Io {
             path: a.output.display().to_string(),
@@ -87,7 +97,22 @@ pub(crate) fn plan_model(
     Ok(fsdpc_planner::compile(model.program, info, &cluster, &cfg)?)
 }
 
-fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
+/// The optimizer the flags ask for, its hyperparameters checked: a value
+/// outside its range is a usage error naming the flag.
+pub(crate) fn optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
+    let o = named_optimizer(f)?;
+    o.check().map_err(|e| {
+        CliError::Usage(format!(
+            "--{} {}: {}",
+            e.name.replace('_', "-"),
+            e.value,
+            e.expected
+        ))
+    })?;
+    Ok(o)
+}
+
+fn named_optimizer(f: &PlanFlags) -> Result<Optimizer, CliError> {
     match f.optimizer.as_str() {
         "adamw" | "adam" => Ok(Optimizer::AdamW {
             lr: f.lr,

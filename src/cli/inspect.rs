@@ -1,6 +1,7 @@
 //! `fsdpc inspect plan.json [--json]`
 
-use super::{read_file, CliError};
+use super::json_kind::{sniff, JsonKind};
+use super::{print_out, read_file, CliError};
 use clap::Args;
 use fsdpc_planner::Plan;
 use std::path::{Path, PathBuf};
@@ -19,16 +20,24 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
     if a.json {
         let s = serde_json::to_string_pretty(&fsdpc_planner::inspect::summary(&plan))
             .map_err(|e| CliError::Usage(format!("cannot print summary: {e}")))?;
-        println!("{s}");
+        print_out(&format!("{s}\n"))
     } else {
-        print!("{}", fsdpc_planner::inspect::render_text(&plan));
+        print_out(&fsdpc_planner::inspect::render_text(&plan))
     }
-    Ok(())
 }
 
-/// Reads, parses and validates a plan file.
-pub(crate) fn load_plan(path: &PathBuf) -> Result<Plan, CliError> {
-    parse_plan(path, &read_file(path)?)
+/// Reads, parses and validates a plan file; an IR model or any other JSON
+/// is an error saying what the file is.
+pub(crate) fn load_plan(path: &Path) -> Result<Plan, CliError> {
+    let text = read_file(path)?;
+    match sniff(path, &text)? {
+        JsonKind::Plan => parse_plan(path, &text),
+        JsonKind::Model => Err(CliError::Usage(format!(
+            "{}: an fsdpc IR model, not a plan; compile it first (fsdpc compile {} --world N -o plan.json)",
+            path.display(),
+            path.display()
+        ))),
+    }
 }
 
 /// Parses and validates the text of the plan file at `path`.

@@ -8,6 +8,7 @@ mod compile;
 mod error;
 mod given;
 mod inspect;
+mod json_kind;
 mod model;
 mod trace;
 mod train;
@@ -16,7 +17,8 @@ pub use error::CliError;
 pub use model::ModelFlags;
 
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::Path;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -62,11 +64,11 @@ pub struct PlanFlags {
     /// Optimizer: adamw | sgd.
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
-    /// Learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    /// Learning rate (finite, >= 0).
+    #[arg(long, default_value_t = 1e-3, allow_hyphen_values = true)]
     pub lr: f64,
-    /// Weight decay (decoupled for AdamW).
-    #[arg(long, default_value_t = 0.0)]
+    /// Weight decay, decoupled for AdamW (finite, >= 0).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub weight_decay: f64,
     /// Activation checkpointing: every non-root unit re-runs its forward in
     /// its backward instead of keeping its activations.
@@ -87,9 +89,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 /// Reads a file, naming it in the error.
-pub(crate) fn read_file(path: &PathBuf) -> Result<String, CliError> {
+pub(crate) fn read_file(path: &Path) -> Result<String, CliError> {
     std::fs::read_to_string(path).map_err(|source| CliError::Io {
         path: path.display().to_string(),
         source,
     })
+}
+
+/// Writes `text` to standard output. `println!` would panic when the reader
+/// of a pipe has gone; here that is `CliError::BrokenPipe`.
+pub(crate) fn print_out(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(CliError::stdout)
 }
