@@ -29,8 +29,7 @@ pub struct TrainArgs {
     /// read as bytes (vocab 256). Default: a built-in synthetic task.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Write one JSON object per step (step, loss, tokens_per_s,
-    /// measured_peak_bytes, planned_peak_bytes).
+    /// Write one JSON object per step (step, loss, tokens_per_s, peak_bytes).
     #[arg(long)]
     pub metrics: Option<PathBuf>,
     /// Seed for initialisation and data.
@@ -108,9 +107,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         bar.set_message(format!("loss {:.4}  {:.0} tok/s", r.loss, r.tokens_per_s));
         if let Some(m) = metrics.as_mut() {
             let line = serde_json::json!({
-                "step": r.step, "loss": r.loss, "tokens_per_s": r.tokens_per_s,
-                "measured_peak_bytes": r.measured_peak_bytes,
-                "planned_peak_bytes": r.planned_peak_bytes,
+                "step": r.step, "loss": r.loss, "tokens_per_s": r.tokens_per_s, "peak_bytes": r.peak_bytes,
             });
             // A metrics write failure must not kill a training run; the
             // first one is reported at the end.
@@ -124,7 +121,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
     print_out(&format!(
-        "trained {} for {} steps on {} ranks ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak per rank {} measured, {} planned\n",
+        "trained {} for {} steps on {} ranks ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak {} per rank\n",
         plan.model.name,
         report.losses.len(),
         plan.cluster.world,
@@ -132,10 +129,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         first,
         last,
         report.tokens_per_s,
-        report
-            .measured_peak_bytes
-            .map_or_else(|| "not".to_string(), human_bytes),
-        human_bytes(report.planned_peak_bytes),
+        human_bytes(report.measured_peak_bytes),
     ))?;
     save(&a, &plan, &report.final_params)?;
     match (metrics_error, &a.metrics) {
