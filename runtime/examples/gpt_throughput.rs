@@ -49,10 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     tps.sort_by(f64::total_cmp);
     println!(
-        "overall {:.0} tok/s, median step {:.0} tok/s, arena {} bytes",
+        "overall {:.0} tok/s, median step {:.0} tok/s, planned peak {} bytes per rank",
         report.tokens_per_s,
         tps[tps.len() / 2],
-        report.measured_peak_bytes
+        report.planned_peak_bytes
     );
     if let Some(cpu) = cpu_seconds() {
         // What the run would reach with one dedicated core per rank (the

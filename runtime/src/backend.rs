@@ -1,7 +1,7 @@
 //! The kernel set a backend provides: one entry point that runs a graph
 //! node's kernel on input and output views, and the optimizer update.
 
-use crate::error::KResult;
+use crate::error::{KResult, KernelError};
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::{Node, Optimizer};
 
@@ -17,27 +17,59 @@ pub struct KernelCtx {
     pub seed: u64,
 }
 
-/// Scratch memory kernels may use (attention probabilities, promoted copies of
-/// half-precision operands). Owned by the caller and reused across calls, so
-/// after the first step no kernel allocates; its size is bounded by the
-/// largest single request (for attention: two `seq x seq` f32 tiles).
+/// Scratch memory a kernel may use (attention tiles, normalisation rows,
+/// promoted copies of half-precision operands): the first
+/// `workspace_bytes` of its stream's `Workspace` buffer in the arena, as the
+/// plan sized it (`fsdpc_planner::workspace`). A kernel asking for more than
+/// it was given fails: the plan's figure is the kernel's contract.
 #[derive(Debug, Default)]
-pub struct Workspace {
-    f32s: Vec<f32>,
+pub struct Workspace<'a> {
+    bytes: &'a mut [u8],
 }
 
-impl Workspace {
-    /// `n` f32 of scratch (contents unspecified).
-    pub fn f32s(&mut self, n: usize) -> &mut [f32] {
-        if self.f32s.len() < n {
-            self.f32s.resize(n, 0.0);
-        }
-        &mut self.f32s[..n]
+impl<'a> Workspace<'a> {
+    /// Scratch over `bytes` (8-byte aligned).
+    pub fn new(bytes: &'a mut [u8]) -> Workspace<'a> {
+        Workspace { bytes }
     }
 
-    /// Bytes currently held.
+    /// No scratch at all.
+    pub fn empty() -> Workspace<'a> {
+        Workspace { bytes: &mut [] }
+    }
+
+    fn too_small(&self, need: usize) -> KernelError {
+        KernelError(format!(
+            "needs {need} bytes of workspace, the plan gave it {}",
+            self.bytes.len()
+        ))
+    }
+
+    /// `n` f32 of scratch (contents unspecified), reused by the next call.
+    pub fn f32s(&mut self, n: usize) -> KResult<&mut [f32]> {
+        let need = n.saturating_mul(4);
+        if need > self.bytes.len() {
+            return Err(self.too_small(need));
+        }
+        bytemuck::try_cast_slice_mut(&mut self.bytes[..need])
+            .map_err(|_| KernelError("the workspace is not 4-byte aligned".into()))
+    }
+
+    /// Takes `n` bytes (rounded up to 8) off the front for the caller to
+    /// keep; the rest stays scratch.
+    pub fn carve(&mut self, n: usize) -> KResult<&'a mut [u8]> {
+        let need = n.div_ceil(8).saturating_mul(8);
+        if need > self.bytes.len() {
+            return Err(self.too_small(need));
+        }
+        let (head, tail) = std::mem::take(&mut self.bytes).split_at_mut(need);
+        self.bytes = tail;
+        Ok(&mut head[..n])
+    }
+
+    /// Bytes available.
     pub fn bytes(&self) -> usize {
-        self.f32s.len() * 4
+        self.bytes.len()
     }
 }
 
@@ -70,7 +102,7 @@ pub trait Backend: Send + Sync {
         inputs: &[TensorRef<'_>],
         outputs: &mut [TensorMut<'_>],
         ctx: &KernelCtx,
-        ws: &mut Workspace,
+        ws: &mut Workspace<'_>,
     ) -> KResult<()>;
 
     /// Applies the optimizer to a flat shard, element by element.

@@ -48,10 +48,9 @@ pub fn eval_graph(
         .topo_order()
         .map_err(|c| RuntimeError::Eval(format!("graph has a cycle through {c:?}")))?;
     let backend = CpuBackend::default();
-    let mut ws = Workspace::default();
     let mut values: HashMap<ValueId, HostTensor> = HashMap::new();
     for n in order {
-        let outs = eval_node(graph, n, feeds, params, &values, &backend, ctx, &mut ws)?;
+        let outs = eval_node(graph, n, feeds, params, &values, &backend, ctx)?;
         for (slot, t) in outs.into_iter().enumerate() {
             values.insert(
                 ValueId {
@@ -66,7 +65,6 @@ pub fn eval_graph(
 }
 
 /// The outputs of one node.
-#[allow(clippy::too_many_arguments)]
 fn eval_node(
     graph: &Graph,
     n: NodeId,
@@ -75,7 +73,6 @@ fn eval_node(
     values: &HashMap<ValueId, HostTensor>,
     backend: &CpuBackend,
     ctx: &KernelCtx,
-    ws: &mut Workspace,
 ) -> Result<Vec<HostTensor>, RuntimeError> {
     let node = graph.node(n);
     let source =
@@ -113,8 +110,13 @@ fn eval_node(
         .map(|t| HostTensor::zeros(t.clone()))
         .collect();
     let mut views: Vec<TensorMut> = outs.iter_mut().map(|t| t.view_mut()).collect();
+    // The planner's workspace rule sizes the scratch, as in a plan.
+    let in_types: Vec<&fsdpc_ir::TensorType> = ins.iter().map(|t| t.ty).collect();
+    let ws_bytes = fsdpc_planner::workspace::kernel_workspace(&node.op, &in_types, &node.outputs);
+    let mut scratch = vec![0u64; (ws_bytes as usize).div_ceil(8)];
+    let mut ws = Workspace::new(bytemuck::cast_slice_mut(&mut scratch));
     backend
-        .run(node, &ins, &mut views, ctx, ws)
+        .run(node, &ins, &mut views, ctx, &mut ws)
         .map_err(|e| RuntimeError::Kernel {
             node: format!("{} ({})", n, node.name),
             op: node.op.name(),

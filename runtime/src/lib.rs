@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+pub mod account;
 pub mod backend;
 pub mod comm;
 pub mod cpu;

@@ -10,11 +10,19 @@ pub fn mix(z: u64) -> u64 {
     fsdpc_ir::init::mix64(z.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
+/// The state `hash` starts from.
+pub const HASH_SEED: u64 = 0x5DEE_CE66_D1CE_4E5B;
+
+/// One counter folded into a hash state.
+#[inline]
+pub fn hash_step(h: u64, k: u64) -> u64 {
+    mix(h ^ mix(k))
+}
+
 /// A hash of a sequence of counters.
 #[inline]
 pub fn hash(keys: &[u64]) -> u64 {
-    keys.iter()
-        .fold(0x5DEE_CE66_D1CE_4E5B, |h, &k| mix(h ^ mix(k)))
+    keys.iter().fold(HASH_SEED, |h, &k| hash_step(h, k))
 }
 
 /// A uniform in [0, 1) from a hash (53 bits).

@@ -8,7 +8,6 @@
 use crate::error::{KResult, KernelError};
 use fsdpc_ir::{DType, TensorType};
 use half::{bf16, f16};
-use std::borrow::Cow;
 
 /// A read-only view of one tensor.
 #[derive(Copy, Clone, Debug)]
@@ -64,19 +63,14 @@ impl<'a> TensorRef<'a> {
         bytemuck::try_cast_slice(self.bytes).map_err(|_| cast_err("f32", self.ty))
     }
 
-    /// The elements of an integer tensor as i64 (borrowed when already i64
-    /// and aligned).
-    pub fn ints(&self) -> KResult<Cow<'a, [i64]>> {
+    /// The elements of an integer tensor, read as i64 without a copy.
+    pub fn ints(&self) -> KResult<Ints<'a>> {
         match self.ty.dtype {
             DType::I64 => match bytemuck::try_cast_slice(self.bytes) {
-                Ok(s) => Ok(Cow::Borrowed(s)),
-                Err(_) => Ok(Cow::Owned(
-                    (0..self.numel()).map(|i| self.get_i64(i)).collect(),
-                )),
+                Ok(s) => Ok(Ints::I64(s)),
+                Err(_) => Ok(Ints::Other(self.ty.dtype, self.bytes)),
             },
-            DType::I32 | DType::Bool => Ok(Cow::Owned(
-                (0..self.numel()).map(|i| self.get_i64(i)).collect(),
-            )),
+            DType::I32 | DType::Bool => Ok(Ints::Other(self.ty.dtype, self.bytes)),
             _ => crate::kbail!("expected an integer tensor, got {}", self.ty),
         }
     }
@@ -309,5 +303,44 @@ impl HostTensor {
             ty: &self.ty,
             bytes: &mut b[..n],
         }
+    }
+}
+
+/// An integer tensor's elements as i64: borrowed when they are aligned i64,
+/// converted one element at a time otherwise (no copy either way).
+#[derive(Copy, Clone, Debug)]
+pub enum Ints<'a> {
+    /// Aligned i64 elements.
+    I64(&'a [i64]),
+    /// Elements of another integer dtype (or unaligned i64).
+    Other(DType, &'a [u8]),
+}
+
+impl Ints<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Ints::I64(s) => s.len(),
+            Ints::Other(dt, b) => b.len() / dt.size(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` (`i < len()`).
+    #[inline]
+    pub fn get(&self, i: usize) -> i64 {
+        match self {
+            Ints::I64(s) => s[i],
+            Ints::Other(dt, b) => load_i64(*dt, b, i),
+        }
+    }
+
+    /// The elements in order.
+    pub fn iter(&self) -> impl Iterator<Item = i64> + '_ {
+        (0..self.len()).map(|i| self.get(i))
     }
 }

@@ -2,7 +2,7 @@
 //! ranks and reports the loss of every step, the final parameters (assembled
 //! from the shards by original name) and the measured memory.
 
-use crate::backend::Workspace;
+use crate::account::{self, RankTag};
 use crate::comm::shm::{CommConfig, ShmWorld};
 use crate::cpu::{CpuBackend, CpuConfig};
 use crate::data::{self, DataSource, DataSpec};
@@ -57,9 +57,12 @@ pub struct StepReport {
     pub loss: f32,
     /// Tokens (all ranks) per second of this step.
     pub tokens_per_s: f64,
-    /// Arena mode: the arena size; debug mode: the largest measured peak of
-    /// live bytes so far, over ranks.
-    pub peak_bytes: u64,
+    /// The largest heap a rank held during the steps so far (max over
+    /// ranks), measured by the counting allocator (`account`); `None` where
+    /// it is not the global allocator.
+    pub measured_peak_bytes: Option<u64>,
+    /// What the plan says a rank holds at most (`memory.rank_bytes`).
+    pub planned_peak_bytes: u64,
     /// Wall time of this step.
     pub elapsed: Duration,
 }
@@ -71,9 +74,16 @@ pub struct TrainReport {
     pub losses: Vec<f32>,
     /// Full parameters by original name, in unit and layout order.
     pub final_params: Vec<(String, Vec<f32>)>,
-    /// Debug mode: the measured peak of live bytes (max over ranks); arena
-    /// mode: the arena size.
-    pub measured_peak_bytes: u64,
+    /// The largest heap a rank held during the steps (max over ranks),
+    /// measured by the counting allocator (`account`): the arena, kernel
+    /// workspaces and anything else a rank's threads allocated. `None`
+    /// where the counting allocator is not the global allocator.
+    pub measured_peak_bytes: Option<u64>,
+    /// What the plan says a rank holds at most (`memory.rank_bytes`).
+    pub planned_peak_bytes: u64,
+    /// Debug mode only: the debug allocator's peak of live plan buffers (a
+    /// check of the plan's lifetimes, not a measurement of the run).
+    pub debug_peak_bytes: Option<u64>,
     /// Tokens (all ranks) per second over the whole run.
     pub tokens_per_s: f64,
     /// Wall time of the whole run.
@@ -87,7 +97,7 @@ enum Msg {
         rank: usize,
         step: u64,
         loss: f32,
-        peak: u64,
+        measured: Option<u64>,
     },
     Done {
         rank: usize,
@@ -95,10 +105,12 @@ enum Msg {
     },
 }
 
-/// What a rank hands back at the end: its fp32 shard of every unit.
+/// What a rank hands back at the end: its fp32 shard of every unit and its
+/// peaks.
 struct RankOut {
     shards: Vec<Vec<f32>>,
-    peak: u64,
+    measured: Option<u64>,
+    debug_peak: Option<u64>,
 }
 
 /// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
@@ -156,13 +168,24 @@ fn execute(
         },
     );
     check_fits_host(plan, opts.mode)?;
+    // One accounting tag per rank when the counting allocator is installed.
+    let tags = account::installed()
+        .then(|| account::claim(world))
+        .flatten();
+    let tag_of = |rank: usize| tags.map(|t| t + rank);
     let mut arenas: Vec<Arena> = match opts.mode {
         ExecMode::Arena => (0..world)
-            .map(|_| Arena::new(plan.memory.arena_bytes))
+            .map(|rank| {
+                // The arena is what the rank holds: it counts as the rank's.
+                let _tag = tag_of(rank).map(RankTag::enter);
+                Arena::new(plan.memory.arena_bytes)
+            })
             .collect(),
         ExecMode::DebugAlloc => Vec::new(),
     };
-    let (tx, rx) = mpsc::channel();
+    // Bounded: its slots are allocated here, so a rank's report allocates
+    // nothing.
+    let (tx, rx) = mpsc::sync_channel(2 * world + 2);
     let start = Instant::now();
     let (losses, outs) = std::thread::scope(|s| {
         let mut arena_iter = arenas.iter_mut();
@@ -172,6 +195,7 @@ fn execute(
             s.spawn(move || {
                 let ctx = RankCtx {
                     rank,
+                    tag: tag_of(rank),
                     shm,
                     prep,
                     backend,
@@ -200,12 +224,17 @@ fn execute(
     Ok(TrainReport {
         losses,
         final_params: assemble(plan, &outs)?,
-        measured_peak_bytes: outs.iter().map(|o| o.peak).max().unwrap_or(0),
+        measured_peak_bytes: outs.iter().filter_map(|o| o.measured).max(),
+        planned_peak_bytes: plan.memory.rank_bytes,
+        debug_peak_bytes: outs.iter().filter_map(|o| o.debug_peak).max(),
         tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
         elapsed,
         world,
     })
 }
+
+/// One rank's loss and measured peak after a step.
+type RankStep = (f32, Option<u64>);
 
 /// Receives step reports in order and every rank's result.
 fn collect(
@@ -214,9 +243,9 @@ fn collect(
     plan: &Plan,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> (Vec<f32>, Vec<Option<Result<RankOut, RuntimeError>>>) {
-    let mut pending: BTreeMap<u64, Vec<Option<(f32, u64)>>> = BTreeMap::new();
+    let mut pending: BTreeMap<u64, Vec<Option<RankStep>>> = BTreeMap::new();
     let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
-    let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), 0u64);
+    let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
     let tokens = (plan.model.tokens_per_rank_step * world as u64) as f64;
     for msg in rx {
         match msg {
@@ -224,18 +253,21 @@ fn collect(
                 rank,
                 step,
                 loss,
-                peak: p,
-            } => pending.entry(step).or_insert_with(|| vec![None; world])[rank] = Some((loss, p)),
+                measured,
+            } => {
+                pending.entry(step).or_insert_with(|| vec![None; world])[rank] =
+                    Some((loss, measured))
+            }
             Msg::Done { rank, out } => outs[rank] = Some(out),
         }
         while let Some(entry) = pending.get(&(losses.len() as u64)) {
-            let Some(vals) = entry.iter().copied().collect::<Option<Vec<(f32, u64)>>>() else {
+            let Some(vals) = entry.iter().copied().collect::<Option<Vec<RankStep>>>() else {
                 break;
             };
             let step = losses.len() as u64;
             pending.remove(&step);
             let loss = vals.iter().map(|v| v.0).fold(0.0f32, |a, b| a + b) / world as f32;
-            peak = peak.max(vals.iter().map(|v| v.1).max().unwrap_or(0));
+            peak = peak.max(vals.iter().filter_map(|v| v.1).max());
             let elapsed = last.elapsed();
             last = Instant::now();
             losses.push(loss);
@@ -243,7 +275,8 @@ fn collect(
                 step,
                 loss,
                 tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
-                peak_bytes: peak,
+                measured_peak_bytes: peak,
+                planned_peak_bytes: plan.memory.rank_bytes,
                 elapsed,
             });
         }
@@ -316,12 +349,14 @@ fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, Ru
 /// Everything one rank thread uses.
 struct RankCtx<'a> {
     rank: usize,
+    /// The rank's accounting tag, when the counting allocator is installed.
+    tag: Option<usize>,
     shm: &'a Arc<ShmWorld>,
     prep: &'a Prepared<'a>,
     backend: &'a CpuBackend,
     data: &'a dyn DataSource,
     opts: &'a TrainOptions,
-    tx: &'a mpsc::Sender<Msg>,
+    tx: &'a mpsc::SyncSender<Msg>,
 }
 
 impl RankCtx<'_> {
@@ -346,24 +381,51 @@ impl RankCtx<'_> {
             }
         };
         self.init_shards(&mem)?;
-        let mut wss: Vec<Workspace> = (0..3).map(|_| Workspace::default()).collect();
-        for step in 0..self.opts.steps {
-            match self.opts.mode {
-                ExecMode::Arena => env.step_arena(&mem, step, &mut wss)?,
-                ExecMode::DebugAlloc => env.step_debug(&mut mem, step, &mut wss[0])?,
-            }
-            let loss = env.read_loss(&mem)?;
+        // The step window: from here to the last step, every allocation of
+        // this thread and its stream threads counts as the rank's, on top
+        // of its arena (allocated under the same tag).
+        if let Some(t) = self.tag {
+            account::reset_peak(t);
+        }
+        self.steps(&env, &mut mem)?;
+        let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
+        let debug_peak = (self.opts.mode == ExecMode::DebugAlloc).then(|| mem.peak());
+        Ok(RankOut {
+            shards: self.shards(&mem)?,
+            measured,
+            debug_peak,
+        })
+    }
+
+    /// Runs every step, reporting each step's loss.
+    fn steps(&self, env: &RankEnv, mem: &mut Memory) -> Result<(), RuntimeError> {
+        let report = |step: u64, mem: &Memory| -> Result<(), RuntimeError> {
+            let loss = env.read_loss(mem)?;
+            let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
             let _ = self.tx.send(Msg::Step {
                 rank: self.rank,
                 step,
                 loss,
-                peak: mem.peak(),
+                measured,
             });
+            Ok(())
+        };
+        match self.opts.mode {
+            ExecMode::Arena => {
+                let mem = &*mem;
+                env.run_arena(mem, self.opts.steps, self.tag, &mut |step| {
+                    report(step, mem)
+                })
+            }
+            ExecMode::DebugAlloc => {
+                let _tag = self.tag.map(RankTag::enter);
+                for step in 0..self.opts.steps {
+                    env.step_debug(mem, step)?;
+                    report(step, mem)?;
+                }
+                Ok(())
+            }
         }
-        Ok(RankOut {
-            shards: self.shards(&mem)?,
-            peak: mem.peak(),
-        })
     }
 
     /// The ShardParams buffer of each unit.

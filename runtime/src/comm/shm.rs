@@ -116,11 +116,13 @@ impl ShmWorld {
             .entry((ranks.to_vec(), tag.to_string()))
             .or_insert_with(|| Arc::new(Group::new(ranks.len())))
             .clone();
+        let posts = Mutex::new(Vec::with_capacity(ranks.len()));
         Ok(ShmComm {
             world: self.clone(),
             group,
             pos,
             rank,
+            posts,
         })
     }
 
@@ -212,6 +214,10 @@ pub struct ShmComm {
     group: Arc<Group>,
     pos: usize,
     rank: usize,
+    /// The members' posts of the current collective, copied out of the
+    /// group (room for every member, made once: a collective allocates
+    /// nothing).
+    posts: Mutex<Vec<Post>>,
 }
 
 /// Which barrier a member waits in.
@@ -223,8 +229,20 @@ enum Phase {
 
 impl ShmComm {
     /// Arrives at a barrier (publishing `post` in phase A) and waits for the
-    /// other members. Returns the posts of the completed generation.
-    fn barrier_wait(&self, post: Post, phase: Phase) -> Result<Vec<Post>, CommError> {
+    /// other members. Copies the posts of the completed generation into
+    /// `out`, when given.
+    fn barrier_wait(
+        &self,
+        post: Post,
+        phase: Phase,
+        out: Option<&mut Vec<Post>>,
+    ) -> Result<(), CommError> {
+        let copy = |posts: &[Post], out: Option<&mut Vec<Post>>| {
+            if let Some(o) = out {
+                o.clear();
+                o.extend_from_slice(posts);
+            }
+        };
         let g = &self.group;
         let mut st = lock(&g.state);
         if phase == Phase::Post {
@@ -245,7 +263,8 @@ impl ShmComm {
             st.arrived = 0;
             st.gen += 1;
             g.cv.notify_all();
-            return Ok(st.posts.clone());
+            copy(&st.posts, out);
+            return Ok(());
         }
         let start = Instant::now();
         loop {
@@ -255,7 +274,8 @@ impl ShmComm {
                     .map(|r| r.0)
                     .unwrap_or_else(|e| e.into_inner().0);
             if st.gen != my_gen {
-                return Ok(st.posts.clone());
+                copy(&st.posts, out);
+                return Ok(());
             }
             let failed = if phase == Phase::Post {
                 self.world.failed_err()
@@ -285,7 +305,8 @@ impl ShmComm {
         post: Post,
         work: impl FnOnce(&[Post]) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        let posts = self.barrier_wait(post, Phase::Post)?;
+        let mut posts = lock(&self.posts);
+        self.barrier_wait(post, Phase::Post, Some(&mut posts))?;
         let res = if posts.iter().any(|p| p.op != post.op) {
             Err(mismatch(
                 post.op,
@@ -298,7 +319,7 @@ impl ShmComm {
             catch_unwind(AssertUnwindSafe(|| work(&posts)))
                 .unwrap_or_else(|_| Err(mismatch(post.op, "the collective panicked".into())))
         };
-        self.barrier_wait(Post::new(post.op), Phase::Done)?;
+        self.barrier_wait(Post::new(post.op), Phase::Done, None)?;
         res
     }
 }
@@ -371,24 +392,39 @@ fn convert(src: &[u8], sdt: DType, dst: &mut [u8], ddt: DType) {
 }
 
 /// `dst[i] = (((x0[i] + x1[i]) + x2[i]) + ...) / d` in f32, where `x0` is
-/// `first`, or `dst` itself when `first` is `None`, and `x1..` are `rest`.
-fn reduce_into(
+/// `first`, or `dst` itself when `first` is `None`, and `x1..` are
+/// `rest(0..n_rest)` (a function, so a collective collects no list).
+fn reduce_into<'a>(
     first: Option<(&[u8], DType)>,
-    rest: &[(&[u8], DType)],
+    n_rest: usize,
+    rest: impl Fn(usize) -> (&'a [u8], DType),
     dst: &mut [u8],
     ddt: DType,
     d: u32,
 ) {
+    let f32s = |b: &'a [u8], t: DType| {
+        (t == DType::F32)
+            .then(|| bytemuck::try_cast_slice::<u8, f32>(b).ok())
+            .flatten()
+    };
     let all_f32 = ddt == DType::F32
         && first.is_none_or(|f| f.1 == DType::F32)
-        && rest.iter().all(|r| r.1 == DType::F32);
+        && (0..n_rest).all(|k| {
+            let (b, t) = rest(k);
+            f32s(b, t).is_some()
+        });
     if all_f32 {
-        let xs: Option<Vec<&[f32]>> = rest
-            .iter()
-            .map(|r| bytemuck::try_cast_slice(r.0).ok())
-            .collect();
-        if let (Some(xs), Ok(out)) = (xs, bytemuck::try_cast_slice_mut::<u8, f32>(dst)) {
-            reduce_f32(first.map(|f| f.0), &xs, out, d);
+        if let Ok(out) = bytemuck::try_cast_slice_mut::<u8, f32>(dst) {
+            if let Some(f) = first {
+                bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(f.0);
+            }
+            for k in 0..n_rest {
+                let (b, t) = rest(k);
+                if let Some(x) = f32s(b, t) {
+                    add_f32(out, x);
+                }
+            }
+            divide_f32(out, d);
             return;
         }
     }
@@ -397,22 +433,21 @@ fn reduce_into(
             Some((b, t)) => load_f64(t, b, i) as f32,
             None => load_f64(ddt, dst, i) as f32,
         };
-        for (b, t) in rest {
-            s += load_f64(*t, b, i) as f32;
+        for k in 0..n_rest {
+            let (b, t) = rest(k);
+            s += load_f64(t, b, i) as f32;
         }
         store_f64(ddt, dst, i, (s / d as f32) as f64);
     }
 }
 
-fn reduce_f32(first: Option<&[u8]>, rest: &[&[f32]], out: &mut [f32], d: u32) {
-    if let Some(f) = first {
-        bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(f);
+fn add_f32(out: &mut [f32], x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x.iter()) {
+        *o += v;
     }
-    for x in rest {
-        for (o, &v) in out.iter_mut().zip(x.iter()) {
-            *o += v;
-        }
-    }
+}
+
+fn divide_f32(out: &mut [f32], d: u32) {
     if d != 1 {
         let df = d as f32;
         for o in out.iter_mut() {
@@ -495,9 +530,15 @@ impl Communicator for ShmComm {
                     p.send_dt,
                 )
             };
-            let rest: Vec<(&[u8], DType)> = posts[1..].iter().map(chunk).collect();
             let dst = unsafe { recv_of(&post, 0, s) };
-            reduce_into(Some(chunk(&posts[0])), &rest, dst, post.recv_dt, divide_by);
+            reduce_into(
+                Some(chunk(&posts[0])),
+                posts.len() - 1,
+                |k| chunk(&posts[k + 1]),
+                dst,
+                post.recv_dt,
+                divide_by,
+            );
             Ok(())
         })
     }
@@ -522,11 +563,11 @@ impl Communicator for ShmComm {
             // any member's buffer during the work phase. Member 0's chunk is
             // the accumulator; it is read as a source before being written.
             let acc = unsafe { recv_of(&posts[0], lo, hi - lo) };
-            let others: Vec<(&[u8], DType)> = posts[1..]
-                .iter()
-                .map(|p| unsafe { (&*recv_of(p, lo, hi - lo), p.recv_dt) })
-                .collect();
-            reduce_into(None, &others, acc, post.recv_dt, divide_by);
+            let other = |k: usize| {
+                let p = &posts[k + 1];
+                unsafe { (&*recv_of(p, lo, hi - lo), p.recv_dt) }
+            };
+            reduce_into(None, posts.len() - 1, other, acc, post.recv_dt, divide_by);
             for p in &posts[1..] {
                 let dst = unsafe { recv_of(p, lo, hi - lo) };
                 dst.copy_from_slice(acc);
@@ -561,7 +602,6 @@ impl Communicator for ShmComm {
     }
 
     fn barrier(&self) -> Result<(), CommError> {
-        self.barrier_wait(Post::new("barrier"), Phase::Post)
-            .map(|_| ())
+        self.barrier_wait(Post::new("barrier"), Phase::Post, None)
     }
 }

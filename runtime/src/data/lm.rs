@@ -90,13 +90,14 @@ impl Lm {
         Ok(Some(Lm { seq, tokens, seed }))
     }
 
-    /// Token `i` (0..=seq) of the window of global sample `sample`.
-    fn window(&self, step: u64, sample: u64, out: &mut [i64]) {
+    /// Passes token `i` (0..=seq) of the window of global sample `sample`
+    /// to `emit(i, token)`.
+    fn window(&self, step: u64, sample: u64, mut emit: impl FnMut(usize, i64)) {
         match &self.tokens {
             Tokens::Synthetic { next } => {
                 let mut t = below(&[self.seed, step, sample, START_KEY], next.len() as u64) as u32;
-                for o in out.iter_mut() {
-                    *o = t as i64;
+                for i in 0..=self.seq {
+                    emit(i, t as i64);
                     t = next[t as usize];
                 }
             }
@@ -105,8 +106,8 @@ impl Lm {
                     &[self.seed, step, sample, START_KEY],
                     (c.len() - self.seq) as u64,
                 ) as usize;
-                for (o, &t) in out.iter_mut().zip(&c[start..]) {
-                    *o = t as i64;
+                for (i, &t) in c[start..].iter().take(self.seq + 1).enumerate() {
+                    emit(i, t as i64);
                 }
             }
         }
@@ -125,12 +126,12 @@ impl Lm {
             _ => return Ok(Some(out)),
         };
         let b = out.dims()[0];
-        let mut win = vec![0i64; self.seq + 1];
         for s in 0..b {
-            self.window(batch.step, batch.first_sample + s as u64, &mut win);
-            for i in 0..self.seq {
-                out.set_i64(s * self.seq + i, win[i + shift]);
-            }
+            self.window(batch.step, batch.first_sample + s as u64, |i, t| {
+                if (shift..shift + self.seq).contains(&i) {
+                    out.set_i64(s * self.seq + i - shift, t);
+                }
+            });
         }
         Ok(None)
     }

@@ -171,7 +171,9 @@ fn generic(
 
 /// An integer input that is a mask by name (`attention_mask`, `mask`).
 fn is_mask(name: &str) -> bool {
-    name.to_ascii_lowercase().contains("mask")
+    name.as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"mask"))
 }
 
 /// Elements per sample (axis 0 is the batch).
@@ -184,5 +186,8 @@ fn per_sample(dims: &[usize]) -> usize {
 
 /// A key for an input name.
 fn name_key(name: &str) -> u64 {
-    crate::rng::hash(&name.bytes().map(u64::from).collect::<Vec<_>>())
+    // `rng::hash` of the bytes as u64 counters, folded without a copy.
+    name.bytes().fold(crate::rng::HASH_SEED, |h, b| {
+        crate::rng::hash_step(h, u64::from(b))
+    })
 }

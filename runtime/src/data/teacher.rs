@@ -56,13 +56,11 @@ impl Teacher {
     }
 
     fn label(&self, step: u64, sample: u64) -> i64 {
-        let x: Vec<f64> = (0..self.features)
-            .map(|f| self.feature(step, sample, f))
-            .collect();
+        // Features are drawn again per class rather than kept: a step's
+        // data loading allocates nothing.
         let score = |c: u64| {
-            x.iter()
-                .enumerate()
-                .map(|(f, v)| v * normal(&[self.seed, W_KEY, c, f as u64]))
+            (0..self.features)
+                .map(|f| self.feature(step, sample, f) * normal(&[self.seed, W_KEY, c, f as u64]))
                 .sum::<f64>()
         };
         (0..self.classes)

@@ -3,13 +3,17 @@
 //! one allocation per buffer (`memory`), after resolving and checking the
 //! plan once (`prepare`).
 //!
-//! Memory: tensors live only in the plan's arena. Besides it, a rank keeps
-//! one `Workspace` per stream (kernel scratch: two `seq x seq` attention
-//! tiles, two normalisation rows, strided softmax rows; it reaches its size
-//! in the first step and is reused after), and per kernel call a few small
-//! vectors of views and labels — bookkeeping, not tensor memory. Arithmetic
-//! ops on bf16/f16 operands run on promoted f32 copies (a slow path for
-//! mixed-precision plans, allocated per call).
+//! Memory: during a step a rank allocates nothing of its own beyond the
+//! plan's arena. Kernel scratch (attention tiles, normalisation rows,
+//! strided softmax rows, f32 copies of half-precision operands) is the
+//! first `workspace_bytes` of the stream's `Workspace` buffer in the arena;
+//! operand views live on the stack; collectives and data loading write
+//! into preallocated space. The one allocation outside the plan's arena is
+//! the matrix-product library's own packing (`gemm`), which the plan bounds
+//! as `memory.heap_bytes`. The stream threads are started once per run.
+//! `account` measures all of it per rank when the counting allocator is
+//! installed. (Known gap: a half-precision operand's widened type clones its
+//! shape, a few bytes per call.)
 
 pub(crate) mod events;
 pub(crate) mod memory;
@@ -23,7 +27,8 @@ pub enum ExecMode {
     #[default]
     Arena,
     /// The instruction list serially in list order; each buffer allocated
-    /// just before its first write and dropped at its `Free`, measuring the
-    /// peak of live bytes (which must equal the plan's `peak_bytes`).
+    /// just before its first write and dropped at its `Free`. A check of the
+    /// executor against the plan's lifetimes and offsets: its peak of live
+    /// buffers re-derives the plan's `peak_bytes`, it does not measure a run.
     DebugAlloc,
 }

@@ -44,6 +44,9 @@ pub enum Step<'p> {
         node: &'p Node,
         ins: Vec<(Region, &'p TensorType)>,
         outs: Vec<(Region, &'p TensorType)>,
+        /// The kernel's scratch: the first `workspace_bytes` of its
+        /// stream's `Workspace` buffer.
+        ws: Option<Region>,
     },
     Optimizer {
         params: BufferId,
@@ -252,8 +255,12 @@ fn resolve<'p>(
             node,
             inputs,
             outputs,
+            workspace_bytes,
             ..
-        } => kernel(plan, graph, i, *node, inputs, outputs)?,
+        } => {
+            let ws = workspace(plan, i, *workspace_bytes)?;
+            kernel(plan, graph, i, *node, inputs, outputs, ws)?
+        }
         InstrOp::OptimizerStep {
             params,
             grads,
@@ -282,6 +289,31 @@ fn resolve<'p>(
     })
 }
 
+/// The first `bytes` of the `Workspace` buffer of instruction `i`'s stream.
+fn workspace(plan: &Plan, i: usize, bytes: u64) -> Result<Option<Region>, RuntimeError> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let stream = plan.instructions[i].stream;
+    let b = plan
+        .buffers
+        .iter()
+        .find(|b| b.kind == BufferKind::Workspace && b.stream == Some(stream))
+        .ok_or_else(|| {
+            err(
+                i,
+                format!("the kernel needs {bytes} bytes of workspace and stream {stream:?} has no workspace buffer"),
+            )
+        })?;
+    let slot = Slot {
+        buffer: b.id,
+        offset: 0,
+    };
+    region(plan, slot, bytes)
+        .map(Some)
+        .map_err(|e| err(i, format!("workspace: {e}")))
+}
+
 fn kernel<'p>(
     plan: &'p Plan,
     graph: &'p Graph,
@@ -289,6 +321,7 @@ fn kernel<'p>(
     id: NodeId,
     inputs: &[Slot],
     outputs: &[Slot],
+    ws: Option<Region>,
 ) -> Result<Step<'p>, RuntimeError> {
     let node = graph
         .try_node(id)
@@ -329,6 +362,7 @@ fn kernel<'p>(
         node,
         ins,
         outs,
+        ws,
     })
 }
 

@@ -4,6 +4,7 @@
 use super::events::Events;
 use super::memory::Memory;
 use super::prepare::{kind, Prepared, Step};
+use crate::account::RankTag;
 use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
 use crate::comm::shm::{ShmComm, ShmWorld};
 use crate::comm::{Buf, BufMut, Communicator};
@@ -12,8 +13,13 @@ use crate::error::{CommError, RuntimeError};
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::DType;
 use fsdpc_planner::plan::{BufferId, BufferKind, Group, Stream};
+use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+/// Operand views a kernel call keeps on the stack.
+const VIEWS: usize = 8;
 
 /// What one rank needs to execute steps.
 pub struct RankEnv<'a> {
@@ -126,13 +132,7 @@ impl<'a> RankEnv<'a> {
     }
 
     /// Runs one instruction (all but `Free`, which only debug mode acts on).
-    fn exec(
-        &self,
-        mem: &Memory,
-        i: usize,
-        step: u64,
-        ws: &mut Workspace,
-    ) -> Result<(), RuntimeError> {
+    fn exec(&self, mem: &Memory, i: usize, step: u64) -> Result<(), RuntimeError> {
         let stream = self.prep.plan.instructions[i].stream;
         let ce = |e: CommError| comm_err(self.rank, e);
         // SAFETY (all `view`/`view_mut` below): regions come from `prepare`;
@@ -177,7 +177,7 @@ impl<'a> RankEnv<'a> {
                     let first_sample = (self.rank * self.prep.batch) as u64;
                     self.data.fill(name, Batch { step, first_sample }, out)
                 }
-                Step::Kernel { .. } => self.kernel(mem, i, step, ws),
+                Step::Kernel { .. } => self.kernel(mem, i, step),
                 Step::Optimizer {
                     params,
                     grads,
@@ -209,43 +209,45 @@ impl<'a> RankEnv<'a> {
         Ok(())
     }
 
-    unsafe fn kernel(
-        &self,
-        mem: &Memory,
-        i: usize,
-        step: u64,
-        ws: &mut Workspace,
-    ) -> Result<(), RuntimeError> {
+    unsafe fn kernel(&self, mem: &Memory, i: usize, step: u64) -> Result<(), RuntimeError> {
         let Step::Kernel {
             id,
             node,
             ins,
             outs,
+            ws,
         } = &self.prep.steps[i]
         else {
             return Ok(());
         };
-        let mut xs = Vec::with_capacity(ins.len());
+        // Operand views on the stack (heap only past `VIEWS` operands).
+        let mut xs: SmallVec<[TensorRef; VIEWS]> = SmallVec::new();
         for (r, ty) in ins {
             xs.push(TensorRef {
                 ty,
                 bytes: mem.view(*r)?,
             });
         }
-        let mut ys = Vec::with_capacity(outs.len());
+        let mut ys: SmallVec<[TensorMut; VIEWS]> = SmallVec::new();
         for (r, ty) in outs {
             ys.push(TensorMut {
                 ty,
                 bytes: mem.view_mut(*r)?,
             });
         }
+        // The stream's workspace buffer is used by this stream's kernels
+        // only, one at a time.
+        let mut ws = match ws {
+            Some(r) => Workspace::new(mem.view_mut(*r)?),
+            None => Workspace::empty(),
+        };
         let ctx = KernelCtx {
             step,
             sample_offset: (self.rank * self.prep.batch) as u64,
             seed: self.seed,
         };
         self.backend
-            .run(node, &xs, &mut ys, &ctx, ws)
+            .run(node, &xs, &mut ys, &ctx, &mut ws)
             .map_err(|e| RuntimeError::Kernel {
                 node: format!("{id} ({})", node.name),
                 op: node.op.name(),
@@ -292,16 +294,10 @@ impl<'a> RankEnv<'a> {
     }
 
     /// Runs one stream's instructions of a step, in list order.
-    fn run_stream(
-        &self,
-        mem: &Memory,
-        k: usize,
-        step: u64,
-        ws: &mut Workspace,
-    ) -> Result<(), RuntimeError> {
+    fn run_stream(&self, mem: &Memory, k: usize, step: u64) -> Result<(), RuntimeError> {
         let res = catch_unwind(AssertUnwindSafe(|| {
             for &i in &self.prep.streams[k].1 {
-                self.exec(mem, i, step, ws)?;
+                self.exec(mem, i, step)?;
             }
             Ok(())
         }))
@@ -322,49 +318,92 @@ impl<'a> RankEnv<'a> {
         res
     }
 
-    /// Arena mode: one thread per stream; all streams join at the end.
-    pub fn step_arena(
+    /// Arena mode: runs `steps` steps with one thread per stream, created
+    /// once; every step the streams start together and join at its end,
+    /// then `after_step(step)` runs while no stream does. The stream threads
+    /// and, once they are started, the calling rank thread carry the
+    /// accounting tag `tag` (`account::RankTag`): starting the threads (their
+    /// handles, made once per run) is the one allocation of the run that is
+    /// not the rank's.
+    pub fn run_arena(
         &self,
         mem: &Memory,
-        step: u64,
-        wss: &mut [Workspace],
+        steps: u64,
+        tag: Option<usize>,
+        after_step: &mut dyn FnMut(u64) -> Result<(), RuntimeError>,
     ) -> Result<(), RuntimeError> {
-        self.events.reset();
-        let results: Vec<Result<(), RuntimeError>> = std::thread::scope(|s| {
-            let mut handles = Vec::new();
-            let mut own = None;
-            for (k, ws) in wss.iter_mut().enumerate().take(self.prep.streams.len()) {
-                if self.prep.streams[k].1.is_empty() {
-                    continue;
-                }
-                if self.prep.streams[k].0 == Stream::Compute {
-                    own = Some((k, ws));
-                } else {
-                    handles.push(s.spawn(move || self.run_stream(mem, k, step, ws)));
+        let live = |k: &usize| !self.prep.streams[*k].1.is_empty();
+        let is_compute = |k: &usize| self.prep.streams[*k].0 == Stream::Compute;
+        let compute = (0..self.prep.streams.len()).find(|k| live(k) && is_compute(k));
+        let helpers: SmallVec<[usize; 4]> = (0..self.prep.streams.len())
+            .filter(|k| live(k) && !is_compute(k))
+            .collect();
+        let start = Barrier::new(helpers.len() + 1);
+        let end = Barrier::new(helpers.len() + 1);
+        let stop = AtomicBool::new(false);
+        let current = AtomicU64::new(0);
+        let errors: SmallVec<[Mutex<Option<RuntimeError>>; 4]> =
+            helpers.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for (&k, slot) in helpers.iter().zip(&errors) {
+                let (start, end, stop, current) = (&start, &end, &stop, &current);
+                s.spawn(move || {
+                    let _tag = tag.map(RankTag::enter);
+                    loop {
+                        start.wait();
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        if let Err(e) = self.run_stream(mem, k, current.load(Ordering::Acquire)) {
+                            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                        }
+                        end.wait();
+                    }
+                });
+            }
+            let _tag = tag.map(RankTag::enter);
+            let mut out = Ok(());
+            for step in 0..steps {
+                self.events.reset();
+                current.store(step, Ordering::Release);
+                start.wait();
+                let mine = compute.map_or(Ok(()), |k| self.run_stream(mem, k, step));
+                end.wait();
+                out = self
+                    .step_result(mine, &errors)
+                    .and_then(|()| after_step(step));
+                if out.is_err() {
+                    break;
                 }
             }
-            let mut res = vec![own.map_or(Ok(()), |(k, ws)| self.run_stream(mem, k, step, ws))];
-            for h in handles {
-                res.push(h.join().unwrap_or_else(|p| {
-                    Err(RuntimeError::RankFailed {
-                        rank: self.rank,
-                        reason: panic_text(&*p),
-                    })
-                }));
-            }
-            res
-        });
-        first_error(results)
+            stop.store(true, Ordering::Release);
+            start.wait();
+            out
+        })
+    }
+
+    /// The result of a step from the compute stream's and the helper
+    /// streams' outcomes (allocating only when one failed).
+    fn step_result(
+        &self,
+        mine: Result<(), RuntimeError>,
+        errors: &[Mutex<Option<RuntimeError>>],
+    ) -> Result<(), RuntimeError> {
+        let mut helper_errs = errors
+            .iter()
+            .filter_map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .peekable();
+        if mine.is_ok() && helper_errs.peek().is_none() {
+            return Ok(());
+        }
+        let all: Vec<Result<(), RuntimeError>> =
+            std::iter::once(mine).chain(helper_errs.map(Err)).collect();
+        first_error(all)
     }
 
     /// Debug mode: every instruction serially in list order, each buffer
     /// allocated just before its first write and dropped at its `Free`.
-    pub fn step_debug(
-        &self,
-        mem: &mut Memory,
-        step: u64,
-        ws: &mut Workspace,
-    ) -> Result<(), RuntimeError> {
+    pub fn step_debug(&self, mem: &mut Memory, step: u64) -> Result<(), RuntimeError> {
         self.events.reset();
         let res = catch_unwind(AssertUnwindSafe(|| {
             for i in 0..self.prep.steps.len() {
@@ -379,7 +418,7 @@ impl<'a> RankEnv<'a> {
                             format!("waits on event {e}, which is recorded later in list order"),
                         ));
                     }
-                    _ => self.exec(mem, i, step, ws)?,
+                    _ => self.exec(mem, i, step)?,
                 }
             }
             Ok(())

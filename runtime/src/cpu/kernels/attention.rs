@@ -114,7 +114,7 @@ pub fn forward(
     if ys.len() != s.heads * s.sq * s.dv {
         crate::kbail!("attention output {} does not match q and v", y.ty);
     }
-    let p = ws.f32s(s.sq * s.sk);
+    let p = ws.f32s(s.sq * s.sk)?;
     for h in 0..s.heads {
         let qh = &qs[h * s.sq * s.d..(h + 1) * s.sq * s.d];
         let kh = &ks[h * s.sk * s.d..(h + 1) * s.sk * s.d];
@@ -167,7 +167,7 @@ pub fn backward(
     {
         crate::kbail!("attention_grad: gradient shapes do not match q, k, v");
     }
-    let tiles = ws.f32s(2 * s.sq * s.sk);
+    let tiles = ws.f32s(2 * s.sq * s.sk)?;
     let (p, dp) = tiles.split_at_mut(s.sq * s.sk);
     let scale = scale as f32;
     for h in 0..s.heads {

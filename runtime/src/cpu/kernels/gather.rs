@@ -39,7 +39,7 @@ pub fn gather(
     let run = inner * data.dtype().size();
     let mut o = 0;
     for b in 0..outer {
-        for &i in idx.iter() {
+        for i in idx.iter() {
             let r = resolve(i, n)?;
             let src = (b * n + r) * run;
             y.bytes[o..o + run].copy_from_slice(&data.bytes[src..src + run]);
@@ -69,7 +69,7 @@ pub fn gather_grad(
     d.fill(0.0);
     let mut o = 0;
     for b in 0..outer {
-        for &i in idx.iter() {
+        for i in idx.iter() {
             let r = resolve(i, n)?;
             let dst = &mut d[(b * n + r) * inner..(b * n + r + 1) * inner];
             for (a, &v) in dst.iter_mut().zip(&g[o..o + inner]) {

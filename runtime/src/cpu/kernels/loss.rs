@@ -5,7 +5,7 @@
 
 use super::simd;
 use crate::error::KResult;
-use crate::tensor::{TensorMut, TensorRef};
+use crate::tensor::{Ints, TensorMut, TensorRef};
 
 /// (rows, classes), checking the labels count.
 fn geometry(logits: &TensorRef, labels: &TensorRef) -> KResult<(usize, usize)> {
@@ -31,14 +31,29 @@ fn class(label: i64, ignore: Option<i64>, c: usize) -> KResult<Option<usize>> {
     Ok(Some(label as usize))
 }
 
-/// The rows' classes (`None` for ignored rows) and the count of the others.
-fn classes(lab: &[i64], ignore: Option<i64>, c: usize) -> KResult<(Vec<Option<usize>>, usize)> {
-    let mut out = Vec::with_capacity(lab.len());
-    for &l in lab {
-        out.push(class(l, ignore, c)?);
+/// Checks every label and counts the rows that are not ignored.
+fn count_rows(lab: &Ints, ignore: Option<i64>, c: usize) -> KResult<usize> {
+    let mut count = 0;
+    for l in lab.iter() {
+        count += usize::from(class(l, ignore, c)?.is_some());
     }
-    let count = out.iter().filter(|t| t.is_some()).count();
-    Ok((out, count))
+    Ok(count)
+}
+
+/// The labels of the rows, checked by `count_rows`: the class of each row,
+/// `None` for an ignored one.
+#[derive(Copy, Clone)]
+struct Classes<'a> {
+    lab: Ints<'a>,
+    ignore: Option<i64>,
+}
+
+impl Classes<'_> {
+    #[inline]
+    fn get(&self, r: usize) -> Option<usize> {
+        let l = self.lab.get(r);
+        (Some(l) != self.ignore).then_some(l as usize)
+    }
 }
 
 /// `CrossEntropy { ignore_index }`: per row `logsumexp(x) - x[label]`,
@@ -51,12 +66,13 @@ pub fn forward(
 ) -> KResult<()> {
     let (_, c) = geometry(logits, labels)?;
     let (x, lab) = (logits.f32()?, labels.ints()?);
-    let (cls, count) = classes(&lab, ignore, c)?;
+    let count = count_rows(&lab, ignore, c)?;
+    let cls = Classes { lab, ignore };
     let out = loss.f32_mut()?;
     if out.len() != 1 {
         crate::kbail!("cross_entropy writes a scalar, the output is {}", loss.ty);
     }
-    let sum = ce_rows(x, c, &cls);
+    let sum = ce_rows(x, c, cls);
     out[0] = if count == 0 {
         0.0
     } else {
@@ -74,7 +90,8 @@ pub fn backward(ignore: Option<i64>, ins: [&TensorRef; 3], dlogits: &mut TensorM
     let Some(&dl) = dl.first() else {
         crate::kbail!("cross_entropy_grad: dloss is empty");
     };
-    let (cls, count) = classes(&lab, ignore, c)?;
+    let count = count_rows(&lab, ignore, c)?;
+    let cls = Classes { lab, ignore };
     let g = dlogits.f32_mut()?;
     if g.len() != x.len() {
         crate::kbail!(
@@ -84,16 +101,16 @@ pub fn backward(ignore: Option<i64>, ins: [&TensorRef; 3], dlogits: &mut TensorM
         );
     }
     let scale = if count == 0 { 0.0 } else { dl / count as f32 };
-    ce_grad_rows(x, g, c, &cls, scale);
+    ce_grad_rows(x, g, c, cls, scale);
     Ok(())
 }
 
 crate::multiversion! {
     /// Sum over the non-ignored rows of `logsumexp(row) - row[label]`.
-    fn ce_rows(x: &[f32], c: usize, cls: &[Option<usize>]) -> f64 {
+    fn ce_rows(x: &[f32], c: usize, cls: Classes<'_>) -> f64 {
         let mut sum = 0.0f64;
-        for (row, t) in x.chunks_exact(c).zip(cls) {
-            if let Some(t) = *t {
+        for (r, row) in x.chunks_exact(c).enumerate() {
+            if let Some(t) = cls.get(r) {
                 let m = simd::max(row);
                 let lse = m + simd::exp_sum(row, m, None).ln();
                 sum += (lse - row[t]) as f64;
@@ -105,9 +122,9 @@ crate::multiversion! {
 
 crate::multiversion! {
     /// `g = (softmax(row) - onehot) * scale` per row; ignored rows zero.
-    fn ce_grad_rows(x: &[f32], g: &mut [f32], c: usize, cls: &[Option<usize>], scale: f32) {
-        for ((row, gr), t) in x.chunks_exact(c).zip(g.chunks_exact_mut(c)).zip(cls) {
-            match *t {
+    fn ce_grad_rows(x: &[f32], g: &mut [f32], c: usize, cls: Classes<'_>, scale: f32) {
+        for (r, (row, gr)) in x.chunks_exact(c).zip(g.chunks_exact_mut(c)).enumerate() {
+            match cls.get(r) {
                 None => gr.fill(0.0),
                 Some(t) => {
                     let m = simd::max(row);

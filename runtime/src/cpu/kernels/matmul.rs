@@ -63,34 +63,48 @@ pub fn gemm_f32(
     }
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
-    // SAFETY: the checks above guarantee every index gemm forms,
-    // (rows-1)*rs + (cols-1)*cs, lies inside each slice; `out` is a unique
-    // borrow, so it aliases neither `a` nor `b`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.data.as_ptr(),
-            a_cs,
-            a_rs,
-            b.data.as_ptr(),
-            b_cs,
-            b_rs,
-            1.0,
-            scale,
-            false,
-            false,
-            false,
-            par,
-        );
+    // The inner dimension in panels of at most `K_PANEL`: gemm packs one
+    // `kc x nc` block of `b` (and for few rows a `kc x m` block of `a`) per
+    // call with `kc = k` when `k <= 512`, so the panels bound what it
+    // allocates (`fsdpc_planner::workspace::gemm_heap`).
+    let mut k0 = 0;
+    while k0 < k {
+        let kp = K_PANEL.min(k - k0);
+        // SAFETY: the checks above guarantee every index gemm forms,
+        // (rows-1)*rs + (cols-1)*cs, lies inside each slice (the panel
+        // starts `k0` columns into `a` and `k0` rows into `b`, and spans
+        // `kp <= k - k0` of them); `out` is a unique borrow, so it aliases
+        // neither `a` nor `b`.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                kp,
+                out.as_mut_ptr(),
+                1,
+                n as isize,
+                accumulate || k0 > 0,
+                a.data.as_ptr().offset(k0 as isize * a_cs),
+                a_cs,
+                a_rs,
+                b.data.as_ptr().offset(k0 as isize * b_rs),
+                b_cs,
+                b_rs,
+                1.0,
+                scale,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+        k0 += kp;
     }
     Ok(())
 }
+
+/// Largest inner dimension of one gemm call (`fsdpc_planner::workspace::K_PANEL`).
+const K_PANEL: usize = fsdpc_planner::workspace::K_PANEL as usize;
 
 /// Shapes of one matmul after promoting rank-1 operands.
 struct Dims {

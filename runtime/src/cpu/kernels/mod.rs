@@ -24,10 +24,11 @@ pub mod unary;
 
 use crate::backend::{KernelCtx, Workspace};
 use crate::error::KResult;
-use crate::tensor::{HostTensor, TensorMut, TensorRef};
+use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::{DType, Op, TensorType};
 use gemm::Parallelism;
 use shape::SliceSpec;
+use smallvec::SmallVec;
 use softmax::Kind;
 
 /// Settings every kernel may read.
@@ -93,7 +94,10 @@ fn moves_data(op: &Op) -> bool {
     )
 }
 
-/// Runs an arithmetic op on f32 copies of half-precision operands.
+/// Runs an arithmetic op on f32 copies of its half-precision operands,
+/// carved from the workspace (the planner's rule: their f32 bytes, each
+/// rounded up to 8, then the op's own scratch); other operands are used as
+/// they are.
 fn promoted(
     cfg: &Cfg,
     op: &Op,
@@ -102,25 +106,68 @@ fn promoted(
     ctx: &KernelCtx,
     ws: &mut Workspace,
 ) -> KResult<()> {
-    let widen = |t: &TensorType| match t.dtype {
-        DType::Bf16 | DType::F16 => TensorType {
-            dtype: DType::F32,
-            shape: t.shape.clone(),
-        },
-        _ => t.clone(),
+    let half = |d: DType| matches!(d, DType::Bf16 | DType::F16);
+    let widen = |t: &TensorType| TensorType {
+        dtype: DType::F32,
+        shape: t.shape.clone(),
     };
-    let mut xh = Vec::with_capacity(xs.len());
-    for x in xs {
-        let mut h = HostTensor::zeros(widen(x.ty));
-        cast::cast(x, &mut h.view_mut())?;
-        xh.push(h);
+    let mut wide_x: SmallVec<[(TensorType, &mut [u8]); 4]> = SmallVec::new();
+    for x in xs.iter().filter(|x| half(x.dtype())) {
+        wide_x.push((widen(x.ty), ws.carve(x.numel() * 4)?));
     }
-    let mut yh: Vec<HostTensor> = ys.iter().map(|y| HostTensor::zeros(widen(y.ty))).collect();
-    let xv: Vec<TensorRef> = xh.iter().map(|h| h.view()).collect();
-    let mut yv: Vec<TensorMut> = yh.iter_mut().map(|h| h.view_mut()).collect();
-    dispatch(cfg, op, &xv, &mut yv, ctx, ws)?;
-    for (y, h) in ys.iter_mut().zip(&yh) {
-        cast::cast(&h.view(), y)?;
+    let mut wide_y: SmallVec<[(TensorType, &mut [u8]); 4]> = SmallVec::new();
+    for y in ys.iter().filter(|y| half(y.dtype())) {
+        wide_y.push((widen(y.ty), ws.carve(y.numel() * 4)?));
+    }
+    let mut wx = wide_x.iter_mut();
+    let mut xv: SmallVec<[TensorRef; 4]> = SmallVec::new();
+    for x in xs {
+        if half(x.dtype()) {
+            let Some((ty, bytes)) = wx.next() else {
+                crate::kbail!("promoted: operand count changed");
+            };
+            let mut w = TensorMut::new(ty, bytes)?;
+            cast::cast(x, &mut w)?;
+        }
+    }
+    let mut wx = wide_x.iter();
+    for x in xs {
+        if half(x.dtype()) {
+            let Some((ty, bytes)) = wx.next() else {
+                crate::kbail!("promoted: operand count changed");
+            };
+            xv.push(TensorRef::new(ty, bytes)?);
+        } else {
+            xv.push(TensorRef {
+                ty: x.ty,
+                bytes: x.bytes,
+            });
+        }
+    }
+    {
+        let mut wy = wide_y.iter_mut();
+        let mut yv: SmallVec<[TensorMut; 4]> = SmallVec::new();
+        for y in ys.iter_mut() {
+            if half(y.dtype()) {
+                let Some((ty, bytes)) = wy.next() else {
+                    crate::kbail!("promoted: operand count changed");
+                };
+                yv.push(TensorMut::new(ty, bytes)?);
+            } else {
+                yv.push(TensorMut {
+                    ty: y.ty,
+                    bytes: &mut *y.bytes,
+                });
+            }
+        }
+        dispatch(cfg, op, &xv, &mut yv, ctx, ws)?;
+    }
+    let mut wy = wide_y.iter();
+    for y in ys.iter_mut().filter(|y| half(y.dtype())) {
+        let Some((ty, bytes)) = wy.next() else {
+            crate::kbail!("promoted: operand count changed");
+        };
+        cast::cast(&TensorRef::new(ty, bytes)?, y)?;
     }
     Ok(())
 }

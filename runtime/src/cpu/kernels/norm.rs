@@ -87,7 +87,7 @@ pub fn layer_norm_grad(
         Some(t) => Some(t.f32_mut()?),
         None => None,
     };
-    let (xh, gy) = ws.f32s(2 * d).split_at_mut(d);
+    let (xh, gy) = ws.f32s(2 * d)?.split_at_mut(d);
     ln_grad_rows(
         LnGrad {
             xs,
@@ -190,7 +190,7 @@ pub fn rms_norm_grad(
         },
         dxs,
         dg,
-        ws.f32s(d),
+        ws.f32s(d)?,
     );
     Ok(())
 }

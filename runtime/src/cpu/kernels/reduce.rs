@@ -92,7 +92,7 @@ pub fn reduce_max_grad(
             x.ty
         );
     }
-    let taken = ws.f32s(ys.len());
+    let taken = ws.f32s(ys.len())?;
     taken.fill(0.0);
     walk(x.dims(), &k, |o, i| {
         let hit = taken[o] == 0.0 && xs[i] == ys[o];

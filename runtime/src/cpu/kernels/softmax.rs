@@ -57,7 +57,7 @@ fn for_rows<const N: usize>(
         }
         return Ok(());
     }
-    let buf = ws.f32s((N + 1) * len);
+    let buf = ws.f32s((N + 1) * len)?;
     for o in 0..outer {
         for i in 0..inner {
             let base = o * len * inner + i;

@@ -1,0 +1,141 @@
+//! The plan's memory is the run's memory, measured independently: this test
+//! binary installs the counting allocator (`fsdpc_runtime::account`), which
+//! attributes every heap byte to the rank whose threads allocated it, and
+//! trains in the normal concurrent arena mode. A rank's measured peak (its
+//! arena, kernel workspaces, the matrix library's packing buffers and
+//! anything else its threads allocate during the steps) must not exceed the
+//! plan's `memory.rank_bytes`, and must come within 2% of it.
+
+use fsdpc_frontends::LoadOptions;
+use fsdpc_ir::Optimizer;
+use fsdpc_planner::{CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use fsdpc_runtime::account::CountingAlloc;
+use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const GPT: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
+const MLP: &str = "mlp:layers=3,in=2048,hidden=2048,classes=10,batch=64";
+
+fn cfg(strategy: Strategy, ckpt: CheckpointPolicy) -> FsdpConfig {
+    FsdpConfig {
+        strategy,
+        activation_checkpointing: ckpt,
+        ..FsdpConfig::default()
+    }
+}
+
+/// Compiles `spec` with `optimizer` for `world` ranks on `cpu-local`.
+fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) -> Plan {
+    let opts = LoadOptions {
+        optimizer: optimizer.clone(),
+        ..LoadOptions::default()
+    };
+    let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
+    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let info = ModelInfo {
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+        params: m.program.graph.param_numel(),
+        name: m.name,
+    };
+    fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles")
+}
+
+fn train(plan: &Plan) -> TrainReport {
+    let opts = TrainOptions {
+        steps: 2,
+        seed: 3,
+        mode: ExecMode::Arena,
+        ..TrainOptions::default()
+    };
+    fsdpc_runtime::train(plan, &opts, &mut |_| {}).expect("training runs")
+}
+
+/// Trains `spec` and checks measured <= planned <= measured + 2%.
+fn check(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) {
+    let plan = plan_with(spec, world, cfg, optimizer);
+    let r = train(&plan);
+    let planned = plan.memory.rank_bytes;
+    let measured = r
+        .measured_peak_bytes
+        .expect("the counting allocator is installed in this test binary");
+    let what = format!(
+        "{spec} world {world} {:?} {:?}: measured {measured}, planned {planned} \
+         (arena {}, heap {}, workspace {})",
+        cfg.strategy,
+        cfg.activation_checkpointing,
+        plan.memory.arena_bytes,
+        plan.memory.heap_bytes,
+        plan.memory.workspace_bytes,
+    );
+    eprintln!("{what}");
+    assert_eq!(r.planned_peak_bytes, planned, "{what}");
+    assert!(
+        measured <= planned,
+        "a rank allocated more than planned: {what}"
+    );
+    assert!(
+        (planned - measured) as f64 <= 0.02 * planned as f64,
+        "the plan overstates the rank's memory by more than 2%: {what}"
+    );
+}
+
+fn adamw() -> Optimizer {
+    Optimizer::adamw(1e-3)
+}
+
+#[test]
+fn gpt_full_shard_world_2() {
+    check(
+        GPT,
+        2,
+        &cfg(Strategy::FullShard, CheckpointPolicy::None),
+        &adamw(),
+    );
+}
+
+#[test]
+fn gpt_full_shard_world_4() {
+    check(
+        GPT,
+        4,
+        &cfg(Strategy::FullShard, CheckpointPolicy::None),
+        &adamw(),
+    );
+}
+
+#[test]
+fn gpt_no_shard_world_2() {
+    check(
+        GPT,
+        2,
+        &cfg(Strategy::NoShard, CheckpointPolicy::None),
+        &adamw(),
+    );
+}
+
+#[test]
+fn gpt_full_shard_with_activation_checkpointing() {
+    check(
+        GPT,
+        2,
+        &cfg(Strategy::FullShard, CheckpointPolicy::Units),
+        &adamw(),
+    );
+}
+
+#[test]
+fn mlp_with_sgd() {
+    let sgd = Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 0.0,
+    };
+    check(
+        MLP,
+        2,
+        &cfg(Strategy::FullShard, CheckpointPolicy::None),
+        &sgd,
+    );
+}
