@@ -10,7 +10,9 @@ static ALLOC: fsdpc_runtime::account::CountingAlloc = fsdpc_runtime::account::Co
 fn main() {
     let cli = fsdpc::cli::Cli::parse();
     if let Err(e) = fsdpc::cli::run(cli) {
-        eprintln!("error: {e}");
+        if !e.is_quiet() {
+            eprintln!("error: {e}");
+        }
         std::process::exit(e.exit_code());
     }
 }

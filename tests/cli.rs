@@ -275,5 +275,196 @@ fn train_refuses_compile_flags_with_a_plan() {
         "--preset",
         "cpu-local",
     ]);
-    assert!(o.status.success(), "a model takes compile flags: {}", stderr(&o));
+    assert!(
+        o.status.success(),
+        "a model takes compile flags: {}",
+        stderr(&o)
+    );
+}
+
+/// Runs `args`, expects failure with exactly one line on stderr, `error: `
+/// and containing `needle`.
+fn check_error_line(args: &[&str], needle: &str) {
+    let o = fsdpc(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line, got: {err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{args:?}: expected `error: ...{needle}...`, got: {err}"
+    );
+}
+
+/// Runs `args` with stdout a pipe; `read_first_line` reads a line before
+/// closing the pipe (as `| head -1`), else the pipe is closed at once.
+/// Returns the exit code and stderr.
+fn with_closed_pipe(args: &[&str], read_first_line: bool) -> (Option<i32>, String) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fsdpc runs");
+    let out = child.stdout.take().expect("piped stdout");
+    if read_first_line {
+        let mut line = String::new();
+        BufReader::new(out)
+            .read_line(&mut line)
+            .expect("reads a line");
+        assert!(!line.is_empty(), "{args:?} printed nothing");
+    } else {
+        drop(out);
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut err)
+        .expect("reads stderr");
+    let status = child.wait().expect("fsdpc ends");
+    (status.code(), err)
+}
+
+#[test]
+fn closed_output_pipe_ends_quietly() {
+    // The convention of `cat` and other tools killed by SIGPIPE: status
+    // 128 + 13 and nothing on stderr.
+    let compile = [
+        "compile",
+        TINY,
+        "--world",
+        "2",
+        "--preset",
+        "cpu-local",
+        "-o",
+        "-",
+    ];
+    let o = fsdpc(&compile);
+    assert!(
+        o.stdout.len() > 1 << 17,
+        "the plan must overflow the pipe buffer (64 KiB) for this test"
+    );
+    assert_eq!(with_closed_pipe(&compile, true), (Some(141), String::new()));
+
+    let path = tmp("pipe-plan.json");
+    compile_tiny(&path);
+    let p = path.to_str().expect("utf8");
+    for args in [vec!["inspect", p], vec!["inspect", "--json", p]] {
+        assert_eq!(
+            with_closed_pipe(&args, false),
+            (Some(141), String::new()),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn meaningless_numeric_flags() {
+    for (flag, value) in [
+        ("--lr", "nan"),
+        ("--lr", "-1"),
+        ("--lr", "inf"),
+        ("--lr", "-inf"),
+        ("--weight-decay", "-0.1"),
+        ("--weight-decay", "inf"),
+        ("--weight-decay", "NaN"),
+    ] {
+        let shown = value.to_ascii_lowercase();
+        for cmd in ["train", "compile"] {
+            let mut args = vec![cmd, TINY, flag, value];
+            args.extend(if cmd == "train" {
+                ["--steps", "1"]
+            } else {
+                ["--world", "1"]
+            });
+            if cmd == "compile" {
+                args.extend(["-o", "-"]);
+            }
+            let o = fsdpc(&args);
+            let err = stderr(&o).to_ascii_lowercase();
+            assert!(!o.status.success(), "{args:?} should fail");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("error: {flag} {shown}")),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    check_error_line(
+        &["train", TINY, "--steps", "0"],
+        "--steps must be at least 1",
+    );
+    check_error_line(
+        &["train", TINY, "--threads-per-rank", "0"],
+        "--threads-per-rank must be at least 1",
+    );
+    // Checked also when training a plan, which does not use them.
+    let path = tmp("flags-plan.json");
+    compile_tiny(&path);
+    check_error_line(
+        &["train", path.to_str().expect("utf8"), "--lr", "nan"],
+        "--lr NaN",
+    );
+}
+
+#[test]
+fn unwritable_metrics_file_is_reported_before_any_work() {
+    // gpt3-175b does not fit cpu-local: had the model been planned first, that
+    // would be the error.
+    check_error_line(
+        &[
+            "train",
+            "gpt3-175b",
+            "--metrics",
+            "/nonexistent-fsdpc-dir/metrics.jsonl",
+        ],
+        "/nonexistent-fsdpc-dir/metrics.jsonl",
+    );
+}
+
+#[test]
+fn json_is_told_apart_before_loading() {
+    let other = tmp("other.json");
+    std::fs::write(&other, r#"{"name": "bert", "layers": 12}"#).expect("write");
+    let o = other.to_str().expect("utf8");
+    for args in [
+        vec!["train", o, "--steps", "1"],
+        vec!["inspect", o],
+        vec!["compile", o, "--world", "2", "-o", "-"],
+    ] {
+        check_error_line(&args, "neither an fsdpc plan");
+    }
+
+    // A plan file that cannot be read: said so, not handed to the IR loader.
+    let dir = tmp("unreadable-plan.json");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let d = dir.to_str().expect("utf8");
+    check_error_line(&["train", d, "--steps", "1"], "unreadable-plan.json: ");
+    check_error_line(&["inspect", d], "unreadable-plan.json: ");
+
+    // An IR model where a plan belongs, and a plan where a model belongs.
+    let ir = tmp("model-ir.json");
+    std::fs::write(&ir, r#"{"nodes": [], "outputs": []}"#).expect("write");
+    check_error_line(&["inspect", ir.to_str().expect("utf8")], "compile it first");
+    let plan = tmp("model-plan.json");
+    compile_tiny(&plan);
+    check_error_line(
+        &[
+            "compile",
+            plan.to_str().expect("utf8"),
+            "--world",
+            "2",
+            "-o",
+            "-",
+        ],
+        "already a plan",
+    );
+
+    // Not JSON at all.
+    let bad = tmp("broken.json");
+    std::fs::write(&bad, "{\"schema\": ").expect("write");
+    check_error_line(&["train", bad.to_str().expect("utf8")], "not valid JSON");
 }

@@ -1,10 +1,11 @@
 //! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]
 //! [--save-onnx out.onnx] [--save-safetensors out.safetensors]`
 
-use super::compile::plan_model;
+use super::compile::{optimizer, plan_model};
 use super::given::Given;
 use super::inspect::parse_plan;
-use super::{CliError, ModelFlags, PlanFlags};
+use super::json_kind::{is_json, sniff, JsonKind};
+use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_planner::inspect::human_bytes;
 use fsdpc_runtime::{DataSpec, ExecMode, StepReport, TrainOptions};
@@ -60,16 +61,16 @@ pub struct TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
-    if a.ranks == Some(0) {
-        return Err(CliError::Usage("--ranks must be at least 1".into()));
-    }
+    check_flags(&a)?;
+    // Opened before any work, so an unwritable path is reported at once.
+    let mut metrics = open_metrics(&a.metrics)?;
     if a.save_onnx.is_some() && !is_onnx(&a.model) {
         return Err(CliError::Usage(format!(
             "--save-onnx needs an ONNX model to write back into, but `{}` is not an `.onnx` file",
             a.model
         )));
     }
-    let plan = if let Some(text) = plan_text(&a.model) {
+    let plan = if let Some(text) = plan_text(&a.model)? {
         refuse_compile_flags(&a)?;
         let plan = parse_plan(Path::new(&a.model), &text)?;
         if let Some(ranks) = a.ranks.filter(|&r| r != plan.cluster.world) {
@@ -100,7 +101,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         threads_per_rank: a.threads_per_rank,
         ..TrainOptions::default()
     };
-    let mut metrics = open_metrics(&a.metrics)?;
+    let mut metrics_error = None;
     let bar = progress_bar(a.steps);
     let mut on_step = |r: &StepReport| {
         bar.set_position(r.step + 1);
@@ -111,16 +112,19 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
                 "measured_peak_bytes": r.measured_peak_bytes,
                 "planned_peak_bytes": r.planned_peak_bytes,
             });
-            // A metrics write failure must not kill a training run; it is reported once at the end.
-            let _ = writeln!(m, "{line}");
+            // A metrics write failure must not kill a training run; the
+            // first one is reported at the end.
+            if let Err(e) = writeln!(m, "{line}") {
+                metrics_error.get_or_insert(e);
+            }
         }
     };
     let report = fsdpc_runtime::train(&plan, &opts, &mut on_step)?;
     bar.finish_and_clear();
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
-    println!(
-        "trained {} for {} steps on {} ranks ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak per rank {} measured, {} planned",
+    print_out(&format!(
+        "trained {} for {} steps on {} ranks ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak per rank {} measured, {} planned\n",
         plan.model.name,
         report.losses.len(),
         plan.cluster.world,
@@ -132,8 +136,31 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             .measured_peak_bytes
             .map_or_else(|| "not".to_string(), human_bytes),
         human_bytes(report.planned_peak_bytes),
-    );
-    save(&a, &plan, &report.final_params)
+    ))?;
+    save(&a, &plan, &report.final_params)?;
+    match (metrics_error, &a.metrics) {
+        (Some(source), Some(path)) => Err(CliError::Io {
+            path: path.display().to_string(),
+            source,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Numeric flags that cannot mean anything, refused before any work.
+fn check_flags(a: &TrainArgs) -> Result<(), CliError> {
+    for (flag, value) in [
+        ("--ranks", a.ranks.map_or(1, u64::from)),
+        ("--steps", a.steps),
+        ("--threads-per-rank", a.threads_per_rank as u64),
+    ] {
+        if value == 0 {
+            return Err(CliError::Usage(format!("{flag} must be at least 1")));
+        }
+    }
+    // The optimizer flags, also when they end up unused (training a plan).
+    optimizer(&a.plan)?;
+    Ok(())
 }
 
 /// Refuses the compile flags given with a plan file: the plan has fixed what
@@ -172,7 +199,11 @@ fn save(
 ) -> Result<(), CliError> {
     if let Some(out) = &a.save_safetensors {
         fsdpc_runtime::export::save_params(plan, params, out)?;
-        println!("wrote {} ({} parameters)", out.display(), params.len());
+        print_out(&format!(
+            "wrote {} ({} parameters)\n",
+            out.display(),
+            params.len()
+        ))?;
     }
     if let Some(out) = &a.save_onnx {
         let map: HashMap<String, Vec<f32>> = params.iter().cloned().collect();
@@ -181,24 +212,25 @@ fn save(
             .external_data
             .map(|p| format!(", data in {}", p.display()))
             .unwrap_or_default();
-        println!(
-            "wrote {} ({} initializers updated{ext})",
+        print_out(&format!(
+            "wrote {} ({} initializers updated{ext})\n",
             out.display(),
             s.replaced
-        );
+        ))?;
     }
     Ok(())
 }
 
-/// The text of `model` if it is a plan file (JSON naming an `fsdpc.plan/`
-/// schema), read once; `None` for anything else (a model spec or IR file).
-fn plan_text(model: &str) -> Option<String> {
-    if !model.ends_with(".json") {
-        return None;
+/// The text of `model` if it is a plan file, read once; `None` for a model
+/// (a spec, an ONNX or IR file). A `.json` that cannot be read, or that is
+/// neither a plan nor an IR model, is an error saying so.
+fn plan_text(model: &str) -> Result<Option<String>, CliError> {
+    if !is_json(model) {
+        return Ok(None);
     }
-    std::fs::read_to_string(model)
-        .ok()
-        .filter(|s| s.contains("\"schema\"") && s.contains("fsdpc.plan/"))
+    let path = Path::new(model);
+    let text = read_file(path)?;
+    Ok((sniff(path, &text)? == JsonKind::Plan).then_some(text))
 }
 
 fn data_spec(path: &Option<PathBuf>) -> DataSpec {
