@@ -468,3 +468,60 @@ fn json_is_told_apart_before_loading() {
     std::fs::write(&bad, "{\"schema\": ").expect("write");
     check_error_line(&["train", bad.to_str().expect("utf8")], "not valid JSON");
 }
+
+/// Total memory of this machine (`MemTotal`), if known.
+fn total_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[test]
+fn token_bin_files_are_mapped_and_oversized_ones_refused() {
+    // A small .bin of u16 tokens below TINY's vocabulary trains.
+    let small = tmp("small.bin");
+    let toks: Vec<u8> = (0..400u16)
+        .flat_map(|t| (t * 7 % 32).to_le_bytes())
+        .collect();
+    std::fs::write(&small, toks).expect("write");
+    let o = fsdpc(&[
+        "train",
+        TINY,
+        "--steps",
+        "2",
+        "--data",
+        small.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained"));
+
+    // A sparse file twice the machine's memory: refused from its size, at
+    // once, without reading it (it occupies no disk).
+    let Some(total) = total_memory_bytes() else {
+        eprintln!("skipped the oversized file: /proc/meminfo has no MemTotal");
+        return;
+    };
+    let huge = tmp("huge.bin");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(2 * total))
+        .expect("sparse file");
+    let start = std::time::Instant::now();
+    check_error_line(
+        &[
+            "train",
+            TINY,
+            "--steps",
+            "1",
+            "--data",
+            huge.to_str().expect("utf8"),
+        ],
+        "bytes are available",
+    );
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "refused without reading: took {:?}",
+        start.elapsed()
+    );
+    let _ = std::fs::remove_file(&huge);
+}

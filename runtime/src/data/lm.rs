@@ -5,15 +5,18 @@
 //!   function of the previous one, keyed by the seed. Every label is that
 //!   function of the token before it, so a model that learns the function
 //!   drives the loss from about `ln(vocab)` toward 0.
-//! - Corpus (a text file as bytes, or nanoGPT `.bin` u16 tokens): the window
-//!   starts at a position drawn from (seed, step, sample).
+//! - Corpus (`corpus`: a text file as bytes, or a memory-mapped nanoGPT
+//!   `.bin` of u16 tokens): the window starts at a position drawn from
+//!   (seed, step, sample).
+
+mod corpus;
 
 use super::{Batch, DataSpec, InputDesc};
 use crate::error::RuntimeError;
 use crate::rng::below;
 use crate::tensor::TensorMut;
+use corpus::Corpus;
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 const START_KEY: u64 = 0x5EED_57A7;
@@ -25,7 +28,7 @@ enum Tokens {
     Synthetic {
         next: Arc<Vec<u32>>,
     },
-    Corpus(Arc<Vec<u16>>),
+    Corpus(Arc<Corpus>),
 }
 
 /// The language-model task.
@@ -79,10 +82,8 @@ impl Lm {
                         .collect(),
                 ),
             },
-            DataSpec::TextFile(p) => {
-                Tokens::Corpus(Arc::new(read(p)?.into_iter().map(u16::from).collect()))
-            }
-            DataSpec::TokenBin(p) => Tokens::Corpus(Arc::new(read_u16(p)?)),
+            DataSpec::TextFile(p) => Tokens::Corpus(Arc::new(corpus::read_text(p)?)),
+            DataSpec::TokenBin(p) => Tokens::Corpus(Arc::new(corpus::open_bin(p)?)),
         };
         if let Tokens::Corpus(c) = &tokens {
             check_corpus(c, vocab, seq, spec)?;
@@ -152,25 +153,4 @@ fn check_corpus(c: &[u16], vocab: i64, seq: usize, spec: &DataSpec) -> Result<()
         ));
     }
     Ok(())
-}
-
-fn read(p: &Path) -> Result<Vec<u8>, RuntimeError> {
-    std::fs::read(p).map_err(|e| RuntimeError::Io {
-        path: p.display().to_string(),
-        reason: e.to_string(),
-    })
-}
-
-fn read_u16(p: &Path) -> Result<Vec<u16>, RuntimeError> {
-    let bytes = read(p)?;
-    if bytes.len() % 2 != 0 {
-        return Err(RuntimeError::Io {
-            path: p.display().to_string(),
-            reason: "odd length: not a file of u16 tokens".into(),
-        });
-    }
-    Ok(bytes
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect())
 }
