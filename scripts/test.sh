@@ -18,3 +18,28 @@ bash scripts/fetch-minilm.sh target/minilm || echo "MiniLM not fetched; tests/mi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+
+# Fuzz the ONNX import for a minute, seeded with the committed corpus
+# (fuzz/corpus/onnx; frontends/tests/fuzz_corpus.rs replays it in every
+# `cargo test`). cargo-fuzz needs nightly flags: RUSTC_BOOTSTRAP=1 allows them
+# on stable, and --sanitizer none needs no sanitizer runtime. New inputs go to
+# target/fuzz-corpus, not to the committed corpus; a crash fails this script.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked >/dev/null 2>&1 ||
+        echo "skipping the fuzz run: cargo-fuzz could not be installed (cargo install cargo-fuzz failed)"
+fi
+if cargo fuzz --version >/dev/null 2>&1; then
+    mkdir -p target/fuzz-corpus
+    # libFuzzer logs every new input; keep its log, show the summary (or
+    # the end of the log when it finds a crash).
+    if (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none onnx_import \
+        ../target/fuzz-corpus corpus/onnx -- \
+        -max_total_time=60 -timeout=20 -rss_limit_mb=2048 -print_final_stats=1) \
+        >target/fuzz.log 2>&1; then
+        grep -E '^(Done|stat::)' target/fuzz.log
+    else
+        tail -n 60 target/fuzz.log
+        echo "the ONNX fuzz run failed; the input is in fuzz/artifacts/onnx_import/ (log: target/fuzz.log)"
+        exit 1
+    fi
+fi
