@@ -1,5 +1,6 @@
 //! Planning benchmark: time and peak RSS of compiling GPT-3 175B for 512 ranks
-//! (64 nodes x 8), and the plan's per-rank figures at world 128.
+//! (64 nodes x 8), what validating that plan costs, and the plan's per-rank
+//! figures at world 128.
 //!
 //! Run: `cargo bench --bench plan`
 
@@ -25,6 +26,38 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
+/// Best and median of `times` (seconds).
+fn best_median(times: &mut [f64]) -> (f64, f64) {
+    times.sort_by(f64::total_cmp);
+    (times[0], times[times.len() / 2])
+}
+
+/// What `Plan::validate` costs next to the compile that runs it, for the plan
+/// of `fsdpc compile gpt3-175b --world 512 --ranks-per-node 8
+/// --activation-checkpointing`: 5 compiles, and validation alone of each.
+fn validation_cost() {
+    let cfg = FsdpConfig {
+        activation_checkpointing: CheckpointPolicy::Units,
+        ..FsdpConfig::default()
+    };
+    let (mut compile_s, mut validate_s) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        let p = compile_with("gpt3-175b", 512, &cfg).expect("gpt3-175b + checkpointing compiles");
+        compile_s.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let checked = p.validate();
+        validate_s.push(t.elapsed().as_secs_f64());
+        assert!(checked.is_ok(), "the compiled plan validates");
+    }
+    let (cb, cm) = best_median(&mut compile_s);
+    let (vb, vm) = best_median(&mut validate_s);
+    println!(
+        "compile gpt3-175b world 512 (8/node) + activation checkpointing: best {cb:.3} s, median {cm:.3} s (validation included); Plan::validate alone: best {vb:.3} s, median {vm:.3} s ({:.0}% of the compile)",
+        100.0 * vm / cm
+    );
+}
+
 fn main() {
     // Time: best and median of 5 full compiles (model build + autodiff + plan).
     let mut times = Vec::new();
@@ -36,13 +69,13 @@ fn main() {
         times.push(t.elapsed().as_secs_f64());
         plan = Some(p);
     }
-    times.sort_by(f64::total_cmp);
+    let (best, median) = best_median(&mut times);
     let plan = plan.expect("compiled");
     let json = plan.to_json_pretty().expect("plan serialises");
     println!(
         "compile gpt3-175b world 512 (8/node): best {:.3} s, median {:.3} s; {} units, {} instructions, plan JSON {:.1} MiB",
-        times[0],
-        times[times.len() / 2],
+        best,
+        median,
         plan.units.len(),
         plan.instructions.len(),
         common::mib(json.len() as u64)
@@ -57,6 +90,7 @@ fn main() {
             "does not fit"
         }
     );
+    validation_cost();
     let small = compile("gpt3-175b", 16, Strategy::FullShard, false).expect("compiles at world 16");
     println!(
         "plan size does not grow with world: {} instructions at world 16, {} at world 512",
