@@ -49,12 +49,7 @@ struct Pending {
 }
 
 /// Fixtures waiting for a frontend gap to be fixed elsewhere.
-const PENDING: &[Pending] = &[Pending {
-    fixture: "gpt2_dynamo_fresh_noopt",
-    gap: "ops of an unoptimised dynamo export: CastLike, and SplitToSequence + \
-              SequenceAt (the sequence form of torch.split)",
-    error: "uses ops fsdpc cannot import: CastLike",
-}];
+const PENDING: &[Pending] = &[];
 
 /// Parameter elements that an export itself left out, by fixture: the
 /// dynamo exporter's optimiser removes the `Add` of an all-zero bias, so a

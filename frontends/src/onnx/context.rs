@@ -18,6 +18,53 @@ pub(crate) enum Val {
     Const(HostTensor),
 }
 
+/// A tensor sequence (`SplitToSequence`'s output). Sequences never reach the
+/// IR: each element is a slice of `source`, made when `SequenceAt` reads it.
+#[derive(Clone, Debug)]
+pub(crate) struct Sequence {
+    /// The tensor that was split.
+    pub source: Val,
+    /// The split axis and its length.
+    pub axis: usize,
+    pub dim: usize,
+    /// How the axis is cut.
+    pub parts: Parts,
+    /// True when the elements lose `axis` (`keepdims` 0 without `split`).
+    pub squeeze: bool,
+    /// The node that made it (for errors).
+    pub made_by: String,
+}
+
+/// How a sequence cuts its axis.
+#[derive(Clone, Debug)]
+pub(crate) enum Parts {
+    /// Parts of this length (at least 1), the last one shorter if need be.
+    Every(usize),
+    /// Each part's `start..end`.
+    Ranges(Vec<(usize, usize)>),
+}
+
+impl Sequence {
+    /// The number of elements.
+    pub fn count(&self) -> usize {
+        match &self.parts {
+            Parts::Every(each) => self.dim.div_ceil((*each).max(1)),
+            Parts::Ranges(r) => r.len(),
+        }
+    }
+
+    /// Element `i`'s `start..end` along the axis.
+    pub fn part(&self, i: usize) -> Option<(usize, usize)> {
+        match &self.parts {
+            Parts::Every(each) => {
+                let start = i.checked_mul(*each).filter(|&s| s < self.dim)?;
+                Some((start, start.saturating_add(*each).min(self.dim)))
+            }
+            Parts::Ranges(r) => r.get(i).copied(),
+        }
+    }
+}
+
 /// Decodes a tensor attribute (reading external data if needed).
 pub(crate) type Decoder = Box<dyn Fn(&TensorProto) -> Result<HostTensor, String>>;
 
@@ -37,6 +84,8 @@ pub(crate) struct Importer {
     /// Values of graph inputs that a converter may read as constants (a
     /// forward import's `input_values`: Reshape's shape given as an input).
     pub bound: HashMap<String, HostTensor>,
+    /// Tensor sequences by ONNX value name (see [`Sequence`]).
+    pub seqs: HashMap<String, Sequence>,
 }
 
 /// One node being converted.
@@ -62,11 +111,38 @@ impl NodeCx<'_> {
     pub fn opt(&self, i: usize) -> Result<Option<&Val>, String> {
         match self.node.input.get(i).map(String::as_str) {
             None | Some("") => Ok(None),
-            Some(name) => self.imp.vals.get(name).map(Some).ok_or_else(|| {
-                format!(
-                    "input {i} `{name}` is not produced by any earlier node, input or initializer"
-                )
-            }),
+            Some(name) => {
+                self.imp
+                    .vals
+                    .get(name)
+                    .map(Some)
+                    .ok_or_else(|| match self.imp.seqs.get(name) {
+                        Some(s) => format!(
+                            "input {i} `{name}` is a tensor sequence (made by node `{}`); fsdpc \
+                         resolves sequences at import, so only SequenceAt with a constant \
+                         position and SequenceLength may read one",
+                            s.made_by
+                        ),
+                        None => format!(
+                            "input {i} `{name}` is not produced by any earlier node, input or \
+                         initializer"
+                        ),
+                    })
+            }
+        }
+    }
+
+    /// Input `i` as a tensor sequence.
+    pub fn seq(&self, i: usize) -> Result<&Sequence, String> {
+        let name = self.node.input.get(i).map_or("", String::as_str);
+        match self.imp.seqs.get(name) {
+            Some(s) => Ok(s),
+            None if self.imp.vals.contains_key(name) => {
+                Err(format!("input {i} `{name}` is a tensor, not a sequence"))
+            }
+            None => Err(format!(
+                "input {i} `{name}` is not a sequence made by an earlier node"
+            )),
         }
     }
 

@@ -224,6 +224,7 @@ fn importer(name: &str, opset: i64, src: &Source<'_>) -> Importer {
         log_softmax_of: HashMap::new(),
         decode: Box::new(decode),
         bound: HashMap::new(),
+        seqs: HashMap::new(),
     }
 }
 

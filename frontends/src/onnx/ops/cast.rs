@@ -1,5 +1,5 @@
 //! Type conversion and pass-through — ONNX operators Cast (opsets 13–21),
-//! Identity (13–21) and Dropout (13–21: identity unless `training_mode` is
+//! CastLike (15–21: to the element type of its second input), Identity (13–21) and Dropout (13–21: identity unless `training_mode` is
 //! true, then the IR's counter-based dropout with a seed per site; the
 //! optional `mask` output says which elements were kept: all true where
 //! nothing is dropped, else the same counter-based mask applied to ones).
@@ -10,13 +10,26 @@ use crate::onnx::proto::dtype;
 use crate::onnx::tensor::{check_size, HostTensor};
 use fsdpc_ir::{CompareFn, DType, Op, ValueId};
 
-pub(super) const OPS: &[(&str, Convert)] =
-    &[("Cast", cast), ("Identity", identity), ("Dropout", dropout)];
+pub(super) const OPS: &[(&str, Convert)] = &[
+    ("Cast", cast),
+    ("CastLike", cast_like),
+    ("Identity", identity),
+    ("Dropout", dropout),
+];
 
 fn cast(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let to = i32::try_from(cx.attr_i("to", 0)?)
         .map_err(|_| "attribute `to` is out of range".to_string())?;
-    let to = dtype(to)?;
+    cast_to(cx, dtype(to)?)
+}
+
+fn cast_like(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    let to = cx.ty(1)?.dtype;
+    cast_to(cx, to)
+}
+
+/// Output 0 is input 0 converted to `to` (folded for a constant).
+fn cast_to(cx: &mut NodeCx<'_>, to: DType) -> Result<(), String> {
     let y = match cx.val(0)?.clone() {
         Val::Const(t) => Val::Const(t.cast(to)),
         Val::Ir(v) if cx.imp.g.value_type(v).dtype == to => Val::Ir(v),

@@ -233,6 +233,7 @@ mod tests {
             log_softmax_of: HashMap::new(),
             decode: Box::new(|_| Err("no tensors here".into())),
             bound: HashMap::new(),
+            seqs: HashMap::new(),
         }
     }
 

@@ -12,6 +12,7 @@ mod matmul;
 mod nll;
 mod norm;
 mod reduce;
+mod sequence;
 mod shape;
 mod slice;
 
@@ -35,6 +36,7 @@ pub(crate) fn registry() -> HashMap<&'static str, Convert> {
         matmul::OPS,
         norm::OPS,
         reduce::OPS,
+        sequence::OPS,
         shape::OPS,
         slice::OPS,
     ]

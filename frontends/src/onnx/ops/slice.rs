@@ -64,6 +64,34 @@ fn fold_slice(t: &HostTensor, r: Range1) -> Result<HostTensor, String> {
     Ok(t.pick(&flat, shape))
 }
 
+/// `x[start..end]` along `axis` (`start <= end <= ` the axis length): folded
+/// for a constant, a `Slice` node otherwise, `x` itself for the whole axis.
+pub(super) fn slice_val(
+    cx: &mut NodeCx<'_>,
+    x: &Val,
+    axis: usize,
+    (start, end): (usize, usize),
+    suffix: &str,
+) -> Result<Val, String> {
+    let x = match x {
+        Val::Const(t) => Sliced::Const(t.clone()),
+        Val::Ir(v) if cx.imp.g.value_type(*v).shape.dims().get(axis) == Some(&(end - start)) => {
+            return Ok(Val::Ir(*v))
+        }
+        Val::Ir(v) => Sliced::Ir(*v),
+    };
+    let r = Range1 {
+        axis,
+        start,
+        end,
+        step: 1,
+    };
+    Ok(match apply(cx, x, r, suffix)? {
+        Sliced::Const(t) => Val::Const(t),
+        Sliced::Ir(v) => Val::Ir(v),
+    })
+}
+
 /// `x` at positions `idx` of `axis` (a `Gather` with constant indices).
 fn take(cx: &mut NodeCx<'_>, x: Sliced, axis: usize, idx: Vec<i64>) -> Result<Sliced, String> {
     let idx = HostTensor::vec_i64(idx);

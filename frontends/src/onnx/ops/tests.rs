@@ -23,6 +23,7 @@ fn importer(opset: i64) -> Importer {
         log_softmax_of: HashMap::new(),
         decode: Box::new(|_| Err("no tensors here".into())),
         bound: HashMap::new(),
+        seqs: HashMap::new(),
     }
 }
 
@@ -594,4 +595,129 @@ fn matmul_with_vector_operands() {
     t.input("w", DType::F32, &[4])
         .ok("MatMul", &["v", "w"], &["dot"], vec![]);
     assert_eq!(t.ir("dot"), "reshape f32[]");
+}
+
+#[test]
+fn cast_like_takes_the_second_inputs_element_type() {
+    let mut t = T::new(18);
+    t.konst(
+        "v",
+        HostTensor::floats(DType::F32, vec![2], vec![1.7, -2.2]),
+    )
+    .input("n", DType::I64, &[])
+    .ok("CastLike", &["v", "n"], &["i"], vec![]);
+    assert_eq!(t.c("i").data, HostData::I(vec![1, -2]));
+    t.input("x", DType::F32, &[2, 3])
+        .input("h", DType::F16, &[4])
+        .ok("CastLike", &["x", "h"], &["y"], vec![]);
+    assert_eq!(t.ir("y"), "cast f16[2, 3]");
+    // Already of that type: no node.
+    t.ok("CastLike", &["x", "x"], &["z"], vec![]);
+    assert_eq!(t.ir("z"), "input f32[2, 3]");
+}
+
+#[test]
+fn split_to_sequence_then_sequence_at_are_slices() {
+    let mut t = T::new(18);
+    t.input("x", DType::F32, &[2, 6, 4])
+        .konst("four", scalar_i(4))
+        .ok(
+            "SplitToSequence",
+            &["x", "four"],
+            &["s"],
+            vec![a_i("axis", 1)],
+        )
+        .konst("p1", scalar_i(1))
+        .konst("pm2", scalar_i(-2))
+        .ok("SequenceAt", &["s", "p1"], &["b"], vec![])
+        .ok("SequenceAt", &["s", "pm2"], &["a"], vec![])
+        .ok("SequenceLength", &["s"], &["n"], vec![]);
+    // Chunks of 4 along axis 1 of length 6: 0..4 and a shorter 4..6.
+    assert_eq!(t.ir("a"), "slice f32[2, 4, 4]");
+    assert_eq!(t.ir("b"), "slice f32[2, 2, 4]");
+    assert_eq!(
+        t.op("b"),
+        Op::Slice {
+            axis: 1,
+            start: 4,
+            end: 6,
+            step: 1
+        }
+    );
+    assert_eq!(t.c("n").as_i64(), vec![2]);
+    t.konst("p2", scalar_i(2));
+    let e = t
+        .run("SequenceAt", &["s", "p2"], &["c"], vec![])
+        .err()
+        .unwrap_or_default();
+    assert!(e.contains("outside the 2 elements"), "{e}");
+}
+
+#[test]
+fn split_to_sequence_by_sizes_and_into_squeezed_rows() {
+    let mut t = T::new(18);
+    t.input("x", DType::F32, &[3, 5])
+        .konst("sizes", ints(&[2, 3]))
+        .ok(
+            "SplitToSequence",
+            &["x", "sizes"],
+            &["s"],
+            vec![a_i("axis", -1)],
+        )
+        .konst("last", scalar_i(-1))
+        .ok("SequenceAt", &["s", "last"], &["y"], vec![]);
+    assert_eq!(t.ir("y"), "slice f32[3, 3]");
+    // Without `split`, parts of length 1; keepdims 0 drops the axis. A
+    // constant source folds.
+    let m = HostTensor::ints(DType::I64, vec![2, 3], vec![1, 2, 3, 4, 5, 6]);
+    t.konst("m", m)
+        .ok(
+            "SplitToSequence",
+            &["m"],
+            &["rows"],
+            vec![a_i("axis", 1), a_i("keepdims", 0)],
+        )
+        .ok("SequenceAt", &["rows", "last"], &["col"], vec![]);
+    assert_eq!(t.c("col").shape, vec![2]);
+    assert_eq!(t.c("col").as_i64(), vec![3, 6]);
+    t.konst("bad", ints(&[2, 2]));
+    let e = t
+        .run(
+            "SplitToSequence",
+            &["x", "bad"],
+            &["s2"],
+            vec![a_i("axis", 1)],
+        )
+        .err()
+        .unwrap_or_default();
+    assert!(e.contains("add up to 4, not 5"), "{e}");
+}
+
+#[test]
+fn a_sequence_read_other_than_at_a_constant_position_is_an_error() {
+    let mut t = T::new(18);
+    t.input("x", DType::F32, &[2, 4])
+        .input("pos", DType::I64, &[])
+        .ok("SplitToSequence", &["x"], &["s"], vec![]);
+    let e = t
+        .run("SequenceAt", &["s", "pos"], &["y"], vec![])
+        .err()
+        .unwrap_or_default();
+    assert!(
+        e.contains("must be known when the model is compiled"),
+        "{e}"
+    );
+    let e = t
+        .run("Relu", &["s"], &["r"], vec![])
+        .err()
+        .unwrap_or_default();
+    assert!(
+        e.contains("`s` is a tensor sequence (made by node `/m/SplitToSequence`)"),
+        "{e}"
+    );
+    let e = t
+        .run("SequenceAt", &["x", "pos"], &["z"], vec![])
+        .err()
+        .unwrap_or_default();
+    assert!(e.contains("is a tensor, not a sequence"), "{e}");
 }
