@@ -1,6 +1,7 @@
 //! The plan's memory against the process's memory, measured two independent
 //! ways: the counting allocator's per-rank peak, and the resident set of a
-//! fresh process (VmHWM) minus the same process's resident set before any
+//! fresh process (VmHWM, from the start of training to the end of the
+//! second-to-last step) minus the same process's resident set before any
 //! rank exists (the program, the loaded model and its plan).
 //!
 //! Each configuration runs in a child process (this binary, re-run with
@@ -9,7 +10,7 @@
 //! per rank (counting allocator, max over ranks), the child's peak RSS, its
 //! baseline, and (RSS - baseline) / (ranks x planned).
 //!
-//! Run: `cargo bench --bench memory` (FSDPC_BENCH_STEPS steps, default 2).
+//! Run: `cargo bench --bench memory` (FSDPC_BENCH_STEPS steps, default 3).
 
 mod common;
 
@@ -40,13 +41,17 @@ fn child(spec: &str) {
     let steps: u64 = std::env::var("FSDPC_BENCH_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+        .unwrap_or(3)
+        .max(2);
     let cfg = FsdpConfig {
         strategy: Strategy::FullShard,
         ..FsdpConfig::default()
     };
     let plan = common::compile(model, "cpu-local", world, world, &cfg).expect("plan");
     let baseline = rss_bytes().expect("/proc/self/status");
+    // Start the high-water mark here: compiling's transient peak is not the
+    // run's (Linux: writing 5 to clear_refs resets VmHWM to VmRSS).
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM");
     let opts = TrainOptions {
         steps,
         seed: 1,
@@ -54,12 +59,23 @@ fn child(spec: &str) {
         threads_per_rank: 1,
         ..TrainOptions::default()
     };
-    let report = fsdpc_runtime::train(&plan, &opts, &mut |_| {}).expect("training runs");
-    let rss = common::peak_rss_bytes().expect("/proc/self/status");
+    // The high-water mark once every rank has finished step `steps - 2`
+    // (the ranks are then inside the last step, which repeats the same
+    // memory pattern): before they copy out their final shards and the
+    // launcher assembles the full parameters, which is after the steps.
+    let mut rss = 0;
+    let report = fsdpc_runtime::train(&plan, &opts, &mut |r| {
+        if r.step + 2 == steps {
+            rss = common::peak_rss_bytes().unwrap_or(0);
+        }
+    })
+    .expect("training runs");
     println!(
         "{} {} {} {}",
         plan.memory.rank_bytes,
-        report.measured_peak_bytes.expect("counting allocator installed"),
+        report
+            .measured_peak_bytes
+            .expect("counting allocator installed"),
         rss,
         baseline
     );
