@@ -12,6 +12,11 @@
 //! [`merged_initializers`] finds them; [`untie_merged`] gives each module
 //! its own copy, initialised to the same values and named after that module
 //! (`h.1.ln_2.weight` beside the file's `h.0.ln_1.weight`).
+//!
+//! The same optimiser drops the `Add` of an all-zero bias after a matrix
+//! product (GPT-2's fresh `Conv1D` biases: a `Gemm` without `C`), and with it
+//! the bias initializer; nothing in the file is left to untie, so the warning
+//! says so and points to `optimize=False`.
 
 use fsdpc_ir::{Graph, Init, ModuleId, NodeId, Op, ParamSpec, Phase, TensorData, ValueId};
 use std::collections::HashSet;
@@ -36,7 +41,10 @@ impl fmt::Display for MergedInitializer {
             "initializer `{}` (every element {}) is read by {} modules ({}): the exporter \
              merged equal initializers, so they would train as one tied parameter; pass \
              --untie-merged-initializers to give each module its own copy, or export with \
-             torch.onnx.export(..., optimize=False)",
+             torch.onnx.export(..., optimize=False). The same optimisation also removes \
+             an all-zero bias added to a matrix product (a fresh Linear's or Conv1D's) \
+             from the file, which untying cannot bring back, so the model trains with fewer parameters than the \
+             PyTorch module; optimize=False keeps them",
             self.name,
             self.value,
             self.modules.len(),
@@ -227,6 +235,7 @@ mod tests {
         );
         let msg = found[0].to_string();
         assert!(msg.contains("--untie-merged-initializers") && msg.contains("optimize=False"));
+        assert!(msg.contains("removes an all-zero bias"), "{msg}");
         // The same structure with varied values is a tie the model has.
         assert_eq!(merged_initializers(&graph(&[1.0, 2.0, 1.0])), []);
     }
