@@ -478,7 +478,7 @@ fn total_memory_bytes() -> Option<u64> {
 }
 
 #[test]
-fn token_bin_files_are_mapped_and_oversized_ones_refused() {
+fn token_bin_files_are_mapped_even_past_memory_and_oversized_text_refused() {
     // A small .bin of u16 tokens below TINY's vocabulary trains.
     let small = tmp("small.bin");
     let toks: Vec<u8> = (0..400u16)
@@ -496,8 +496,40 @@ fn token_bin_files_are_mapped_and_oversized_ones_refused() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("trained"));
 
-    // A sparse file twice the machine's memory: refused from its size, at
-    // once, without reading it (it occupies no disk).
+    // A token outside the vocabulary is named with its position when a
+    // window reads it (a mapped file is not scanned up front).
+    let bad = tmp("bad.bin");
+    let toks: Vec<u8> = (0..400u16)
+        .flat_map(|t| if t == 7 { 60000u16 } else { 1 }.to_le_bytes())
+        .collect();
+    std::fs::write(&bad, toks).expect("write");
+    for window in 0..40 {
+        // Some step's windows include position 7: every step draws starts
+        // anywhere in the file, so a few steps reach it.
+        let o = fsdpc(&[
+            "train",
+            TINY,
+            "--steps",
+            "20",
+            "--seed",
+            &window.to_string(),
+            "--data",
+            bad.to_str().expect("utf8"),
+        ]);
+        if !o.status.success() {
+            assert!(
+                stderr(&o).contains("token 60000 at position 7"),
+                "{}",
+                stderr(&o)
+            );
+            break;
+        }
+        assert!(window < 39, "no window ever read position 7");
+    }
+
+    // A sparse .bin twice the machine's memory trains: it is mapped, and a
+    // step reads only the pages of its windows (all zero tokens here), so
+    // it ends in seconds instead of reading twice the memory.
     let Some(total) = total_memory_bytes() else {
         eprintln!("skipped the oversized file: /proc/meminfo has no MemTotal");
         return;
@@ -507,6 +539,25 @@ fn token_bin_files_are_mapped_and_oversized_ones_refused() {
         .and_then(|f| f.set_len(2 * total))
         .expect("sparse file");
     let start = std::time::Instant::now();
+    let o = fsdpc(&[
+        "train",
+        TINY,
+        "--steps",
+        "1",
+        "--data",
+        huge.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "mapped, not read: took {:?}",
+        start.elapsed()
+    );
+
+    // The same size as a text file (read into memory) is refused from its
+    // size, at once, with one line.
+    let text = tmp("huge.txt");
+    std::fs::rename(&huge, &text).expect("rename");
     check_error_line(
         &[
             "train",
@@ -514,14 +565,9 @@ fn token_bin_files_are_mapped_and_oversized_ones_refused() {
             "--steps",
             "1",
             "--data",
-            huge.to_str().expect("utf8"),
+            text.to_str().expect("utf8"),
         ],
         "bytes are available",
     );
-    assert!(
-        start.elapsed() < std::time::Duration::from_secs(20),
-        "refused without reading: took {:?}",
-        start.elapsed()
-    );
-    let _ = std::fs::remove_file(&huge);
+    let _ = std::fs::remove_file(&text);
 }

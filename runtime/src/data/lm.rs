@@ -35,6 +35,7 @@ enum Tokens {
 #[derive(Clone, Debug)]
 pub struct Lm {
     seq: usize,
+    vocab: i64,
     tokens: Tokens,
     seed: u64,
 }
@@ -88,12 +89,24 @@ impl Lm {
         if let Tokens::Corpus(c) = &tokens {
             check_corpus(c, vocab, seq, spec)?;
         }
-        Ok(Some(Lm { seq, tokens, seed }))
+        Ok(Some(Lm {
+            seq,
+            vocab,
+            tokens,
+            seed,
+        }))
     }
 
     /// Passes token `i` (0..=seq) of the window of global sample `sample`
-    /// to `emit(i, token)`.
-    fn window(&self, step: u64, sample: u64, mut emit: impl FnMut(usize, i64)) {
+    /// to `emit(i, token)`; a mapped corpus's token outside the vocabulary
+    /// is an error here, where it is read (a mapped file is not scanned up
+    /// front: that would read all of it).
+    fn window(
+        &self,
+        step: u64,
+        sample: u64,
+        mut emit: impl FnMut(usize, i64),
+    ) -> Result<(), RuntimeError> {
         match &self.tokens {
             Tokens::Synthetic { next } => {
                 let mut t = below(&[self.seed, step, sample, START_KEY], next.len() as u64) as u32;
@@ -108,10 +121,21 @@ impl Lm {
                     (c.len() - self.seq) as u64,
                 ) as usize;
                 for (i, &t) in c[start..].iter().take(self.seq + 1).enumerate() {
+                    if t as i64 >= self.vocab {
+                        return Err(RuntimeError::data(
+                            "ids",
+                            format!(
+                                "token {t} at position {} of the data is outside the model's vocabulary of {}",
+                                start + i,
+                                self.vocab
+                            ),
+                        ));
+                    }
                     emit(i, t as i64);
                 }
             }
         }
+        Ok(())
     }
 
     /// Fills `ids` or `labels`; gives `out` back for any other input.
@@ -132,13 +156,18 @@ impl Lm {
                 if (shift..shift + self.seq).contains(&i) {
                     out.set_i64(s * self.seq + i - shift, t);
                 }
-            });
+            })?;
         }
         Ok(None)
     }
 }
 
-fn check_corpus(c: &[u16], vocab: i64, seq: usize, spec: &DataSpec) -> Result<(), RuntimeError> {
+fn check_corpus(
+    c: &corpus::Corpus,
+    vocab: i64,
+    seq: usize,
+    spec: &DataSpec,
+) -> Result<(), RuntimeError> {
     let what = format!("{spec:?}");
     if c.len() <= seq {
         return Err(RuntimeError::data(
@@ -146,7 +175,14 @@ fn check_corpus(c: &[u16], vocab: i64, seq: usize, spec: &DataSpec) -> Result<()
             format!("{what} has {} tokens, a window needs {}", c.len(), seq + 1),
         ));
     }
-    if let Some(&t) = c.iter().find(|&&t| t as i64 >= vocab) {
+    // Tokens read into memory are checked now, at no extra I/O; a mapped
+    // file's tokens are checked as each window is read.
+    let in_memory = matches!(c, corpus::Corpus::Owned(_));
+    if let Some(&t) = c
+        .iter()
+        .take_while(|_| in_memory)
+        .find(|&&t| t as i64 >= vocab)
+    {
         return Err(RuntimeError::data(
             "ids",
             format!("{what} contains token {t}, the model's vocabulary is {vocab}"),
