@@ -1,14 +1,16 @@
 //! Initializers: float tensors become trainable parameters with their data
 //! (`Init::Data`), everything else folded constants; a transposed copy of a
-//! parameter (a tied weight after constant folding) stays tied, and mask
-//! buffers and the buffers the dynamo exporter marks as such (rotary
-//! `inv_freq`) stay constants.
+//! parameter (a tied weight after constant folding) stays tied, a weight the
+//! exporter renamed and transposed (`val_N`) gets its PyTorch name and
+//! orientation back, and mask buffers and the buffers the dynamo exporter
+//! marks as such (rotary `inv_freq`) stay constants.
 
 use super::context::{Importer, Val};
+use super::recovered::{self, Recovered};
 use super::tensor::HostTensor;
 use super::{names, proto, Source};
 use crate::error::FrontendError;
-use fsdpc_ir::{DType, Graph, Init, ModuleId, Op, ParamSpec, ValueId};
+use fsdpc_ir::{DType, Graph, Init, ModuleId, Op, ParamSpec, TensorData, TensorType, ValueId};
 use onnx_protobuf::GraphProto;
 use std::collections::HashSet;
 
@@ -20,7 +22,10 @@ const INPUT_KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
 /// holding the file's values; the rest (shapes, scalars, masks) become
 /// constants. A matrix that is exactly the transpose of an earlier parameter (the tied
 /// output projection after the exporter folded its transpose) becomes a
-/// `Transpose` of that parameter, so the two stay one tensor.
+/// `Transpose` of that parameter, so the two stay one tensor. An initializer
+/// whose PyTorch name the metadata gives ([`recovered`](super::recovered):
+/// `val_N`, a `Linear` weight the exporter transposed) becomes the parameter
+/// of that name in PyTorch's orientation, read through a `Transpose`.
 pub(super) fn initializers(
     imp: &mut Importer,
     graph: &mut GraphProto,
@@ -30,8 +35,9 @@ pub(super) fn initializers(
         dir: from.dir,
         model: from.path,
     };
-    let mut matrices: Vec<ValueId> = Vec::new();
+    let mut matrices: Vec<Matrix> = Vec::new();
     let buffers = buffers(graph);
+    let recovered = recovered::recovered_params(graph);
     for t in &mut graph.initializer {
         let raw = std::mem::take(&mut t.raw_data);
         let data = proto::tensor_from(t, raw, &src)?;
@@ -44,20 +50,16 @@ pub(super) fn initializers(
                 imp.vals.insert(t.name.clone(), Val::Ir(v));
                 continue;
             }
-            let module = names::param_module(&mut imp.g, &t.name);
-            let spec = ParamSpec {
-                name: t.name.clone(),
-                ty: data.ty.clone(),
-                init: Init::Data { data },
-                requires_grad: true,
-                tied_to: None,
+            let rank = data.ty.shape.rank();
+            let (m, v) = match recovered.get(&t.name) {
+                Some(r) => recovered_param(imp, &t.name, data, r)
+                    .map_err(|reason| tensor_error(from, &t.name, reason))?,
+                None => (Matrix::plain(param(imp, &t.name, data)), None),
             };
-            let rank = spec.ty.shape.rank();
-            let v = imp.g.add_param(spec, module);
             if rank == 2 {
-                matrices.push(v);
+                matrices.push(m);
             }
-            Val::Ir(v)
+            Val::Ir(v.unwrap_or(m.param))
         } else {
             match HostTensor::from_data(&data) {
                 Ok(h) => Val::Const(h),
@@ -67,6 +69,93 @@ pub(super) fn initializers(
         imp.vals.insert(t.name.clone(), val);
     }
     Ok(())
+}
+
+/// A 2-D parameter that later initializers may be tied to.
+#[derive(Clone, Copy)]
+struct Matrix {
+    /// Its `Param` value.
+    param: ValueId,
+    /// True when the file holds it transposed (a recovered `Linear` weight).
+    transposed: bool,
+}
+
+impl Matrix {
+    fn plain(param: ValueId) -> Matrix {
+        Matrix {
+            param,
+            transposed: false,
+        }
+    }
+}
+
+/// A trainable parameter `name` holding `data`, in the module its name gives.
+fn param(imp: &mut Importer, name: &str, data: TensorData) -> ValueId {
+    let module = names::param_module(&mut imp.g, name);
+    let spec = ParamSpec {
+        name: name.to_string(),
+        ty: data.ty.clone(),
+        init: Init::Data { data },
+        requires_grad: true,
+        tied_to: None,
+    };
+    imp.g.add_param(spec, module)
+}
+
+/// The parameter initializer `file_name` holds under its PyTorch name `r`:
+/// stored in PyTorch's orientation, the file's value a `Transpose` of it
+/// when the file holds it transposed (returned second).
+fn recovered_param(
+    imp: &mut Importer,
+    file_name: &str,
+    data: TensorData,
+    r: &Recovered,
+) -> Result<(Matrix, Option<ValueId>), String> {
+    if !r.transposed {
+        return Ok((Matrix::plain(param(imp, &r.name, data)), None));
+    }
+    let p = param(imp, &r.name, transpose(&data)?);
+    let module = imp.g.node(p.node).module;
+    let op = Op::Transpose { perm: vec![1, 0] };
+    let name = format!("{file_name} (file layout of {})", r.name);
+    let v = imp
+        .g
+        .add1(op, &[p], name, module)
+        .map_err(|e| e.to_string())?;
+    let m = Matrix {
+        param: p,
+        transposed: true,
+    };
+    Ok((m, Some(v)))
+}
+
+/// The transpose of a 2-D tensor.
+fn transpose(data: &TensorData) -> Result<TensorData, String> {
+    let &[rows, cols] = data.ty.shape.dims() else {
+        return Err(format!("a transposed weight must be 2-D, not {}", data.ty));
+    };
+    let w = data.ty.dtype.size();
+    if Some(data.bytes.len()) != rows.checked_mul(cols).and_then(|n| n.checked_mul(w)) {
+        return Err(format!("{} bytes for {}", data.bytes.len(), data.ty));
+    }
+    let mut bytes = Vec::with_capacity(data.bytes.len());
+    for j in 0..cols {
+        for i in 0..rows {
+            bytes.extend_from_slice(&data.bytes[(i * cols + j) * w..][..w]);
+        }
+    }
+    Ok(TensorData {
+        ty: TensorType::new(data.ty.dtype, vec![cols, rows]),
+        bytes,
+    })
+}
+
+fn tensor_error(from: &Source<'_>, tensor: &str, reason: String) -> FrontendError {
+    FrontendError::OnnxTensor {
+        path: from.path.to_path_buf(),
+        tensor: tensor.to_string(),
+        reason,
+    }
 }
 
 /// Names of the values the dynamo exporter marks as buffers of the exported
@@ -109,13 +198,15 @@ fn is_mask(data: &fsdpc_ir::TensorData) -> bool {
     any_masked
 }
 
-/// A `Transpose` of the earlier parameter in `matrices` whose transpose `data`
-/// is, if any. Matrices with a single repeated value never match (two
-/// all-zero matrices are not a tie).
+/// The value `data` is tied to, if any: a `Transpose` of the earlier
+/// parameter in `matrices` whose transpose `data` is, or the parameter
+/// itself when the file holds that one transposed (a recovered `Linear`
+/// weight) and `data` equals it. Matrices with a single repeated value never
+/// match (two all-zero matrices are not a tie).
 fn tied_transpose(
     imp: &mut Importer,
-    matrices: &[ValueId],
-    data: &fsdpc_ir::TensorData,
+    matrices: &[Matrix],
+    data: &TensorData,
     name: &str,
 ) -> Option<ValueId> {
     let dims = data.ty.shape.dims();
@@ -127,17 +218,24 @@ fn tied_transpose(
     if data.bytes.chunks_exact(w).all(|c| c == first) {
         return None;
     }
-    let p = matrices.iter().find(|v| {
-        param_data(&imp.g, **v).is_some_and(|m| {
-            m.ty.dtype == data.ty.dtype
-                && m.ty.shape.dims() == [dims[1], dims[0]]
-                && is_transpose(&m.bytes, &data.bytes, dims, w)
+    let m = matrices.iter().find(|m| {
+        param_data(&imp.g, m.param).is_some_and(|p| {
+            p.ty.dtype == data.ty.dtype
+                && if m.transposed {
+                    p.ty.shape.dims() == dims && p.bytes == data.bytes
+                } else {
+                    p.ty.shape.dims() == [dims[1], dims[0]]
+                        && is_transpose(&p.bytes, &data.bytes, dims, w)
+                }
         })
     })?;
-    let module = imp.g.node(p.node).module;
+    if m.transposed {
+        return Some(m.param);
+    }
+    let module = imp.g.node(m.param.node).module;
     let op = Op::Transpose { perm: vec![1, 0] };
     imp.g
-        .add1(op, &[*p], format!("{name} (tied: transposed)"), module)
+        .add1(op, &[m.param], format!("{name} (tied: transposed)"), module)
         .ok()
 }
 

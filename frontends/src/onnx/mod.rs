@@ -14,7 +14,8 @@
 //! `initializers` (parameters vs constants, ties), `types` (inputs, symbolic
 //! dims, declared-type check), `context` (per-node view for converters),
 //! `ops/` (the op table, one file per family), `tensor` (folding arithmetic),
-//! `names` (module paths), `merged` (initializers the exporter merged, and
+//! `names` (module paths), `recovered` (PyTorch names of initializers the
+//! exporter renamed), `merged` (initializers the exporter merged, and
 //! untying them), `fuse` (attention fusion, dead code), `fuse_gelu`, `fuse_norm`
 //! (decomposed ops, matched with `pattern`), `forward` (the forward-only
 //! import the ONNX node-test conformance run uses).
@@ -35,6 +36,7 @@ mod objective;
 mod ops;
 mod pattern;
 mod proto;
+mod recovered;
 mod rewrite;
 mod tensor;
 mod types;

@@ -175,14 +175,14 @@ fn short_class(c: &str) -> &str {
     c.rsplit('.').next().unwrap_or(c)
 }
 
-fn valid_path(p: &str) -> bool {
+pub(crate) fn valid_path(p: &str) -> bool {
     !p.is_empty()
         && p.split('.')
             .all(|s| !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_'))
 }
 
 /// A Python list literal of strings (`['', 'a.b']`) as its elements.
-fn parse_list(s: &str) -> Option<Vec<String>> {
+pub(crate) fn parse_list(s: &str) -> Option<Vec<String>> {
     let inner = s.trim().strip_prefix('[')?.strip_suffix(']')?;
     let mut out = Vec::new();
     let mut chars = inner.chars().peekable();

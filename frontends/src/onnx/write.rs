@@ -1,7 +1,10 @@
 //! Write-back: the source ONNX file with its initializers replaced by trained
 //! values — the same graph, nodes and names, each initializer keeping its
 //! element type (f32, f16, bf16, f64). An initializer the import tied to a
-//! parameter as its transpose gets the transpose of the trained values.
+//! parameter as its transpose gets the transpose of the trained values; one
+//! the import named after its PyTorch parameter (see `recovered`: `val_N`,
+//! a transposed `Linear` weight) gets that parameter's values in the file's
+//! orientation.
 //!
 //! A model whose tensors were all inline is written inline; one that kept
 //! data in external files gets its tensors alongside, in `<out>.data` (the
@@ -10,6 +13,7 @@
 //! renamed over the target.
 
 use super::proto;
+use super::recovered::{recovered_params, Recovered};
 use crate::error::FrontendError;
 use onnx_protobuf::tensor_proto::{DataLocation, DataType};
 use onnx_protobuf::{Message, StringStringEntryProto, TensorProto};
@@ -25,6 +29,9 @@ pub struct WriteSummary {
     pub replaced: usize,
     /// Of those, tied transposed copies of a trained parameter.
     pub tied: usize,
+    /// Of those, initializers written from a parameter of another name: the
+    /// PyTorch name the import recovered (`val_N` <- `lm_head.weight`).
+    pub renamed: usize,
     /// The external data file written next to the model, if any.
     pub external_data: Option<PathBuf>,
 }
@@ -47,24 +54,33 @@ pub fn write_with_params(
     let Some(graph) = model.graph.0.as_deref_mut() else {
         return Err(bad(src, "the file holds no graph".into()));
     };
-    check_names(src, &graph.initializer, params)?;
-    let ties = ties(&graph.initializer, params, &tsrc)?;
+    let recovered = recovered_params(graph);
+    check_names(src, &graph.initializer, &recovered, params)?;
+    let ties = ties(&graph.initializer, &recovered, params, &tsrc)?;
     let external = graph.initializer.iter().any(is_external);
     let mut data = DataFile::new(out, external);
     let mut summary = WriteSummary {
         replaced: 0,
         tied: 0,
+        renamed: 0,
         external_data: None,
     };
     for t in &mut graph.initializer {
-        let values = match (params.get(&t.name), ties.get(&t.name)) {
-            (Some(v), _) => Some(v.clone()),
-            (None, Some(p)) => transposed(p, params, t),
-            (None, None) => None,
+        let renamed = recovered
+            .get(&t.name)
+            .filter(|r| !params.contains_key(&t.name) && params.contains_key(&r.name));
+        let values = match (params.get(&t.name), renamed, ties.get(&t.name)) {
+            (Some(v), _, _) => Some(v.clone()),
+            (None, Some(r), _) if r.transposed => transposed(&r.name, params, t),
+            (None, Some(r), _) => params.get(&r.name).cloned(),
+            (None, None, Some(tie)) if tie.transpose => transposed(&tie.of, params, t),
+            (None, None, Some(tie)) => params.get(&tie.of).cloned(),
+            (None, None, None) => None,
         };
         if let Some(v) = values {
             summary.replaced += 1;
-            summary.tied += usize::from(!params.contains_key(&t.name));
+            summary.renamed += usize::from(renamed.is_some());
+            summary.tied += usize::from(!params.contains_key(&t.name) && renamed.is_none());
             let raw = encode(t, &v).map_err(|r| tensor_error(src, &t.name, r))?;
             data.place(t, raw);
         } else if is_external(t) {
@@ -98,15 +114,18 @@ fn tensor_error(path: &Path, tensor: &str, reason: String) -> FrontendError {
     }
 }
 
-/// Every name in `params` must be an initializer of the model.
+/// Every name in `params` must be an initializer of the model, or the
+/// PyTorch name the import recovered for one.
 fn check_names(
     src: &Path,
     inits: &[TensorProto],
+    recovered: &HashMap<String, Recovered>,
     params: &HashMap<String, Vec<f32>>,
 ) -> Result<(), FrontendError> {
     let mut unknown: Vec<&str> = params
         .keys()
         .filter(|k| !inits.iter().any(|t| &t.name == *k))
+        .filter(|k| !recovered.values().any(|r| &r.name == *k))
         .map(String::as_str)
         .collect();
     if unknown.is_empty() {
@@ -127,36 +146,56 @@ fn is_external(t: &TensorProto) -> bool {
     t.data_location.enum_value() == Ok(DataLocation::EXTERNAL)
 }
 
+/// An initializer the import tied to a trained parameter.
+struct Tie {
+    /// The parameter's name.
+    of: String,
+    /// True when the initializer holds the parameter's values transposed.
+    transpose: bool,
+}
+
 /// Initializers not in `params` that are the transpose of one that is (the
-/// import's tied weights), each with the name of that parameter.
+/// import's tied weights), each with that parameter. The transpose of an
+/// initializer the import recovered transposed (`val_N` of `lm_head.weight`)
+/// is the parameter itself.
 fn ties(
     inits: &[TensorProto],
+    recovered: &HashMap<String, Recovered>,
     params: &HashMap<String, Vec<f32>>,
     src: &proto::TensorSource<'_>,
-) -> Result<HashMap<String, String>, FrontendError> {
+) -> Result<HashMap<String, Tie>, FrontendError> {
     let matrix = |t: &TensorProto| t.dims.len() == 2 && is_float(t);
+    let param_of = |t: &TensorProto| -> Option<(String, bool)> {
+        if params.contains_key(&t.name) {
+            return Some((t.name.clone(), false));
+        }
+        let r = recovered.get(&t.name)?;
+        params
+            .contains_key(&r.name)
+            .then(|| (r.name.clone(), r.transposed))
+    };
     let mut trained = Vec::new();
-    for t in inits
-        .iter()
-        .filter(|t| matrix(t) && params.contains_key(&t.name))
-    {
-        trained.push((t.name.as_str(), proto::tensor(t, src)?));
+    for t in inits.iter().filter(|t| matrix(t)) {
+        if let Some((name, transposed)) = param_of(t) {
+            trained.push((name, transposed, proto::tensor(t, src)?));
+        }
     }
     let mut out = HashMap::new();
-    for t in inits
-        .iter()
-        .filter(|t| matrix(t) && !params.contains_key(&t.name))
-    {
+    for t in inits.iter().filter(|t| matrix(t) && param_of(t).is_none()) {
         let data = proto::tensor(t, src)?;
         let dims = data.ty.shape.dims();
         let w = data.ty.dtype.size();
-        let hit = trained.iter().find(|(_, m)| {
+        let hit = trained.iter().find(|(_, _, m)| {
             m.ty.dtype == data.ty.dtype
                 && m.ty.shape.dims() == [dims[1], dims[0]]
                 && is_transpose(&m.bytes, &data.bytes, dims, w)
         });
-        if let Some((name, _)) = hit {
-            out.insert(t.name.clone(), (*name).to_string());
+        if let Some((name, transposed, _)) = hit {
+            let tie = Tie {
+                of: name.clone(),
+                transpose: !transposed,
+            };
+            out.insert(t.name.clone(), tie);
         }
     }
     Ok(out)
