@@ -42,9 +42,9 @@ impl fmt::Display for MergedInitializer {
              merged equal initializers, so they would train as one tied parameter; pass \
              --untie-merged-initializers to give each module its own copy, or export with \
              torch.onnx.export(..., optimize=False). The same optimisation also removes \
-             an all-zero bias added to a matrix product (a fresh Linear's or Conv1D's) \
-             from the file, which untying cannot bring back, so the model trains with fewer parameters than the \
-             PyTorch module; optimize=False keeps them",
+             any all-zero bias added to a matrix product (a fresh Linear's or Conv1D's) \
+             from the file; untying cannot bring those back, so such a model trains with \
+             fewer parameters than the PyTorch module (optimize=False keeps them)",
             self.name,
             self.value,
             self.modules.len(),
@@ -235,7 +235,7 @@ mod tests {
         );
         let msg = found[0].to_string();
         assert!(msg.contains("--untie-merged-initializers") && msg.contains("optimize=False"));
-        assert!(msg.contains("removes an all-zero bias"), "{msg}");
+        assert!(msg.contains("removes any all-zero bias"), "{msg}");
         // The same structure with varied values is a tie the model has.
         assert_eq!(merged_initializers(&graph(&[1.0, 2.0, 1.0])), []);
     }
