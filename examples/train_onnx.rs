@@ -5,35 +5,42 @@
 //! cargo run --release --example train_onnx -- [MODEL.onnx [NAME=SIZE ...]]
 //! ```
 //!
-//! `NAME=SIZE` binds a symbolic input dimension (`batch=8 seq=128`). The
-//! default model is `frontends/tests/fixtures/gpt_torchscript.onnx`, a 2-block
-//! GPT in the form `torch.onnx.export`'s TorchScript exporter writes, with
-//! `batch=2 sequence=4`. Its output is logits, so it trains with a
-//! cross-entropy against a new `labels` input; inputs are synthetic (ids
-//! inside the vocabulary). The command line does the same, and can write the
-//! trained weights back: `fsdpc train MODEL.onnx --dim batch=2 --dim
-//! sequence=4 --ranks 2 --save-onnx trained.onnx`.
+//! `NAME=SIZE` binds a symbolic input dimension of the model (`batch=2
+//! seq=16`; `batch` is each rank's micro-batch). The default model is
+//! `tests/fixtures/onnx/gpt2_dynamo_eval.onnx`, a tiny Hugging Face
+//! `GPT2LMHeadModel` (vocabulary 128) exported by torch's dynamo exporter
+//! with its loss, with `batch=2 seq=16`, trained on the bytes of
+//! `examples/data/lighthouse.txt` (ASCII, so inside the vocabulary): its
+//! `input_ids` are windows of the text, its `labels` the same windows (the
+//! exported loss shifts them), its `attention_mask` all ones. A model given
+//! on the command line trains on synthetic data. The command line does the
+//! same, and can write the trained weights back: `fsdpc train
+//! tests/fixtures/onnx/gpt2_dynamo_eval.onnx --dim batch=2 --dim seq=16
+//! --ranks 2 --data examples/data/lighthouse.txt --save-onnx trained.onnx`.
 
 use fsdpc::frontends::{self, LoadOptions};
 use fsdpc::planner::{self, Cluster, FsdpConfig, ModelInfo};
-use fsdpc::runtime::{self, TrainOptions};
+use fsdpc::runtime::{self, DataSpec, TrainOptions};
 use std::collections::HashMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
-/// The model the example trains when given none, and its dimensions.
-pub fn default_model() -> (PathBuf, HashMap<String, usize>) {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/tests/fixtures/gpt_torchscript.onnx");
-    let dims = [("batch".to_string(), 2), ("sequence".to_string(), 4)];
-    (path, dims.into())
+/// The model the example trains when given none, its dimensions and its
+/// data.
+pub fn default_model() -> (PathBuf, HashMap<String, usize>, DataSpec) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("tests/fixtures/onnx/gpt2_dynamo_eval.onnx");
+    let dims = [("batch".to_string(), 2), ("seq".to_string(), 16)];
+    let text = DataSpec::TextFile(root.join("examples/data/lighthouse.txt"));
+    (path, dims.into(), text)
 }
 
 /// Imports `model` with `dims` bound, plans it for `ranks` rank threads and
-/// trains it for `steps` steps; returns the loss of every step.
+/// trains it for `steps` steps on `data`; returns the loss of every step.
 pub fn run(
     model: &Path,
     dims: HashMap<String, usize>,
+    data: DataSpec,
     ranks: u32,
     steps: u64,
 ) -> Result<Vec<f32>, Box<dyn Error>> {
@@ -57,6 +64,7 @@ pub fn run(
     );
     let opts = TrainOptions {
         steps,
+        data,
         ..TrainOptions::default()
     };
     Ok(runtime::train(&plan, &opts, &mut |_| {})?.losses)
@@ -76,11 +84,11 @@ fn parse_dims(args: &[String]) -> Result<HashMap<String, usize>, Box<dyn Error>>
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (model, dims) = match args.split_first() {
-        Some((model, dims)) => (PathBuf::from(model), parse_dims(dims)?),
+    let (model, dims, data) = match args.split_first() {
+        Some((model, dims)) => (PathBuf::from(model), parse_dims(dims)?, DataSpec::Synthetic),
         None => default_model(),
     };
-    let losses = run(&model, dims, 2, 50)?;
+    let losses = run(&model, dims, data, 2, 60)?;
     if let (Some(first), Some(last)) = (losses.first(), losses.last()) {
         println!(
             "{} steps on 2 ranks: loss {first:.3} -> {last:.3}",

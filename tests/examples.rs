@@ -56,19 +56,18 @@ fn inspect_gpt3_prints_the_table_at_world_512() {
 }
 
 #[test]
-fn train_onnx_trains_the_torchscript_gpt() {
-    let (model, dims) = train_onnx::default_model();
-    let losses = train_onnx::run(&model, dims, 2, 30).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(losses.len(), 30);
+fn train_onnx_trains_the_gpt2_export_on_the_text() {
+    let (model, dims, data) = train_onnx::default_model();
+    let losses = train_onnx::run(&model, dims, data, 2, 60).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(losses.len(), 60);
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-    // Synthetic labels are uniform over the 16 tokens, so the best the model
-    // can do is predict the uniform distribution: a loss of ln 16, which it
-    // approaches from above.
-    let uniform = 16f32.ln();
-    let (early, late) = (mean(&losses[..5]), mean(&losses[25..]));
+    // The exported weights start near a uniform guess over 128 tokens
+    // (ln 128 = 4.85); 60 steps on the text's windows learn much of it.
+    let (early, late) = (mean(&losses[..5]), mean(&losses[50..]));
     assert!(
-        late < early && (late - uniform).abs() < 0.02,
-        "loss {early} -> {late}, ln 16 = {uniform}"
+        early > 4.0 && late < early - 1.0,
+        "loss {early} -> {late}, ln 128 = {}",
+        128f32.ln()
     );
 }
 

@@ -1,7 +1,11 @@
 //! What each data input of a graph is: its type and, for an integer input,
 //! the range of values its consumers accept (an embedding's rows, a loss's
 //! classes), found by following the value through the ops that only move
-//! values (reshapes, slices, pads, concatenations, gathers of it, selections).
+//! values (reshapes, slices, pads, concatenations, gathers of it, selections);
+//! and, for a `[batch, seq]` integer input, whether the graph shifts it by
+//! one position along the sequence before a loss reads it as labels (the
+//! causal-LM loss of a Hugging Face export: `labels[:, 1:]`, often after a
+//! pad, against `logits[:, :-1]`).
 
 use fsdpc_ir::{Graph, NodeId, Op, TensorType, ValueId};
 use std::collections::HashSet;
@@ -21,6 +25,13 @@ pub struct InputDesc {
     pub ty: TensorType,
     /// Exclusive upper bound of valid integer values, if a consumer fixes one.
     pub range: Option<i64>,
+    /// True when the input is `[batch, seq]`, reaches the label slot of a
+    /// cross-entropy, and every such path moves it one position to the left
+    /// along the sequence axis first (a `Slice` starting at 1 on axis 1,
+    /// net of any pad before it): the loss at position `t` reads the
+    /// input's position `t + 1`, so the input holds the same tokens as the
+    /// ids, not the next ones.
+    pub shifted_in_graph: bool,
 }
 
 /// Every `Input` node of `graph`.
@@ -33,6 +44,7 @@ pub fn analyse(graph: &Graph) -> Vec<InputDesc> {
                 node: n,
                 ty: graph.node(n).outputs.first()?.clone(),
                 range: range_of(graph, ValueId { node: n, slot: 0 }),
+                shifted_in_graph: label_shift(graph, ValueId { node: n, slot: 0 }) == Some(1),
             }),
             _ => None,
         })
@@ -109,10 +121,119 @@ fn bound(graph: &Graph, user: NodeId, op: &Op, slot: u32) -> Option<i64> {
     }
 }
 
+/// Where a search for the label shift stands: a value holding (some of) the
+/// input's elements, the axis that is the input's sequence axis (`None` once
+/// a reshape merged it away), and the sequence offset: position `p` of
+/// `axis` holds the input's position `p + offset` (`None`: unknown).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+struct Track {
+    value: ValueId,
+    axis: Option<usize>,
+    offset: Option<i64>,
+}
+
+/// The sequence offset at which every cross-entropy reads `v` as labels, if
+/// `v` is `[batch, seq]`, reaches at least one, and all agree (`Some(1)`: the
+/// graph shifts the labels; `Some(0)`: it reads them where they are).
+fn label_shift(graph: &Graph, v: ValueId) -> Option<i64> {
+    if graph.value_type(v).shape.rank() != 2 {
+        return None;
+    }
+    let start = Track {
+        value: v,
+        axis: Some(1),
+        offset: Some(0),
+    };
+    let mut seen = HashSet::from([start]);
+    let mut todo = vec![start];
+    let mut offsets = Vec::new();
+    while let Some(t) = todo.pop() {
+        for (user, slot) in graph.users(t.value) {
+            let op = &graph.node(user).op;
+            if matches!(op, Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. }) && slot == 1 {
+                offsets.push(t.offset);
+            } else if moves_values(op, slot) {
+                let next = moved(graph, &t, user, op);
+                if seen.len() < MAX_VISITED && seen.insert(next) {
+                    todo.push(next);
+                }
+            }
+        }
+    }
+    let first = *offsets.first()?;
+    if offsets.iter().all(|&o| o == first) {
+        first
+    } else {
+        None
+    }
+}
+
+/// Where `t` stands after `op` (at node `user`) moves the value it reads
+/// to its output.
+fn moved(graph: &Graph, t: &Track, user: NodeId, op: &Op) -> Track {
+    let out = ValueId {
+        node: user,
+        slot: 0,
+    };
+    let in_dims = graph.value_type(t.value).shape.dims();
+    let out_dims = graph.value_type(out).shape.dims();
+    // Elementwise broadcasting (`Expand`, `Where`) prepends axes.
+    let prepended = out_dims.len().saturating_sub(in_dims.len());
+    let unknown = Track {
+        value: out,
+        axis: None,
+        offset: None,
+    };
+    let (axis, offset) = match (op, t.axis) {
+        (Op::Cast { .. }, a) => (a, t.offset),
+        (Op::Pad { pads, .. }, Some(a)) => {
+            let before = pads.get(a).map_or(0, |p| p.0) as i64;
+            (Some(a), t.offset.map(|o| o - before))
+        }
+        (Op::Pad { pads, .. }, None) if pads.iter().all(|&p| p == (0, 0)) => (None, t.offset),
+        (Op::Slice { axis, .. }, Some(a)) if *axis != a => (Some(a), t.offset),
+        (Op::Slice { start, step: 1, .. }, Some(a)) => {
+            let start = i64::try_from(*start).ok();
+            (
+                Some(a),
+                t.offset.zip(start).and_then(|(o, s)| o.checked_add(s)),
+            )
+        }
+        (Op::Transpose { perm }, Some(a)) => (perm.iter().position(|&p| p == a), t.offset),
+        (Op::Reshape { .. }, Some(a)) => {
+            // The axis survives if nothing before it or of it changed.
+            let kept = in_dims.get(..=a) == out_dims.get(..=a);
+            (kept.then_some(a), t.offset)
+        }
+        (Op::Reshape { .. }, None) => (None, t.offset),
+        (Op::Expand { .. } | Op::Where, Some(a)) => {
+            let same = in_dims.get(a) == out_dims.get(a + prepended);
+            (Some(a + prepended), t.offset.filter(|_| same))
+        }
+        (Op::Where, None) if prepended == 0 => (None, t.offset),
+        (Op::Gather { axis }, Some(a)) if *axis != a => {
+            let index_rank = graph
+                .inputs(user)
+                .get(1)
+                .map_or(1, |&i| graph.value_type(i).shape.rank());
+            let a = if a < *axis { a } else { a + index_rank - 1 };
+            (Some(a), t.offset)
+        }
+        (Op::Concat { axis }, Some(a)) if *axis != a => (Some(a), t.offset),
+        _ => return unknown,
+    };
+    Track {
+        value: out,
+        axis,
+        offset,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use fsdpc_ir::{DType, ModuleId, TensorData};
+    use std::collections::HashMap;
 
     const ROOT: ModuleId = ModuleId::ROOT;
 
@@ -173,6 +294,163 @@ mod tests {
         let want: Vec<(String, Option<i64>)> =
             want.iter().map(|(n, r)| (n.to_string(), *r)).collect();
         assert_eq!(ranges(&g), want);
+    }
+
+    /// `shifted_in_graph` of every input, by name.
+    fn shifted(g: &Graph) -> HashMap<String, bool> {
+        analyse(g)
+            .into_iter()
+            .map(|d| (d.name, d.shifted_in_graph))
+            .collect()
+    }
+
+    /// A cross-entropy of `[n, 50]` logits against `labels`, flattened.
+    fn loss_on(g: &mut Graph, labels: ValueId) {
+        let n = g.value_type(labels).shape.numel() as usize;
+        let logits = float(g, "logits", &[n, 50]);
+        let flat = add(g, Op::Reshape { shape: vec![n] }, &[labels]);
+        let ce = Op::CrossEntropy {
+            ignore_index: Some(-100),
+        };
+        add(g, ce, &[logits, flat]);
+    }
+
+    fn slice(axis: usize, start: usize, end: usize) -> Op {
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step: 1,
+        }
+    }
+
+    fn pad(pads: Vec<(usize, usize)>) -> Op {
+        Op::Pad {
+            pads,
+            value: -100.0,
+        }
+    }
+
+    #[test]
+    fn pad_then_slice_from_one_shifts_the_labels() {
+        // The dynamo export: labels -> Pad(-100 at the end) -> Slice[1:].
+        let mut g = Graph::new("hf");
+        let labels = int(&mut g, "labels", &[2, 8]);
+        let padded = add(&mut g, pad(vec![(0, 0), (0, 1)]), &[labels]);
+        let s = add(&mut g, slice(1, 1, 9), &[padded]);
+        loss_on(&mut g, s);
+        assert!(shifted(&g)["labels"]);
+    }
+
+    #[test]
+    fn slicing_labels_from_one_shifts_them() {
+        // Older transformers: `labels[:, 1:]` against `logits[:, :-1]`.
+        let mut g = Graph::new("old");
+        let labels = int(&mut g, "labels", &[2, 8]);
+        let s = add(&mut g, slice(1, 1, 8), &[labels]);
+        let c = add(&mut g, Op::Cast { to: DType::I32 }, &[s]);
+        loss_on(&mut g, c);
+        assert!(shifted(&g)["labels"]);
+    }
+
+    #[test]
+    fn labels_read_where_they_are_are_not_shifted() {
+        // nanoGPT and fsdpc's zoo: the targets come shifted already.
+        let mut g = Graph::new("pre");
+        let labels = int(&mut g, "labels", &[2, 8]);
+        loss_on(&mut g, labels);
+        assert!(!shifted(&g)["labels"]);
+    }
+
+    #[test]
+    fn a_shift_on_another_axis_or_undone_by_a_pad_is_not_a_shift() {
+        let mut g = Graph::new("other");
+        // A slice from 1 on the batch axis.
+        let a = int(&mut g, "a", &[3, 8]);
+        let s = add(&mut g, slice(0, 1, 3), &[a]);
+        loss_on(&mut g, s);
+        // A pad of one at the start, then a slice from 1: back in place.
+        let b = int(&mut g, "b", &[2, 8]);
+        let p = add(&mut g, pad(vec![(0, 0), (1, 0)]), &[b]);
+        let s = add(&mut g, slice(1, 1, 9), &[p]);
+        loss_on(&mut g, s);
+        // A slice from 1 of the flattened labels: not per sequence.
+        let c = int(&mut g, "c", &[2, 8]);
+        let f = add(&mut g, Op::Reshape { shape: vec![16] }, &[c]);
+        let s = add(&mut g, slice(0, 1, 16), &[f]);
+        loss_on(&mut g, s);
+        // A shift by two.
+        let d = int(&mut g, "d", &[2, 8]);
+        let s = add(&mut g, slice(1, 2, 8), &[d]);
+        loss_on(&mut g, s);
+        let r = shifted(&g);
+        assert!(!r["a"] && !r["b"] && !r["c"] && !r["d"], "{r:?}");
+    }
+
+    #[test]
+    fn the_sequence_axis_is_followed_through_a_transpose() {
+        let mut g = Graph::new("transposed");
+        let labels = int(&mut g, "labels", &[2, 8]);
+        let t = add(&mut g, Op::Transpose { perm: vec![1, 0] }, &[labels]);
+        let s = add(&mut g, slice(0, 1, 8), &[t]);
+        loss_on(&mut g, s);
+        assert!(shifted(&g)["labels"]);
+    }
+
+    #[test]
+    fn two_losses_that_disagree_leave_the_labels_unshifted() {
+        let mut g = Graph::new("two");
+        let labels = int(&mut g, "labels", &[2, 8]);
+        let s = add(&mut g, slice(1, 1, 8), &[labels]);
+        loss_on(&mut g, s);
+        loss_on(&mut g, labels);
+        assert!(!shifted(&g)["labels"]);
+    }
+
+    #[test]
+    fn an_input_that_reaches_no_loss_is_not_shifted() {
+        let mut g = Graph::new("ids");
+        let ids = int(&mut g, "ids", &[2, 8]);
+        let s = add(&mut g, slice(1, 1, 8), &[ids]);
+        embed(&mut g, s, 10);
+        assert!(!shifted(&g)["ids"]);
+    }
+
+    /// The committed PyTorch exports (tests/fixtures/onnx, made by
+    /// scripts/export_fixtures.py): `(fixture, labels shifted in the graph)`.
+    /// GPT-2 and Llama are `transformers` causal LMs, whose loss shifts
+    /// `labels == input_ids` (both exporters); nanoGPT takes targets that
+    /// are already the next tokens; BERT's masked-LM labels are read where
+    /// they are.
+    const FIXTURES: &[(&str, bool)] = &[
+        ("gpt2_dynamo_eval", true),
+        ("gpt2_dynamo_train", true),
+        ("gpt2_torchscript_eval", true),
+        ("gpt2_dynamo_fresh_noopt", true),
+        ("llama_dynamo_eval_external", true),
+        ("llama_torchscript_eval", true),
+        ("nanogpt_dynamo_eval", false),
+        ("nanogpt_torchscript_eval", false),
+        ("nanogpt_torchscript_train", false),
+        ("bert_dynamo_eval", false),
+        ("bert_torchscript_eval_external", false),
+    ];
+
+    #[test]
+    fn the_fixtures_labels_are_shifted_as_their_models_shift_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/onnx");
+        for &(name, want) in FIXTURES {
+            let opts = fsdpc_frontends::LoadOptions {
+                dims: [("batch".to_string(), 2), ("seq".to_string(), 16)].into(),
+                ..fsdpc_frontends::LoadOptions::default()
+            };
+            let path = dir.join(format!("{name}.onnx"));
+            let m = fsdpc_frontends::load(&path.display().to_string(), &opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let r = shifted(&m.program.graph);
+            assert_eq!(r.get("labels"), Some(&want), "{name}: {r:?}");
+            assert_eq!(r.get("input_ids"), Some(&false), "{name}: {r:?}");
+        }
     }
 
     #[test]

@@ -1,4 +1,12 @@
-//! Language-model data: `ids` and `labels` windows of a token stream.
+//! Language-model data: `ids` (or `input_ids`) and `labels` windows of a
+//! token stream. `labels` holds the next token of every position (fsdpc's
+//! zoo convention, `ids`), or the same tokens as the ids when the graph
+//! shifts them before its loss (a Hugging Face causal-LM export; see
+//! [`InputDesc::shifted_in_graph`]). Labels of any other model whose ids are
+//! `input_ids` (nanoGPT's pre-shifted targets and BERT's masked-LM labels
+//! both reach the loss unshifted, and the graph cannot tell them apart) are
+//! not guessed: file data is refused for them, and synthetic data keeps
+//! them generic.
 //!
 //! - Synthetic: each sample is a chain whose first token is drawn from
 //!   (seed, step, sample) and whose every next token is a fixed random
@@ -31,9 +39,18 @@ enum Tokens {
     Corpus(Arc<Corpus>),
 }
 
+/// The names of the token-id input, in the order they are looked for: the
+/// zoo's, then the one PyTorch and Hugging Face models have.
+const ID_NAMES: [&str; 2] = ["ids", "input_ids"];
+
 /// The language-model task.
 #[derive(Clone, Debug)]
 pub struct Lm {
+    /// The token-id input's name (one of [`ID_NAMES`]).
+    ids: String,
+    /// How many positions `labels` lies ahead of the ids in the window: 1
+    /// (the next tokens) or 0 (the graph shifts them itself).
+    label_shift: usize,
     seq: usize,
     vocab: i64,
     tokens: Tokens,
@@ -41,37 +58,39 @@ pub struct Lm {
 }
 
 impl Lm {
-    /// An LM task if the graph has an integer `ids` input of rank 2.
+    /// An LM task if the graph has an integer `ids` or `input_ids` input of
+    /// rank 2 and its `labels` (if any) relate to the ids in a known way;
+    /// `None` for synthetic data when they do not, an error for file data.
     pub fn detect(
         inputs: &HashMap<String, InputDesc>,
         spec: &DataSpec,
         seed: u64,
     ) -> Result<Option<Lm>, RuntimeError> {
-        let Some(ids) = inputs
-            .get("ids")
-            .filter(|d| d.ty.dtype.is_int() && d.ty.shape.rank() == 2)
+        let Some(ids) = ID_NAMES
+            .iter()
+            .filter_map(|n| inputs.get(*n))
+            .find(|d| d.ty.dtype.is_int() && d.ty.shape.rank() == 2)
         else {
             return Ok(None);
         };
-        if let Some(l) = inputs.get("labels") {
-            if l.ty.shape != ids.ty.shape || !l.ty.dtype.is_int() {
-                return Err(RuntimeError::data(
-                    "labels",
-                    format!(
-                        "expected integer labels shaped like ids {}, got {}",
-                        ids.ty, l.ty
-                    ),
-                ));
-            }
-        }
+        let label_shift = match inputs.get("labels") {
+            Some(l) => match label_shift(ids, l, spec)? {
+                Some(shift) => shift,
+                None => return Ok(None),
+            },
+            None => 1,
+        };
         let vocab = [ids.range, inputs.get("labels").and_then(|l| l.range)]
             .into_iter()
             .flatten()
             .min();
         let Some(vocab) = vocab.filter(|&v| v > 0) else {
             return Err(RuntimeError::data(
-                "ids",
-                "cannot determine the vocabulary: `ids` feeds no embedding and `labels` no loss",
+                &ids.name,
+                format!(
+                    "cannot determine the vocabulary: `{}` feeds no embedding and `labels` no loss",
+                    ids.name
+                ),
             ));
         };
         let seq = ids.ty.shape.0[1];
@@ -87,9 +106,12 @@ impl Lm {
             DataSpec::TokenBin(p) => Tokens::Corpus(Arc::new(corpus::open_bin(p)?)),
         };
         if let Tokens::Corpus(c) = &tokens {
-            check_corpus(c, vocab, seq, spec)?;
+            check_corpus(c, vocab, seq, spec)
+                .map_err(|reason| RuntimeError::data(&ids.name, reason))?;
         }
         Ok(Some(Lm {
+            ids: ids.name.clone(),
+            label_shift,
             seq,
             vocab,
             tokens,
@@ -123,7 +145,7 @@ impl Lm {
                 for (i, &t) in c[start..].iter().take(self.seq + 1).enumerate() {
                     if t as i64 >= self.vocab {
                         return Err(RuntimeError::data(
-                            "ids",
+                            &self.ids,
                             format!(
                                 "token {t} at position {} of the data is outside the model's vocabulary of {}",
                                 start + i,
@@ -138,17 +160,19 @@ impl Lm {
         Ok(())
     }
 
-    /// Fills `ids` or `labels`; gives `out` back for any other input.
+    /// Fills the ids or `labels`; gives `out` back for any other input.
     pub fn fill<'a>(
         &self,
         name: &str,
         batch: Batch,
         mut out: TensorMut<'a>,
     ) -> Result<Option<TensorMut<'a>>, RuntimeError> {
-        let shift = match name {
-            "ids" => 0,
-            "labels" => 1,
-            _ => return Ok(Some(out)),
+        let shift = if name == self.ids {
+            0
+        } else if name == "labels" {
+            self.label_shift
+        } else {
+            return Ok(Some(out));
         };
         let b = out.dims()[0];
         for s in 0..b {
@@ -162,17 +186,55 @@ impl Lm {
     }
 }
 
-fn check_corpus(
-    c: &corpus::Corpus,
-    vocab: i64,
-    seq: usize,
+/// How far `labels` lies ahead of `ids` in a window: the same tokens when
+/// the graph shifts them, the next ones under the zoo's convention (`ids`).
+/// Otherwise `None` for synthetic data (the labels stay generic) and an
+/// error for file data, which would otherwise feed them a guess.
+fn label_shift(
+    ids: &InputDesc,
+    labels: &InputDesc,
     spec: &DataSpec,
-) -> Result<(), RuntimeError> {
+) -> Result<Option<usize>, RuntimeError> {
+    if labels.ty.shape != ids.ty.shape || !labels.ty.dtype.is_int() {
+        return Err(RuntimeError::data(
+            "labels",
+            format!(
+                "expected integer labels shaped like `{}` {}, got {}",
+                ids.name, ids.ty, labels.ty
+            ),
+        ));
+    }
+    if labels.shifted_in_graph {
+        return Ok(Some(0));
+    }
+    if ids.name == "ids" {
+        return Ok(Some(1));
+    }
+    if *spec == DataSpec::Synthetic {
+        return Ok(None);
+    }
+    Err(RuntimeError::data(
+        "labels",
+        format!(
+            "cannot tell what these labels are from the graph: its loss reads them where they \
+             are (not shifted by one position, as a Hugging Face causal LM shifts them), so \
+             they could be the next tokens after `{}` (nanoGPT's targets) or masked-LM targets \
+             (BERT); file data is fed only to a model whose loss shifts `labels` itself or \
+             whose token input is named `ids` (labels = the next tokens)",
+            ids.name
+        ),
+    ))
+}
+
+/// Whether corpus `c` holds a window and, if read into memory, only tokens
+/// inside the vocabulary; the reason if not.
+fn check_corpus(c: &corpus::Corpus, vocab: i64, seq: usize, spec: &DataSpec) -> Result<(), String> {
     let what = format!("{spec:?}");
     if c.len() <= seq {
-        return Err(RuntimeError::data(
-            "ids",
-            format!("{what} has {} tokens, a window needs {}", c.len(), seq + 1),
+        return Err(format!(
+            "{what} has {} tokens, a window needs {}",
+            c.len(),
+            seq + 1
         ));
     }
     // Tokens read into memory are checked now, at no extra I/O; a mapped
@@ -183,9 +245,8 @@ fn check_corpus(
         .take_while(|_| in_memory)
         .find(|&&t| t as i64 >= vocab)
     {
-        return Err(RuntimeError::data(
-            "ids",
-            format!("{what} contains token {t}, the model's vocabulary is {vocab}"),
+        return Err(format!(
+            "{what} contains token {t}, the model's vocabulary is {vocab}"
         ));
     }
     Ok(())

@@ -3,9 +3,11 @@
 //! function of (seed, step, global sample index, ...), so `--ranks 1` with
 //! batch 32 and `--ranks 4` with batch 8 see the same data.
 //!
-//! Inputs are fed by name. Language models have `ids` and `labels`, i64
-//! `[b, seq]`, where `labels` is `ids` shifted by one position of the same
-//! token window. Classifiers (an `x` float input and `labels` i64 `[b]`) get
+//! Inputs are fed by name. Language models have `ids` (or `input_ids`) and
+//! `labels`, integers `[b, seq]` from the same token window: `labels` is the
+//! ids shifted by one position, or equal to them when the graph shifts the
+//! labels itself (a Hugging Face causal LM; `lm` says which labels it will
+//! not guess). Classifiers (an `x` float input and `labels` i64 `[b]`) get
 //! a learnable teacher task. Any other input gets standard normal floats or
 //! uniform integers in the range its consumer (an embedding, a loss) allows.
 //!
@@ -89,7 +91,8 @@ pub fn open(
     } else if *spec != DataSpec::Synthetic {
         return Err(RuntimeError::data(
             "ids",
-            "file data needs a language model with an integer `ids` input [batch, seq]",
+            "file data needs a language model with an integer `ids` or `input_ids` input \
+             [batch, seq]",
         ));
     } else if let Some(t) = teacher::Teacher::detect(&inputs, seed) {
         Task::Teacher(t)
