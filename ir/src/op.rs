@@ -281,4 +281,29 @@ impl Op {
             Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
         )
     }
+
+    /// True for ops that only copy or compare elements, so they work on
+    /// every dtype as is; every other op computes in f32 (a half-precision
+    /// operand is widened first, which the planner sizes as workspace).
+    pub fn moves_data(&self) -> bool {
+        matches!(
+            self,
+            Op::Input { .. }
+                | Op::Param { .. }
+                | Op::Constant { .. }
+                | Op::Compare { .. }
+                | Op::Logical { .. }
+                | Op::Not
+                | Op::Where
+                | Op::Cast { .. }
+                | Op::Gather { .. }
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::Concat { .. }
+                | Op::Expand { .. }
+                | Op::Pad { .. }
+                | Op::SliceGrad { .. }
+        )
+    }
 }

@@ -185,7 +185,7 @@ pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
 /// Scratch bytes the kernel of `op` needs on operands of these types.
 pub fn kernel_workspace(op: &Op, ins: &[&TensorType], outs: &[TensorType]) -> u64 {
     let half = |t: &TensorType| matches!(t.dtype, DType::Bf16 | DType::F16);
-    if !moves_data(op) && (ins.iter().any(|t| half(t)) || outs.iter().any(half)) {
+    if !op.moves_data() && (ins.iter().any(|t| half(t)) || outs.iter().any(half)) {
         let widen = |t: &TensorType| TensorType {
             dtype: if half(t) { DType::F32 } else { t.dtype },
             shape: t.shape.clone(),
@@ -240,28 +240,4 @@ fn strided_rows(dims: &[usize], axis: usize, inputs: u64) -> u64 {
         return 0;
     }
     (inputs + 1) * dims.get(axis).copied().unwrap_or(0) as u64
-}
-
-/// Ops that copy or compare elements and so run on every dtype as is (the
-/// runtime's data-movement kernels); every other op computes in f32.
-pub fn moves_data(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Input { .. }
-            | Op::Param { .. }
-            | Op::Constant { .. }
-            | Op::Compare { .. }
-            | Op::Logical { .. }
-            | Op::Not
-            | Op::Where
-            | Op::Cast { .. }
-            | Op::Gather { .. }
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::Concat { .. }
-            | Op::Expand { .. }
-            | Op::Pad { .. }
-            | Op::SliceGrad { .. }
-    )
 }

@@ -3,7 +3,7 @@
 //!
 //! f32 is the compute type. Arithmetic ops given bf16/f16 operands run on
 //! promoted f32 copies (`promoted`), a slow path kept for mixed-precision
-//! plans; data-movement ops (`moves_data`) copy elements of any dtype.
+//! plans; data-movement ops (`Op::moves_data`) copy elements of any dtype.
 
 pub mod attention;
 pub mod cast;
@@ -64,34 +64,12 @@ pub fn run(
     ws: &mut Workspace,
 ) -> KResult<()> {
     let half = |d: DType| matches!(d, DType::Bf16 | DType::F16);
-    if !moves_data(op) && (xs.iter().any(|x| half(x.dtype())) || ys.iter().any(|y| half(y.dtype())))
+    if !op.moves_data()
+        && (xs.iter().any(|x| half(x.dtype())) || ys.iter().any(|y| half(y.dtype())))
     {
         return promoted(cfg, op, xs, ys, ctx, ws);
     }
     dispatch(cfg, op, xs, ys, ctx, ws)
-}
-
-/// Ops that copy or compare elements and so work on every dtype as is.
-fn moves_data(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Input { .. }
-            | Op::Param { .. }
-            | Op::Constant { .. }
-            | Op::Compare { .. }
-            | Op::Logical { .. }
-            | Op::Not
-            | Op::Where
-            | Op::Cast { .. }
-            | Op::Gather { .. }
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::Concat { .. }
-            | Op::Expand { .. }
-            | Op::Pad { .. }
-            | Op::SliceGrad { .. }
-    )
 }
 
 /// Runs an arithmetic op on f32 copies of its half-precision operands,
