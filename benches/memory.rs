@@ -1,7 +1,6 @@
 //! The plan's memory against the process's memory, measured two independent
 //! ways: the counting allocator's per-rank peak, and the resident set of a
-//! fresh process (VmHWM, from the start of training to the end of the
-//! second-to-last step) minus the same process's resident set before any
+//! fresh process (VmHWM, from the start of training to its end) minus the same process's resident set before any
 //! rank exists (the program, the loaded model and its plan).
 //!
 //! Each configuration runs in a child process (this binary, re-run with
@@ -57,19 +56,13 @@ fn child(spec: &str) {
         seed: 1,
         mode: ExecMode::Arena,
         threads_per_rank: 1,
+        // As `fsdpc train` without --save-*: no full parameters assembled
+        // after the steps, so the whole run's high-water mark counts.
+        keep_params: false,
         ..TrainOptions::default()
     };
-    // The high-water mark once every rank has finished step `steps - 2`
-    // (the ranks are then inside the last step, which repeats the same
-    // memory pattern): before they copy out their final shards and the
-    // launcher assembles the full parameters, which is after the steps.
-    let mut rss = 0;
-    let report = fsdpc_runtime::train(&plan, &opts, &mut |r| {
-        if r.step + 2 == steps {
-            rss = common::peak_rss_bytes().unwrap_or(0);
-        }
-    })
-    .expect("training runs");
+    let report = fsdpc_runtime::train(&plan, &opts, &mut |_| {}).expect("training runs");
+    let rss = common::peak_rss_bytes().unwrap_or(0);
     println!(
         "{} {} {} {}",
         plan.memory.rank_bytes,

@@ -33,6 +33,12 @@ pub struct TrainOptions {
     pub threads_per_rank: usize,
     /// How long a rank waits for the others (collectives, events).
     pub comm_timeout: Duration,
+    /// Hand the trained parameters back in `TrainReport::final_params`.
+    /// That copies every rank's shards out of its arena after the last step
+    /// and assembles the full parameters: host memory the plan does not
+    /// count (it is not part of a step). Off, `final_params` is empty and
+    /// the process holds no more than the plan after the steps either.
+    pub keep_params: bool,
 }
 
 impl Default for TrainOptions {
@@ -44,6 +50,7 @@ impl Default for TrainOptions {
             mode: ExecMode::Arena,
             threads_per_rank: 1,
             comm_timeout: Duration::from_secs(60),
+            keep_params: true,
         }
     }
 }
@@ -72,7 +79,8 @@ pub struct StepReport {
 pub struct TrainReport {
     /// The global mean loss of every step.
     pub losses: Vec<f32>,
-    /// Full parameters by original name, in unit and layout order.
+    /// Full parameters by original name, in unit and layout order (empty
+    /// unless `TrainOptions::keep_params`).
     pub final_params: Vec<(String, Vec<f32>)>,
     /// The largest heap a rank held during the steps (max over ranks),
     /// measured by the counting allocator (`account`): the arena, kernel
@@ -220,10 +228,18 @@ fn execute(
     });
     let outs = pick_error(outs, &shm)?;
     let elapsed = start.elapsed();
+    // The shards were copied out: the arenas go before the full parameters
+    // are assembled, so the two never coexist.
+    drop(arenas);
+    let final_params = if opts.keep_params {
+        assemble(plan, &outs)?
+    } else {
+        Vec::new()
+    };
     let tokens = (plan.model.tokens_per_rank_step * world as u64 * opts.steps) as f64;
     Ok(TrainReport {
         losses,
-        final_params: assemble(plan, &outs)?,
+        final_params,
         measured_peak_bytes: outs.iter().filter_map(|o| o.measured).max(),
         planned_peak_bytes: plan.memory.rank_bytes,
         debug_peak_bytes: outs.iter().filter_map(|o| o.debug_peak).max(),
@@ -390,8 +406,10 @@ impl RankCtx<'_> {
         self.steps(&env, &mut mem)?;
         let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
         let debug_peak = (self.opts.mode == ExecMode::DebugAlloc).then(|| mem.peak());
+        // Only the first shard group's shards are assembled.
+        let keep = self.opts.keep_params && self.rank < plan.config.shard_factor as usize;
         Ok(RankOut {
-            shards: self.shards(&mem)?,
+            shards: if keep { self.shards(&mem)? } else { Vec::new() },
             measured,
             debug_peak,
         })

@@ -88,7 +88,7 @@ fn bad_token_file_is_a_data_error() {
     };
     match train(&p, &opts, &mut |_| {}) {
         Err(RuntimeError::Data { reason, .. }) => {
-            assert!(reason.contains("vocabulary is 64"), "{reason}")
+            assert!(reason.contains("vocabulary of 64"), "{reason}")
         }
         other => panic!("expected a data error, got {other:?}"),
     }

@@ -99,6 +99,8 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             ExecMode::Arena
         },
         threads_per_rank: a.threads_per_rank,
+        // The full parameters are assembled only to be saved.
+        keep_params: a.save_onnx.is_some() || a.save_safetensors.is_some(),
         ..TrainOptions::default()
     };
     let mut metrics_error = None;
