@@ -130,6 +130,9 @@ pub enum RuntimeError {
         /// The OS error.
         reason: String,
     },
+    /// Writing or reading a checkpoint.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
 impl RuntimeError {

@@ -13,6 +13,7 @@
 
 pub mod account;
 pub mod backend;
+pub mod checkpoint;
 pub mod comm;
 pub mod cpu;
 pub mod data;

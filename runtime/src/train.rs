@@ -3,17 +3,20 @@
 //! from the shards by original name) and the measured memory.
 
 use crate::account::{self, RankTag};
+use crate::checkpoint::{self, write::UnitBytes, Checkpoint, CheckpointError, FileEntry};
 use crate::comm::shm::{CommConfig, ShmWorld};
 use crate::cpu::{CpuBackend, CpuConfig};
 use crate::data::{self, DataSource, DataSpec};
 use crate::error::RuntimeError;
 use crate::exec::memory::{Arena, Memory};
+use crate::exec::prepare::Step;
 use crate::exec::prepare::{prepare, Prepared};
 use crate::exec::rank::{panic_text, RankEnv};
 use crate::exec::ExecMode;
-use fsdpc_planner::plan::{BufferKind, Plan};
+use fsdpc_planner::plan::{BufferId, BufferKind, Plan};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +42,20 @@ pub struct TrainOptions {
     /// count (it is not part of a step). Off, `final_params` is empty and
     /// the process holds no more than the plan after the steps either.
     pub keep_params: bool,
+    /// Write a checkpoint every `every` steps (`checkpoint` module).
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Continue from the latest checkpoint in this directory: from its step
+    /// to `steps`, with its seed; re-sharded when the plan differs.
+    pub resume: Option<PathBuf>,
+}
+
+/// Where and how often to checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// The checkpoint directory (step directories and `latest`).
+    pub dir: PathBuf,
+    /// Steps between checkpoints (at least 1).
+    pub every: u64,
 }
 
 impl Default for TrainOptions {
@@ -51,6 +68,8 @@ impl Default for TrainOptions {
             threads_per_rank: 1,
             comm_timeout: Duration::from_secs(60),
             keep_params: true,
+            checkpoint: None,
+            resume: None,
         }
     }
 }
@@ -111,6 +130,12 @@ enum Msg {
         rank: usize,
         out: Result<RankOut, RuntimeError>,
     },
+    /// A rank wrote its checkpoint file for the checkpoint after `step`
+    /// completed steps.
+    Saved {
+        step: u64,
+        file: Result<FileEntry, CheckpointError>,
+    },
 }
 
 /// What a rank hands back at the end: its fp32 shard of every unit and its
@@ -130,8 +155,9 @@ pub fn train(
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
+    let (opts, resume) = open_resume(plan, opts)?;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
-    execute(plan, opts, data, on_step)
+    execute(plan, &opts, resume.as_ref(), data, on_step)
 }
 
 /// `train` with a caller-supplied data source (`opts.data` is ignored).
@@ -145,7 +171,40 @@ pub fn train_with_data(
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
-    execute(plan, opts, data, on_step)
+    let (opts, resume) = open_resume(plan, opts)?;
+    execute(plan, &opts, resume.as_ref(), data, on_step)
+}
+
+/// The verified checkpoint `opts.resume` names, checked against `plan`, and
+/// the options with its seed.
+fn open_resume(
+    plan: &Plan,
+    opts: &TrainOptions,
+) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError> {
+    if opts.checkpoint.as_ref().is_some_and(|c| c.every == 0) {
+        return Err(RuntimeError::plan("checkpoint every 0 steps"));
+    }
+    let Some(dir) = &opts.resume else {
+        return Ok((opts.clone(), None));
+    };
+    let ckpt = Checkpoint::open(dir)?;
+    ckpt.check_compatible(plan)?;
+    let step = ckpt.manifest.step;
+    if step >= opts.steps {
+        return Err(CheckpointError::Incompatible {
+            path: ckpt.dir.display().to_string(),
+            reason: format!(
+                "it is at step {step}; ask for more steps than that to continue (asked for {})",
+                opts.steps
+            ),
+        }
+        .into());
+    }
+    let opts = TrainOptions {
+        seed: ckpt.manifest.seed,
+        ..opts.clone()
+    };
+    Ok((opts, Some(ckpt)))
 }
 
 /// Every invariant of `plan`, or all its violations.
@@ -158,6 +217,7 @@ fn validate(plan: &Plan) -> Result<(), RuntimeError> {
 fn execute(
     plan: &Plan,
     opts: &TrainOptions,
+    resume: Option<&Checkpoint>,
     data: Arc<dyn DataSource>,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
@@ -209,6 +269,7 @@ fn execute(
                     backend,
                     data,
                     opts,
+                    resume,
                     tx: &tx,
                 };
                 let out = catch_unwind(AssertUnwindSafe(|| ctx.run(arena))).unwrap_or_else(|p| {
@@ -224,8 +285,21 @@ fn execute(
             });
         }
         drop(tx);
-        collect(rx, world, plan, on_step)
+        collect(
+            rx,
+            Collect {
+                world,
+                plan,
+                opts,
+                first_step: first_step(resume),
+                shm: &shm,
+            },
+            on_step,
+        )
     });
+    let (losses, saved) = losses;
+    // A failed checkpoint stopped the ranks: its error is the cause.
+    saved?;
     let outs = pick_error(outs, &shm)?;
     let elapsed = start.elapsed();
     // The shards were copied out: the arenas go before the full parameters
@@ -236,7 +310,7 @@ fn execute(
     } else {
         Vec::new()
     };
-    let tokens = (plan.model.tokens_per_rank_step * world as u64 * opts.steps) as f64;
+    let tokens = (plan.model.tokens_per_rank_step * world as u64 * losses.len() as u64) as f64;
     Ok(TrainReport {
         losses,
         final_params,
@@ -249,17 +323,38 @@ fn execute(
     })
 }
 
+/// The first step a run executes.
+fn first_step(resume: Option<&Checkpoint>) -> u64 {
+    resume.map_or(0, |c| c.manifest.step)
+}
+
 /// One rank's loss and measured peak after a step.
 type RankStep = (f32, Option<u64>);
 
-/// Receives step reports in order and every rank's result.
+/// What `collect` needs besides the messages.
+struct Collect<'a> {
+    world: usize,
+    plan: &'a Plan,
+    opts: &'a TrainOptions,
+    first_step: u64,
+    shm: &'a ShmWorld,
+}
+
+/// The losses of every step and the first failure to complete a checkpoint.
+type Collected = (Vec<f32>, Result<(), RuntimeError>);
+
+/// Receives step reports in order, checkpoint files (completing each
+/// checkpoint once every shard position wrote its file) and every rank's
+/// result.
 fn collect(
     rx: mpsc::Receiver<Msg>,
-    world: usize,
-    plan: &Plan,
+    c: Collect<'_>,
     on_step: &mut dyn FnMut(&StepReport),
-) -> (Vec<f32>, Vec<Option<Result<RankOut, RuntimeError>>>) {
+) -> (Collected, Vec<Option<Result<RankOut, RuntimeError>>>) {
+    let (world, plan) = (c.world, c.plan);
     let mut pending: BTreeMap<u64, Vec<Option<RankStep>>> = BTreeMap::new();
+    let mut files: BTreeMap<u64, Vec<FileEntry>> = BTreeMap::new();
+    let mut saved = Ok(());
     let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
     let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
     let tokens = (plan.model.tokens_per_rank_step * world as u64) as f64;
@@ -275,12 +370,26 @@ fn collect(
                     Some((loss, measured))
             }
             Msg::Done { rank, out } => outs[rank] = Some(out),
+            Msg::Saved { step, file } => {
+                let done = file.map_err(RuntimeError::from).and_then(|f| {
+                    let got = files.entry(step).or_default();
+                    got.push(f);
+                    complete_checkpoint(&c, step, got)
+                });
+                if let Err(e) = done {
+                    // The ranks stop at their next collective.
+                    c.shm.poison(0, &e.to_string());
+                    if saved.is_ok() {
+                        saved = Err(e);
+                    }
+                }
+            }
         }
-        while let Some(entry) = pending.get(&(losses.len() as u64)) {
+        while let Some(entry) = pending.get(&(c.first_step + losses.len() as u64)) {
             let Some(vals) = entry.iter().copied().collect::<Option<Vec<RankStep>>>() else {
                 break;
             };
-            let step = losses.len() as u64;
+            let step = c.first_step + losses.len() as u64;
             pending.remove(&step);
             let loss = vals.iter().map(|v| v.0).fold(0.0f32, |a, b| a + b) / world as f32;
             peak = peak.max(vals.iter().filter_map(|v| v.1).max());
@@ -297,7 +406,24 @@ fn collect(
             });
         }
     }
-    (losses, outs)
+    ((losses, saved), outs)
+}
+
+/// Writes the manifest of the checkpoint after `step` steps once every shard
+/// position's file is in `got`.
+fn complete_checkpoint(
+    c: &Collect<'_>,
+    step: u64,
+    got: &mut [FileEntry],
+) -> Result<(), RuntimeError> {
+    let f = c.plan.config.shard_factor as usize;
+    let Some(cfg) = c.opts.checkpoint.as_ref().filter(|_| got.len() == f) else {
+        return Ok(());
+    };
+    got.sort_by_key(|e| e.position);
+    let m = checkpoint::Manifest::new(c.plan, step, c.opts.seed, got.to_vec());
+    checkpoint::write::commit(&cfg.dir, &m)?;
+    Ok(())
 }
 
 /// The ranks' outputs, or the error of the rank that failed first.
@@ -372,6 +498,7 @@ struct RankCtx<'a> {
     backend: &'a CpuBackend,
     data: &'a dyn DataSource,
     opts: &'a TrainOptions,
+    resume: Option<&'a Checkpoint>,
     tx: &'a mpsc::SyncSender<Msg>,
 }
 
@@ -396,7 +523,10 @@ impl RankCtx<'_> {
                 m
             }
         };
-        self.init_shards(&mem)?;
+        match self.resume {
+            Some(c) => self.load(c, &mem)?,
+            None => self.init_shards(&mem)?,
+        }
         // The step window: from here to the last step, every allocation of
         // this thread and its stream threads counts as the rank's, on top
         // of its arena (allocated under the same tag).
@@ -426,18 +556,18 @@ impl RankCtx<'_> {
                 loss,
                 measured,
             });
+            self.maybe_save(step + 1, mem);
             Ok(())
         };
+        let steps = first_step(self.resume)..self.opts.steps;
         match self.opts.mode {
             ExecMode::Arena => {
                 let mem = &*mem;
-                env.run_arena(mem, self.opts.steps, self.tag, &mut |step| {
-                    report(step, mem)
-                })
+                env.run_arena(mem, steps, self.tag, &mut |step| report(step, mem))
             }
             ExecMode::DebugAlloc => {
                 let _tag = self.tag.map(RankTag::enter);
-                for step in 0..self.opts.steps {
+                for step in steps {
                     env.step_debug(mem, step)?;
                     report(step, mem)?;
                 }
@@ -457,6 +587,86 @@ impl RankCtx<'_> {
                     .find(|b| b.kind == BufferKind::ShardParams && b.unit == Some(u.id))
             })
             .collect()
+    }
+
+    /// Each unit's shard buffer and optimizer state buffers (in slot order,
+    /// as its optimizer instruction lists them).
+    fn unit_buffers(&self) -> Vec<(Option<BufferId>, Vec<BufferId>)> {
+        self.shard_buffers()
+            .into_iter()
+            .map(|b| {
+                let b = b.map(|b| b.id);
+                let state = self.prep.steps.iter().find_map(|s| match s {
+                    Step::Optimizer { params, state, .. } if Some(*params) == b => {
+                        Some(state.to_vec())
+                    }
+                    _ => None,
+                });
+                (b, state.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// After `done` completed steps: when a checkpoint is due and this rank
+    /// holds a shard position of the first group, writes its file and hands
+    /// the entry to the collector (which writes the manifest).
+    fn maybe_save(&self, done: u64, mem: &Memory) {
+        let Some(cfg) = &self.opts.checkpoint else {
+            return;
+        };
+        let f = self.prep.plan.config.shard_factor as usize;
+        if cfg.every == 0 || !done.is_multiple_of(cfg.every) || self.rank >= f {
+            return;
+        }
+        let file = self.save(&cfg.dir, done, mem);
+        let _ = self.tx.send(Msg::Saved { step: done, file });
+    }
+
+    /// Writes this rank's checkpoint file.
+    fn save(&self, dir: &Path, done: u64, mem: &Memory) -> Result<FileEntry, CheckpointError> {
+        let io = |e: RuntimeError| CheckpointError::Io {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
+        let bufs = self.unit_buffers();
+        let mut params = Vec::with_capacity(bufs.len());
+        let mut states = Vec::with_capacity(bufs.len());
+        for (b, state) in &bufs {
+            // SAFETY: between steps no stream runs.
+            let view = |id: BufferId| unsafe { mem.view(mem.whole(id)) };
+            params.push(b.map(view).transpose().map_err(io)?.unwrap_or(&[]));
+            states.push(
+                state
+                    .iter()
+                    .map(|&s| view(s))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(io)?,
+            );
+        }
+        let units: Vec<UnitBytes<'_>> = params
+            .iter()
+            .zip(&states)
+            .map(|(p, s)| UnitBytes {
+                params: p,
+                state: s,
+            })
+            .collect();
+        checkpoint::write::save_rank(dir, done, self.rank, &units)
+    }
+
+    /// Fills the shards and optimizer state from a checkpoint.
+    fn load(&self, c: &Checkpoint, mem: &Memory) -> Result<(), RuntimeError> {
+        let mut units = Vec::new();
+        for (b, state) in self.unit_buffers() {
+            // SAFETY: before the first step no stream runs; the buffers are
+            // distinct persistent buffers.
+            let view = |id: BufferId| unsafe { mem.view_mut(mem.whole(id)) };
+            let p = b.map(view).transpose()?.unwrap_or(&mut []);
+            let s = state.into_iter().map(view).collect::<Result<Vec<_>, _>>()?;
+            units.push((p, s));
+        }
+        c.load_rank(self.prep.plan, self.rank, &mut units)?;
+        Ok(())
     }
 
     fn init_shards(&self, mem: &Memory) -> Result<(), RuntimeError> {

@@ -31,6 +31,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// One `Command` is parsed per process: the size of its variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Compile a model into an FSDP plan (JSON).

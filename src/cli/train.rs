@@ -8,6 +8,7 @@ use super::json_kind::{is_json, sniff, JsonKind};
 use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_planner::inspect::human_bytes;
+use fsdpc_runtime::train::CheckpointConfig;
 use fsdpc_runtime::{DataSpec, ExecMode, StepReport, TrainOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
@@ -58,6 +59,18 @@ pub struct TrainArgs {
     /// safetensors file.
     #[arg(long, value_name = "OUT.safetensors")]
     pub save_safetensors: Option<PathBuf>,
+    /// Write a sharded checkpoint (one safetensors file per shard position
+    /// and a manifest) into this directory every --checkpoint-every steps.
+    #[arg(long, value_name = "DIR", requires = "checkpoint_every")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints.
+    #[arg(long, value_name = "K", requires = "checkpoint_dir")]
+    pub checkpoint_every: Option<u64>,
+    /// Continue from the latest complete checkpoint in DIR, up to --steps in
+    /// all, with the checkpoint's seed; re-sharded when the world, shard
+    /// factor or strategy differ.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
@@ -101,6 +114,12 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         threads_per_rank: a.threads_per_rank,
         // The full parameters are assembled only to be saved.
         keep_params: a.save_onnx.is_some() || a.save_safetensors.is_some(),
+        checkpoint: a
+            .checkpoint_dir
+            .clone()
+            .zip(a.checkpoint_every)
+            .map(|(dir, every)| CheckpointConfig { dir, every }),
+        resume: a.resume.clone(),
         ..TrainOptions::default()
     };
     let mut metrics_error = None;
@@ -155,6 +174,7 @@ fn check_flags(a: &TrainArgs) -> Result<(), CliError> {
         ("--ranks", a.ranks.map_or(1, u64::from)),
         ("--steps", a.steps),
         ("--threads-per-rank", a.threads_per_rank as u64),
+        ("--checkpoint-every", a.checkpoint_every.unwrap_or(1)),
     ] {
         if value == 0 {
             return Err(CliError::Usage(format!("{flag} must be at least 1")));

@@ -318,7 +318,7 @@ impl<'a> RankEnv<'a> {
         res
     }
 
-    /// Arena mode: runs `steps` steps with one thread per stream, created
+    /// Arena mode: runs the steps of the range `steps` with one thread per stream, created
     /// once; every step the streams start together and join at its end,
     /// then `after_step(step)` runs while no stream does. The stream threads
     /// and, once they are started, the calling rank thread carry the
@@ -328,7 +328,7 @@ impl<'a> RankEnv<'a> {
     pub fn run_arena(
         &self,
         mem: &Memory,
-        steps: u64,
+        steps: std::ops::Range<u64>,
         tag: Option<usize>,
         after_step: &mut dyn FnMut(u64) -> Result<(), RuntimeError>,
     ) -> Result<(), RuntimeError> {
@@ -363,7 +363,7 @@ impl<'a> RankEnv<'a> {
             }
             let _tag = tag.map(RankTag::enter);
             let mut out = Ok(());
-            for step in 0..steps {
+            for step in steps {
                 self.events.reset();
                 current.store(step, Ordering::Release);
                 start.wait();

@@ -1,0 +1,310 @@
+//! Reading a checkpoint: the latest complete one is opened and every file
+//! checked against the manifest (present, size, blake3) before any value is
+//! used; a rank's buffers are then filled directly (same plan) or re-sharded
+//! (same model, other world, shard factor or strategy) by slicing the saved
+//! shards at the layout's offsets. Reading never writes or removes a file.
+
+use super::manifest::{self, Manifest, LATEST, MANIFEST};
+use super::CheckpointError;
+use fsdpc_planner::plan::Plan;
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A verified checkpoint, its rank files mapped.
+pub struct Checkpoint {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its step directory.
+    pub dir: PathBuf,
+    /// The rank files by shard position.
+    files: Vec<Mmap>,
+    /// Parameter name -> (unit index, offset) in the saved layout.
+    index: HashMap<String, (usize, u64)>,
+}
+
+/// Which tensor of a unit: its parameters or an optimizer state slot.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// `unit{u}.params`.
+    Params,
+    /// `unit{u}.state{k}`.
+    State(usize),
+}
+
+impl Checkpoint {
+    /// Opens the latest complete checkpoint in `dir` (the step directory
+    /// `latest` names) and verifies every file it lists.
+    pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+        let latest = dir.join(LATEST);
+        let name = match std::fs::read_to_string(&latest) {
+            Ok(n) => n.trim().to_string(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CheckpointError::Missing {
+                    path: latest.display().to_string(),
+                })
+            }
+            Err(e) => return Err(CheckpointError::io(&latest, e)),
+        };
+        if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+            return Err(CheckpointError::Format {
+                path: latest.display().to_string(),
+                reason: format!("`{name}` is not a step directory name"),
+            });
+        }
+        Checkpoint::open_step(&dir.join(name))
+    }
+
+    /// Opens the checkpoint in the step directory `sdir` and verifies it.
+    pub fn open_step(sdir: &Path) -> Result<Checkpoint, CheckpointError> {
+        let mpath = sdir.join(MANIFEST);
+        let m = Manifest::read(&mpath)?;
+        check_shape(&m, &mpath)?;
+        let mut files = Vec::with_capacity(m.files.len());
+        for (pos, f) in m.files.iter().enumerate() {
+            let path = sdir.join(&f.name);
+            if f.position as usize != pos || f.name != manifest::rank_file(pos) {
+                return Err(CheckpointError::Format {
+                    path: mpath.display().to_string(),
+                    reason: format!("file entry {pos} is `{}`", f.name),
+                });
+            }
+            files.push(verify_file(&path, f)?);
+        }
+        let mut index = HashMap::new();
+        for (u, unit) in m.units.iter().enumerate() {
+            for p in &unit.params {
+                index.insert(p.name.clone(), (u, p.offset));
+            }
+        }
+        Ok(Checkpoint {
+            manifest: m,
+            dir: sdir.to_path_buf(),
+            files,
+            index,
+        })
+    }
+
+    /// Refuses a checkpoint `plan` cannot continue from: another model or
+    /// optimizer, or another global batch (the data would differ).
+    pub fn check_compatible(&self, plan: &Plan) -> Result<(), CheckpointError> {
+        let m = &self.manifest;
+        let bad = |reason: String| CheckpointError::Incompatible {
+            path: self.dir.join(MANIFEST).display().to_string(),
+            reason,
+        };
+        if m.model_hash != manifest::model_hash(plan) {
+            return Err(bad(format!(
+                "it was written for another model or optimizer (`{}`; model hash {} is not this plan's {})",
+                m.model,
+                m.model_hash,
+                manifest::model_hash(plan)
+            )));
+        }
+        let tokens = manifest::tokens_per_step(plan);
+        if m.data.tokens_per_step != tokens {
+            return Err(bad(format!(
+                "it was trained on {} tokens per step, this plan takes {tokens}; resume with the same global batch (ranks x batch)",
+                m.data.tokens_per_step
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fills rank `rank`'s buffers of `plan`: per unit, its parameter shard
+    /// and its optimizer state slots, as f32 bytes. The same plan copies the
+    /// saved shard; any other re-shards from the saved layout. Call
+    /// `check_compatible` first.
+    pub fn load_rank(
+        &self,
+        plan: &Plan,
+        rank: usize,
+        units: &mut [(&mut [u8], Vec<&mut [u8]>)],
+    ) -> Result<(), CheckpointError> {
+        let f = plan.config.shard_factor.max(1) as usize;
+        let pos = rank % f;
+        let same = self.manifest.plan_hash == manifest::plan_hash(plan);
+        for (u, (params, state)) in units.iter_mut().enumerate() {
+            let unit = plan
+                .units
+                .get(u)
+                .ok_or_else(|| self.format("", "more units than the plan"))?;
+            let lo = pos as u64 * unit.shard_numel;
+            let want = (unit.shard_numel * 4) as usize;
+            if params.len() != want || state.len() != self.manifest.state_slots {
+                return Err(self.format(
+                    MANIFEST,
+                    &format!(
+                        "unit {u}: this rank has {} parameter bytes and {} state slots, the plan needs {want} and the checkpoint has {}",
+                        params.len(),
+                        state.len(),
+                        self.manifest.state_slots
+                    ),
+                ));
+            }
+            let parts = std::iter::once((Part::Params, &mut **params)).chain(
+                state
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(k, s)| (Part::State(k), &mut **s)),
+            );
+            for (part, dst) in parts {
+                if same {
+                    dst.copy_from_slice(self.tensor(pos, u, part, dst.len())?);
+                    continue;
+                }
+                dst.fill(0);
+                for p in &unit.params {
+                    let (a, b) = (
+                        p.offset.max(lo),
+                        (p.offset + p.numel).min(lo + unit.shard_numel),
+                    );
+                    if a >= b {
+                        continue;
+                    }
+                    let out = &mut dst[((a - lo) * 4) as usize..((b - lo) * 4) as usize];
+                    self.read_param(&p.name, a - p.offset, part, out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements `[first, first + out.len()/4)` of parameter `name`'s `part`,
+    /// gathered from the saved shards.
+    pub fn read_param(
+        &self,
+        name: &str,
+        first: u64,
+        part: Part,
+        out: &mut [u8],
+    ) -> Result<(), CheckpointError> {
+        let &(u, offset) = self.index.get(name).ok_or_else(|| {
+            self.format("", &format!("parameter `{name}` is not in the checkpoint"))
+        })?;
+        let sn = self.manifest.units[u].shard_numel;
+        let mut flat = offset + first;
+        let mut done = 0usize;
+        while done < out.len() {
+            let (file, at) = ((flat / sn.max(1)) as usize, flat % sn.max(1));
+            let n = (((sn - at) * 4) as usize).min(out.len() - done);
+            let src = self.tensor(file, u, part, (sn * 4) as usize)?;
+            out[done..done + n].copy_from_slice(&src[(at * 4) as usize..(at * 4) as usize + n]);
+            done += n;
+            flat += (n / 4) as u64;
+        }
+        Ok(())
+    }
+
+    /// The bytes of unit `u`'s `part` in shard position `pos`'s file, which
+    /// must hold `len` bytes.
+    fn tensor(
+        &self,
+        pos: usize,
+        u: usize,
+        part: Part,
+        len: usize,
+    ) -> Result<&[u8], CheckpointError> {
+        let name = match part {
+            Part::Params => manifest::params_tensor(u),
+            Part::State(k) => manifest::state_tensor(u, k),
+        };
+        let fname = manifest::rank_file(pos);
+        let map = self
+            .files
+            .get(pos)
+            .ok_or_else(|| self.format(&fname, "shard position outside the checkpoint"))?;
+        let st = SafeTensors::deserialize(map).map_err(|e| self.format(&fname, &e.to_string()))?;
+        let t = st
+            .tensor(&name)
+            .map_err(|e| self.format(&fname, &format!("tensor {name}: {e}")))?;
+        if t.data().len() != len {
+            return Err(self.format(
+                &fname,
+                &format!(
+                    "tensor {name} has {} bytes, the layout needs {len}",
+                    t.data().len()
+                ),
+            ));
+        }
+        // The view borrows the map, not `st`: re-slice the map itself.
+        let start = t.data().as_ptr() as usize - map.as_ptr() as usize;
+        Ok(&map[start..start + len])
+    }
+
+    fn format(&self, file: &str, reason: &str) -> CheckpointError {
+        CheckpointError::Format {
+            path: self.dir.join(file).display().to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// The manifest's own consistency: one file per shard position, layouts
+/// that divide into shards.
+fn check_shape(m: &Manifest, path: &Path) -> Result<(), CheckpointError> {
+    let bad = |reason: String| CheckpointError::Format {
+        path: path.display().to_string(),
+        reason,
+    };
+    if m.files.len() != m.shard_factor as usize || m.shard_factor == 0 {
+        return Err(bad(format!(
+            "{} files for shard factor {}",
+            m.files.len(),
+            m.shard_factor
+        )));
+    }
+    for u in &m.units {
+        if u.shard_numel * u64::from(m.shard_factor) != u.padded_numel {
+            return Err(bad(format!(
+                "unit {}: shards do not cover the flat parameter",
+                u.id
+            )));
+        }
+        if let Some(p) = u
+            .params
+            .iter()
+            .find(|p| p.offset + p.numel > u.padded_numel)
+        {
+            return Err(bad(format!("unit {}: `{}` lies outside it", u.id, p.name)));
+        }
+    }
+    Ok(())
+}
+
+/// Maps `path` after checking its presence, size and checksum.
+fn verify_file(path: &Path, f: &manifest::FileEntry) -> Result<Mmap, CheckpointError> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::Missing {
+                path: path.display().to_string(),
+            })
+        }
+        Err(e) => return Err(CheckpointError::io(path, e)),
+    };
+    let actual = file
+        .metadata()
+        .map_err(|e| CheckpointError::io(path, e))?
+        .len();
+    if actual != f.bytes {
+        return Err(CheckpointError::Size {
+            path: path.display().to_string(),
+            expected: f.bytes,
+            actual,
+        });
+    }
+    // SAFETY: the map is read-only; a file changed under it after the
+    // checksum is the same hazard as a file changed between two reads.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(path, e))?;
+    let sum = blake3::hash(&map).to_hex().to_string();
+    if sum != f.blake3 {
+        return Err(CheckpointError::Checksum {
+            path: path.display().to_string(),
+            expected: f.blake3.clone(),
+            actual: sum,
+        });
+    }
+    Ok(map)
+}

@@ -1,0 +1,126 @@
+//! Writing a checkpoint. Each file goes to a temporary name, is synced,
+//! renamed into place and its directory synced. A step directory is complete
+//! once its manifest exists; the manifest is written after every rank file
+//! and the `latest` pointer after the manifest, so a run killed at any point
+//! leaves the previous checkpoint as `latest`, whole. Older checkpoints are
+//! pruned only after the new one is `latest`; two are kept.
+
+use super::manifest::{self, FileEntry, Manifest, LATEST, MANIFEST};
+use super::CheckpointError;
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use std::io::Write;
+use std::path::Path;
+
+/// Complete checkpoints kept in a directory.
+pub const KEEP: usize = 2;
+
+/// One unit's persistent state on a rank, as bytes of f32 values.
+#[derive(Clone, Copy, Debug)]
+pub struct UnitBytes<'a> {
+    /// The rank's shard of the flat parameter.
+    pub params: &'a [u8],
+    /// The optimizer state slots, in slot order.
+    pub state: &'a [&'a [u8]],
+}
+
+/// Writes shard position `pos`'s file for the checkpoint after `step`
+/// completed steps into `dir`, and returns its manifest entry.
+pub fn save_rank(
+    dir: &Path,
+    step: u64,
+    pos: usize,
+    units: &[UnitBytes<'_>],
+) -> Result<FileEntry, CheckpointError> {
+    let sdir = manifest::step_dir(dir, step);
+    std::fs::create_dir_all(&sdir).map_err(|e| CheckpointError::io(&sdir, e))?;
+    let path = sdir.join(manifest::rank_file(pos));
+    let fmt = |reason: String| CheckpointError::Format {
+        path: path.display().to_string(),
+        reason,
+    };
+    let mut views = Vec::new();
+    for (u, ub) in units.iter().enumerate() {
+        let named = std::iter::once((manifest::params_tensor(u), ub.params)).chain(
+            ub.state
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (manifest::state_tensor(u, k), *s)),
+        );
+        for (name, bytes) in named {
+            let view = TensorView::new(Dtype::F32, vec![bytes.len() / 4], bytes)
+                .map_err(|e| fmt(format!("tensor {name}: {e}")))?;
+            views.push((name, view));
+        }
+    }
+    let bytes = safetensors::serialize(views, None).map_err(|e| fmt(e.to_string()))?;
+    write_atomic(&path, &bytes)?;
+    Ok(FileEntry {
+        name: manifest::rank_file(pos),
+        position: pos as u32,
+        bytes: bytes.len() as u64,
+        blake3: blake3::hash(&bytes).to_hex().to_string(),
+    })
+}
+
+/// Completes the checkpoint `m` describes in `dir`: its manifest, then the
+/// `latest` pointer, then pruning to the `KEEP` newest step directories.
+pub fn commit(dir: &Path, m: &Manifest) -> Result<(), CheckpointError> {
+    let sdir = manifest::step_dir(dir, m.step);
+    let json = serde_json::to_vec_pretty(m).map_err(|e| CheckpointError::Format {
+        path: sdir.join(MANIFEST).display().to_string(),
+        reason: e.to_string(),
+    })?;
+    write_atomic(&sdir.join(MANIFEST), &json)?;
+    let name = sdir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    write_atomic(&dir.join(LATEST), name.as_bytes())?;
+    prune(dir, m.step)
+}
+
+/// Removes step directories older than the `KEEP` newest complete ones up
+/// to `newest`; never one newer than `newest` (another run's, in progress).
+fn prune(dir: &Path, newest: u64) -> Result<(), CheckpointError> {
+    let mut steps: Vec<u64> = std::fs::read_dir(dir)
+        .map_err(|e| CheckpointError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("step-")?.parse::<u64>().ok()
+        })
+        .filter(|&s| s <= newest)
+        .collect();
+    steps.sort_unstable_by(|a, b| b.cmp(a));
+    for old in steps.into_iter().skip(KEEP) {
+        let p = manifest::step_dir(dir, old);
+        std::fs::remove_dir_all(&p).map_err(|e| CheckpointError::io(&p, e))?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path`: a temporary file in the same directory, synced,
+/// renamed over `path`, then the directory synced, so a crash leaves either
+/// the old file or the new one, never part of one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        // The temporary file is ours; the write error is what matters.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(CheckpointError::io(path, e));
+    }
+    let parent = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| CheckpointError::io(parent, e))
+}
