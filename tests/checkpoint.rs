@@ -312,3 +312,146 @@ fn two_checkpoints_are_kept() {
     let latest = std::fs::read_to_string(dir.path().join("latest")).unwrap_or_default();
     assert_eq!(latest, "step-000000004");
 }
+
+#[test]
+fn export_gives_the_trained_parameters_with_their_names_and_shapes() {
+    let p = gpt_plan(4, Strategy::FullShard);
+    let dir = tmp();
+    let trained = checkpoint_at_3(&p, dir.path());
+    let out = dir.path().join("model.safetensors");
+    let ckpt =
+        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let n = ckpt
+        .export_safetensors(&out)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(n, trained.final_params.len());
+    let bytes = std::fs::read(&out).unwrap_or_else(|e| panic!("{e}"));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(st.names().len(), n);
+    let shapes: std::collections::HashMap<&str, &[usize]> = p
+        .training
+        .graph
+        .params
+        .iter()
+        .map(|q| (q.name.as_str(), q.ty.shape.dims()))
+        .collect();
+    for (name, vals) in &trained.final_params {
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.shape(), shapes[name.as_str()], "{name}");
+        let got: Vec<u32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<u32> = vals.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+fn fsdpc(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn cli_checkpoints_resumes_and_exports() {
+    let dir = tmp();
+    let d = dir.path().join("ckpt");
+    let d = d.to_string_lossy().into_owned();
+    let model = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
+    let first = fsdpc(&[
+        "train",
+        model,
+        "--ranks",
+        "2",
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        &d,
+        "--checkpoint-every",
+        "3",
+    ]);
+    assert!(first.status.success(), "{}", text(&first));
+    let rest = fsdpc(&[
+        "train",
+        model,
+        "--ranks",
+        "2",
+        "--steps",
+        "6",
+        "--resume",
+        &d,
+        "--strategy",
+        "no_shard",
+    ]);
+    assert!(rest.status.success(), "{}", text(&rest));
+    assert!(text(&rest).contains("for 3 steps"), "{}", text(&rest));
+    let out = dir.path().join("m.safetensors");
+    let out = out.to_string_lossy().into_owned();
+    let e = fsdpc(&["export", &d, "-o", &out]);
+    assert!(e.status.success(), "{}", text(&e));
+    assert!(text(&e).contains("step 3"), "{}", text(&e));
+    // Nothing to write, and a damaged checkpoint: one clear error each.
+    let none = fsdpc(&["export", &d]);
+    assert!(!none.status.success());
+    std::fs::write(
+        dir.path()
+            .join("ckpt/step-000000003/rank-00000.safetensors"),
+        b"x",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let bad = fsdpc(&["export", &d, "-o", &out]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad).contains("rank-00000.safetensors"),
+        "{}",
+        text(&bad)
+    );
+    assert!(!text(&bad).contains("panicked"), "{}", text(&bad));
+}
+
+#[test]
+fn cli_exports_a_checkpoint_back_into_onnx() {
+    let dir = tmp();
+    let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("frontends/tests/fixtures/mlp.onnx")
+        .to_string_lossy()
+        .into_owned();
+    let (d, trained, exported) = (path("ckpt"), path("trained.onnx"), path("exported.onnx"));
+    let t = fsdpc(&[
+        "train",
+        &model,
+        "--dim",
+        "batch=4",
+        "--ranks",
+        "2",
+        "--steps",
+        "2",
+        "--save-onnx",
+        &trained,
+        "--checkpoint-dir",
+        &d,
+        "--checkpoint-every",
+        "2",
+    ]);
+    assert!(t.status.success(), "{}", text(&t));
+    let e = fsdpc(&["export", &d, "--save-onnx", &exported, "--model", &model]);
+    assert!(e.status.success(), "{}", text(&e));
+    let a = std::fs::read(&trained).unwrap_or_else(|e| panic!("{e}"));
+    let b = std::fs::read(&exported).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        a == b,
+        "the exported ONNX file equals the one training wrote"
+    );
+}

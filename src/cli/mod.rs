@@ -1,4 +1,5 @@
-//! The `fsdpc` command line: `compile`, `inspect`, `simulate`, `train`.
+//! The `fsdpc` command line: `compile`, `inspect`, `simulate`, `train`,
+//! `trace`, `export`.
 //!
 //! Each subcommand is a thin layer: parse flags into the library's config
 //! structs, call the pipeline, print. Errors become one readable line and a
@@ -6,6 +7,7 @@
 
 mod compile;
 mod error;
+mod export;
 mod given;
 mod inspect;
 mod json_kind;
@@ -43,6 +45,8 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Write the simulated step as a Perfetto/Chrome trace.
     Trace(trace::TraceArgs),
+    /// Write the full parameters of a checkpoint (safetensors, or back into ONNX).
+    Export(export::ExportArgs),
 }
 
 /// Flags shared by `compile` and `train`: how the model is planned.
@@ -87,6 +91,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect(a) => inspect::run(a),
         Command::Train(a) => train::run(a),
         Command::Trace(a) => trace::run(a),
+        Command::Export(a) => export::run(a),
     }
 }
 

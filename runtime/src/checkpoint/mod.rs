@@ -9,13 +9,15 @@
 //!   pointer, pruning to the two newest checkpoints);
 //! - `read`: opening and verifying the latest complete checkpoint, filling a
 //!   rank's buffers from it directly or re-sharded for another world, shard
-//!   factor or strategy, and streaming full parameters for export.
+//!   factor or strategy, and reading one parameter at a time;
+//! - `export`: full parameters into one safetensors file, streamed.
 //!
 //! The per-rank calls (`write::save_rank`, `read::Checkpoint::load_rank`)
 //! take plain byte slices, so a process-per-rank runtime calls the same code.
 //! Replicas (ranks beyond the first shard group) hold identical shards and
 //! write nothing.
 
+pub mod export;
 pub mod manifest;
 pub mod read;
 pub mod write;

@@ -119,7 +119,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         let _ = std::fs::remove_file(&tmp);
         return Err(CheckpointError::io(path, e));
     }
-    let parent = path.parent().unwrap_or(Path::new("."));
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let parent = parent.unwrap_or(Path::new("."));
     std::fs::File::open(parent)
         .and_then(|d| d.sync_all())
         .map_err(|e| CheckpointError::io(parent, e))

@@ -1,0 +1,111 @@
+//! Full parameters out of a checkpoint, under their original names, one
+//! parameter at a time: the safetensors header is computed from the saved
+//! layout, then each parameter is gathered from the rank files (mapped, not
+//! read whole) and appended, so exporting never holds more than one
+//! parameter beyond the maps the operating system pages in and out.
+
+use super::manifest::ParamLayout;
+use super::read::{Checkpoint, Part};
+use super::CheckpointError;
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+impl Checkpoint {
+    /// Every saved parameter in layout order (unit by unit).
+    pub fn params(&self) -> impl Iterator<Item = &ParamLayout> {
+        self.manifest.units.iter().flat_map(|u| u.params.iter())
+    }
+
+    /// The values of parameter `p`.
+    pub fn param_values(&self, p: &ParamLayout) -> Result<Vec<f32>, CheckpointError> {
+        let mut bytes = vec![0u8; (p.numel * 4) as usize];
+        self.read_param(&p.name, 0, Part::Params, &mut bytes)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Writes every parameter (f32, original names and shapes) to the
+    /// safetensors file `out`, streaming: a temporary file next to it, synced
+    /// and renamed over `out` once complete. Returns the parameter count.
+    pub fn export_safetensors(&self, out: &Path) -> Result<usize, CheckpointError> {
+        let header = self.header(out)?;
+        let name = out
+            .file_name()
+            .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+        let r = self.write_body(&tmp, &header);
+        let r = r.and_then(|n| {
+            std::fs::rename(&tmp, out).map_err(|e| CheckpointError::io(out, e))?;
+            let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
+            let parent = parent.unwrap_or(Path::new("."));
+            std::fs::File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| CheckpointError::io(parent, e))?;
+            Ok(n)
+        });
+        if r.is_err() {
+            // The temporary file is ours; the first error is what matters.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r
+    }
+
+    /// The safetensors header: an 8-byte little-endian length, then JSON
+    /// naming each tensor's dtype, shape and byte range, padded with spaces
+    /// to a multiple of 8 (the format's alignment).
+    fn header(&self, out: &Path) -> Result<Vec<u8>, CheckpointError> {
+        let mut entries = BTreeMap::new();
+        let mut at = 0u64;
+        for p in self.params() {
+            let numel: u64 = p.shape.iter().map(|&d| d as u64).product();
+            if numel != p.numel {
+                return Err(CheckpointError::Format {
+                    path: self
+                        .dir
+                        .join(super::manifest::MANIFEST)
+                        .display()
+                        .to_string(),
+                    reason: format!(
+                        "`{}` has shape {:?} but {} elements",
+                        p.name, p.shape, p.numel
+                    ),
+                });
+            }
+            let end = at + p.numel * 4;
+            entries.insert(
+                p.name.clone(),
+                serde_json::json!({"dtype": "F32", "shape": p.shape, "data_offsets": [at, end]}),
+            );
+            at = end;
+        }
+        let mut json = serde_json::to_vec(&entries).map_err(|e| CheckpointError::io(out, e))?;
+        while json.len() % 8 != 0 {
+            json.push(b' ');
+        }
+        let mut h = (json.len() as u64).to_le_bytes().to_vec();
+        h.extend_from_slice(&json);
+        Ok(h)
+    }
+
+    /// Writes `header` and then every parameter's bytes to `tmp`, synced.
+    fn write_body(&self, tmp: &Path, header: &[u8]) -> Result<usize, CheckpointError> {
+        let io = |e: std::io::Error| CheckpointError::io(tmp, e);
+        let file = std::fs::File::create(tmp).map_err(io)?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        w.write_all(header).map_err(io)?;
+        let mut n = 0;
+        let mut buf = Vec::new();
+        for p in self.params() {
+            buf.resize((p.numel * 4) as usize, 0);
+            self.read_param(&p.name, 0, Part::Params, &mut buf)?;
+            w.write_all(&buf).map_err(io)?;
+            n += 1;
+        }
+        let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
+        Ok(n)
+    }
+}
