@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 # Toolchain components (present on most machines; cheap when they are).
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
+# MPI for the process-rank backend (`--features mpi`, tests/mpi.rs): the
+# library, mpirun, and libclang for rsmpi's bindings. Installed as root when
+# missing.
+if ! command -v mpirun >/dev/null 2>&1 || ! dpkg -s libopenmpi-dev libclang-dev >/dev/null 2>&1; then
+    apt-get update && apt-get install -y libopenmpi-dev openmpi-bin clang libclang-dev
+fi
+
 # The ONNX backend node tests that tests/onnx_conformance.rs runs.
 export FSDPC_ONNX_NODE_TESTS="${FSDPC_ONNX_NODE_TESTS:-$PWD/target/onnx-node-tests}"
 bash scripts/onnx-node-tests.sh "$FSDPC_ONNX_NODE_TESTS"
@@ -18,6 +25,10 @@ bash scripts/fetch-minilm.sh target/minilm || echo "MiniLM not fetched; tests/mi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+# MPI process ranks against thread ranks (mpirun as root needs
+# --allow-run-as-root; the test passes it and --oversubscribe).
+cargo clippy --features mpi --all-targets -- -D warnings
+cargo test --features mpi --test mpi
 
 # Fuzz the ONNX import for a minute, seeded with the committed corpus
 # (fuzz/corpus/onnx; frontends/tests/fuzz_corpus.rs replays it in every

@@ -54,6 +54,20 @@ pub enum CommError {
         /// What differed.
         reason: String,
     },
+    /// The MPI library refused or could not do what was asked.
+    #[error("MPI: {reason}")]
+    Mpi {
+        /// What went wrong.
+        reason: String,
+    },
+    /// A communication backend this build does not contain.
+    #[error("the {backend} backend was not compiled in; rebuild with `--features {feature}`")]
+    NotCompiled {
+        /// The backend asked for.
+        backend: &'static str,
+        /// The cargo feature that builds it.
+        feature: &'static str,
+    },
 }
 
 /// Errors of the runtime.
@@ -118,6 +132,19 @@ pub enum RuntimeError {
         instr: Option<usize>,
         /// What is wrong.
         reason: String,
+    },
+    /// The launcher runs a different number of ranks than the plan was
+    /// compiled for.
+    #[error(
+        "the plan was compiled for world {plan_world} but {launcher} runs {launcher_world} ranks"
+    )]
+    WorldMismatch {
+        /// `plan.cluster.world`.
+        plan_world: usize,
+        /// The ranks the launcher started.
+        launcher_world: usize,
+        /// Who started them (`mpirun`, `srun`, `torchrun`, ...).
+        launcher: String,
     },
     /// The reference evaluator was given inconsistent feeds or parameters.
     #[error("eval: {0}")]

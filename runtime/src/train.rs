@@ -5,6 +5,7 @@
 use crate::account::{self, RankTag};
 use crate::checkpoint::{self, write::UnitBytes, Checkpoint, CheckpointError, FileEntry};
 use crate::comm::shm::{CommConfig, ShmWorld};
+use crate::comm::{BufMut, World};
 use crate::cpu::{CpuBackend, CpuConfig};
 use crate::data::{self, DataSource, DataSpec};
 use crate::error::RuntimeError;
@@ -264,7 +265,7 @@ fn execute(
                 let ctx = RankCtx {
                     rank,
                     tag: tag_of(rank),
-                    shm,
+                    world: shm,
                     prep,
                     backend,
                     data,
@@ -272,7 +273,17 @@ fn execute(
                     resume,
                     tx: &tx,
                 };
-                let out = catch_unwind(AssertUnwindSafe(|| ctx.run(arena))).unwrap_or_else(|p| {
+                let mut report = |step, loss, measured| {
+                    let _ = tx.send(Msg::Step {
+                        rank,
+                        step,
+                        loss,
+                        measured,
+                    });
+                    Ok(())
+                };
+                let run = || ctx.run(arena, &mut report);
+                let out = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {
                     Err(RuntimeError::RankFailed {
                         rank,
                         reason: format!("panic: {}", panic_text(&*p)),
@@ -320,6 +331,115 @@ fn execute(
         tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
         elapsed,
         world,
+    })
+}
+
+/// Runs `plan` as rank `rank` of a world of processes (one rank per
+/// process; `world` is the launcher's, e.g. `comm::mpi::MpiWorld`). Each
+/// process fills only its own samples. The loss of a step is gathered from
+/// every rank and averaged in rank order, as `train` does, so every rank
+/// reports the same global loss; `on_step` runs on every rank (the caller
+/// prints on rank 0 only). Checkpoints and `keep_params` need every shard in
+/// one process and are refused here.
+pub fn train_rank(
+    plan: &Plan,
+    opts: &TrainOptions,
+    world: &dyn World,
+    rank: usize,
+    launcher: &str,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    let n = world.size();
+    if plan.cluster.world as usize != n {
+        return Err(RuntimeError::WorldMismatch {
+            plan_world: plan.cluster.world as usize,
+            launcher_world: n,
+            launcher: launcher.to_string(),
+        });
+    }
+    if opts.checkpoint.is_some() || opts.resume.is_some() || opts.keep_params {
+        return Err(RuntimeError::plan(
+            "process ranks do not yet save checkpoints or assemble the trained parameters",
+        ));
+    }
+    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
+    let prep = prepare(plan)?;
+    let backend = CpuBackend::new(CpuConfig {
+        threads: opts.threads_per_rank.max(1),
+    });
+    let tag = account::installed().then(|| account::claim(1)).flatten();
+    let mut arena = match opts.mode {
+        ExecMode::Arena => {
+            let _tag = tag.map(RankTag::enter);
+            Some(Arena::new(plan.memory.arena_bytes))
+        }
+        ExecMode::DebugAlloc => None,
+    };
+    let all: Vec<usize> = (0..n).collect();
+    let losses_comm = world
+        .communicator(&all, "loss", rank)
+        .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+    let ctx = RankCtx {
+        rank,
+        tag,
+        world,
+        prep: &prep,
+        backend: &backend,
+        data: &*data,
+        opts,
+        resume: None,
+        // Checkpoints are refused above: nothing is ever sent.
+        tx: &mpsc::sync_channel(1).0,
+    };
+    let tokens = (plan.model.tokens_per_rank_step * n as u64) as f64;
+    let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
+    let start = Instant::now();
+    let mut report = |step: u64, loss: f32, measured: Option<u64>| {
+        let mut all_losses = vec![0u8; 4 * n];
+        losses_comm
+            .all_gather(
+                crate::comm::Buf {
+                    dtype: fsdpc_ir::DType::F32,
+                    bytes: &loss.to_le_bytes(),
+                },
+                BufMut {
+                    dtype: fsdpc_ir::DType::F32,
+                    bytes: &mut all_losses,
+                },
+            )
+            .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+        // The same order and arithmetic as the thread launcher's `collect`.
+        let loss = all_losses
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .fold(0.0f32, |a, b| a + b)
+            / n as f32;
+        peak = peak.max(measured);
+        let elapsed = last.elapsed();
+        last = Instant::now();
+        losses.push(loss);
+        on_step(&StepReport {
+            step,
+            loss,
+            tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
+            measured_peak_bytes: peak,
+            planned_peak_bytes: plan.memory.rank_bytes,
+            elapsed,
+        });
+        Ok(())
+    };
+    let out = ctx.run(arena.as_mut(), &mut report)?;
+    let elapsed = start.elapsed();
+    Ok(TrainReport {
+        tokens_per_s: tokens * losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        losses,
+        final_params: Vec::new(),
+        measured_peak_bytes: out.measured,
+        planned_peak_bytes: plan.memory.rank_bytes,
+        debug_peak_bytes: out.debug_peak,
+        elapsed,
+        world: n,
     })
 }
 
@@ -489,11 +609,15 @@ fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, Ru
 }
 
 /// Everything one rank thread uses.
+/// Reports one rank's loss and measured peak after a step.
+type Report<'r> = dyn FnMut(u64, f32, Option<u64>) -> Result<(), RuntimeError> + 'r;
+
+/// Everything one rank uses, whichever launcher started it.
 struct RankCtx<'a> {
     rank: usize,
     /// The rank's accounting tag, when the counting allocator is installed.
     tag: Option<usize>,
-    shm: &'a Arc<ShmWorld>,
+    world: &'a dyn World,
     prep: &'a Prepared<'a>,
     backend: &'a CpuBackend,
     data: &'a dyn DataSource,
@@ -503,11 +627,11 @@ struct RankCtx<'a> {
 }
 
 impl RankCtx<'_> {
-    fn run(&self, arena: Option<&mut Arena>) -> Result<RankOut, RuntimeError> {
+    fn run(&self, arena: Option<&mut Arena>, report: &mut Report) -> Result<RankOut, RuntimeError> {
         let plan = self.prep.plan;
         let env = RankEnv::new(
             self.rank,
-            self.shm,
+            self.world,
             self.prep,
             self.backend,
             self.data,
@@ -533,7 +657,7 @@ impl RankCtx<'_> {
         if let Some(t) = self.tag {
             account::reset_peak(t);
         }
-        self.steps(&env, &mut mem)?;
+        self.steps(&env, &mut mem, report)?;
         let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
         let debug_peak = (self.opts.mode == ExecMode::DebugAlloc).then(|| mem.peak());
         // Only the first shard group's shards are assembled.
@@ -546,16 +670,16 @@ impl RankCtx<'_> {
     }
 
     /// Runs every step, reporting each step's loss.
-    fn steps(&self, env: &RankEnv, mem: &mut Memory) -> Result<(), RuntimeError> {
-        let report = |step: u64, mem: &Memory| -> Result<(), RuntimeError> {
+    fn steps(
+        &self,
+        env: &RankEnv,
+        mem: &mut Memory,
+        sink: &mut Report,
+    ) -> Result<(), RuntimeError> {
+        let mut report = |step: u64, mem: &Memory| -> Result<(), RuntimeError> {
             let loss = env.read_loss(mem)?;
             let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
-            let _ = self.tx.send(Msg::Step {
-                rank: self.rank,
-                step,
-                loss,
-                measured,
-            });
+            sink(step, loss, measured)?;
             self.maybe_save(step + 1, mem);
             Ok(())
         };

@@ -1,5 +1,6 @@
 //! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]
-//! [--save-onnx out.onnx] [--save-safetensors out.safetensors]`
+//! [--save-onnx out.onnx] [--save-safetensors out.safetensors]
+//! [--backend threads|mpi] [--collective-timeout SECS]`
 
 use super::compile::{optimizer, plan_model};
 use super::given::Given;
@@ -14,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -71,12 +73,98 @@ pub struct TrainArgs {
     /// factor or strategy differ.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// How the ranks run: `threads` (one process, a thread per rank) or
+    /// `mpi` (one process per rank, started by mpirun or srun; needs a build
+    /// with `--features mpi`). With `mpi`, --ranks defaults to the job's size.
+    #[arg(long, value_enum, default_value = "threads")]
+    pub backend: BackendKind,
+    /// Seconds a rank waits for the others (a collective or an event) before
+    /// every rank stops with an error naming the one that did not answer.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub collective_timeout: f64,
+}
+
+/// How the ranks of a run are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Every rank a thread of this process.
+    Threads,
+    /// One process per rank, collectives through MPI.
+    Mpi,
+}
+
+/// The launcher of this run's ranks, and this process's rank in it.
+enum Launch {
+    Threads,
+    #[cfg(feature = "mpi")]
+    Mpi(fsdpc_runtime::comm::mpi::MpiWorld),
+}
+
+impl Launch {
+    fn new(a: &TrainArgs, timeout: Duration) -> Result<Launch, CliError> {
+        match a.backend {
+            BackendKind::Threads => Ok(Launch::Threads),
+            #[cfg(feature = "mpi")]
+            BackendKind::Mpi => fsdpc_runtime::comm::mpi::MpiWorld::init(timeout)
+                .map(Launch::Mpi)
+                .map_err(|e| CliError::Usage(e.to_string())),
+            #[cfg(not(feature = "mpi"))]
+            BackendKind::Mpi => fsdpc_runtime::comm::mpi::MpiWorld::init(timeout)
+                .map(|_| Launch::Threads)
+                .map_err(|e| CliError::Usage(e.to_string())),
+        }
+    }
+
+    /// This process's rank (0 for thread ranks: one process).
+    fn rank(&self) -> usize {
+        match self {
+            Launch::Threads => 0,
+            #[cfg(feature = "mpi")]
+            Launch::Mpi(w) => w.rank(),
+        }
+    }
+
+    /// The number of processes the launcher started, when it started them.
+    fn processes(&self) -> Option<u32> {
+        match self {
+            Launch::Threads => None,
+            #[cfg(feature = "mpi")]
+            Launch::Mpi(w) => Some(fsdpc_runtime::comm::World::size(w) as u32),
+        }
+    }
+
+    fn train(
+        &self,
+        plan: &fsdpc_planner::plan::Plan,
+        opts: &TrainOptions,
+        on_step: &mut dyn FnMut(&StepReport),
+    ) -> Result<fsdpc_runtime::TrainReport, CliError> {
+        match self {
+            Launch::Threads => Ok(fsdpc_runtime::train(plan, opts, on_step)?),
+            #[cfg(feature = "mpi")]
+            Launch::Mpi(w) => {
+                match fsdpc_runtime::train::train_rank(plan, opts, w, w.rank(), "mpirun", on_step) {
+                    Ok(r) => Ok(r),
+                    // The other processes wait in a collective: stop them all.
+                    Err(e) => w.abort(&format!("rank {}: {e}", w.rank())),
+                }
+            }
+        }
+    }
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
     check_flags(&a)?;
+    let timeout = Duration::from_secs_f64(a.collective_timeout);
+    let launch = Launch::new(&a, timeout)?;
+    // Only rank 0 reports: metrics, the progress bar and the summary.
+    let lead = launch.rank() == 0;
     // Opened before any work, so an unwritable path is reported at once.
-    let mut metrics = open_metrics(&a.metrics)?;
+    let mut metrics = if lead {
+        open_metrics(&a.metrics)?
+    } else {
+        None
+    };
     if a.save_onnx.is_some() && !is_onnx(&a.model) {
         return Err(CliError::Usage(format!(
             "--save-onnx needs an ONNX model to write back into, but `{}` is not an `.onnx` file",
@@ -96,7 +184,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     } else {
         plan_model(
             &a.model,
-            a.ranks.unwrap_or(1),
+            a.ranks.or(launch.processes()).unwrap_or(1),
             a.preset.as_deref().unwrap_or("cpu-local"),
             &a.plan,
             &a.import,
@@ -120,10 +208,14 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             .zip(a.checkpoint_every)
             .map(|(dir, every)| CheckpointConfig { dir, every }),
         resume: a.resume.clone(),
-        ..TrainOptions::default()
+        comm_timeout: timeout,
     };
     let mut metrics_error = None;
-    let bar = progress_bar(a.steps);
+    let bar = if lead {
+        progress_bar(a.steps)
+    } else {
+        ProgressBar::hidden()
+    };
     let mut on_step = |r: &StepReport| {
         bar.set_position(r.step + 1);
         bar.set_message(format!("loss {:.4}  {:.0} tok/s", r.loss, r.tokens_per_s));
@@ -140,8 +232,11 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             }
         }
     };
-    let report = fsdpc_runtime::train(&plan, &opts, &mut on_step)?;
+    let report = launch.train(&plan, &opts, &mut on_step)?;
     bar.finish_and_clear();
+    if !lead {
+        return Ok(());
+    }
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
     print_out(&format!(
@@ -179,6 +274,12 @@ fn check_flags(a: &TrainArgs) -> Result<(), CliError> {
         if value == 0 {
             return Err(CliError::Usage(format!("{flag} must be at least 1")));
         }
+    }
+    let t = a.collective_timeout;
+    if !(t.is_finite() && t > 0.0 && t <= 1e6) {
+        return Err(CliError::Usage(format!(
+            "--collective-timeout must be a positive number of seconds, at most 1e6, not {t}"
+        )));
     }
     // The optimizer flags, also when they end up unused (training a plan).
     optimizer(&a.plan)?;

@@ -1,5 +1,7 @@
 //! Collectives over a group of ranks. `Communicator` is the set a backend
-//! provides; `shm` implements it for ranks that are threads of one process.
+//! provides and `World` makes a rank's communicators; `shm` implements both
+//! for ranks that are threads of one process, `mpi` for ranks that are
+//! processes (cargo feature `mpi`).
 //!
 //! Reduction order is fixed: element by element, the sum runs in group
 //! position order, `((x0 + x1) + x2) + ...`, accumulated in f32, then divided
@@ -7,10 +9,12 @@
 //! reduce-scatter over N ranks and an all-reduce over the same N ranks give
 //! bit-identical values.
 
+pub mod mpi;
 pub mod shm;
 
 use crate::error::CommError;
 use fsdpc_ir::DType;
+use std::time::Duration;
 
 /// A read-only buffer of `dtype` elements.
 #[derive(Copy, Clone, Debug)]
@@ -86,4 +90,31 @@ pub trait Communicator: Send + Sync {
 
     /// Returns once every member has called it.
     fn barrier(&self) -> Result<(), CommError>;
+}
+
+/// The ranks one launcher runs, seen from one rank: makes its communicators
+/// and carries the failure state its streams share.
+pub trait World: Send + Sync {
+    /// Number of ranks in the world.
+    fn size(&self) -> usize;
+
+    /// How long a rank waits for the others (collectives, events).
+    fn timeout(&self) -> Duration;
+
+    /// The communicator of `rank` on the group `ranks` (world ranks in
+    /// position order), one per `tag` so collectives with different tags can
+    /// run concurrently. Every rank makes its communicators in the same order.
+    fn communicator(
+        &self,
+        ranks: &[usize],
+        tag: &str,
+        rank: usize,
+    ) -> Result<Box<dyn Communicator>, CommError>;
+
+    /// Marks `rank` as failed so that every blocked wait of this world stops;
+    /// the first failure is the one reported.
+    fn poison(&self, rank: usize, reason: &str);
+
+    /// The first failure, if any.
+    fn failure(&self) -> Option<(usize, String)>;
 }

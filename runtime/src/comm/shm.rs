@@ -20,7 +20,7 @@
 //! leaves before the barrier completes (and nobody reads its buffers) or
 //! takes part in the whole collective.
 
-use super::{Buf, BufMut, Communicator};
+use super::{Buf, BufMut, Communicator, World};
 use crate::error::CommError;
 use crate::tensor::{load_f64, store_f64};
 use fsdpc_ir::DType;
@@ -381,7 +381,7 @@ fn send_post(
 }
 
 /// Copies `src` (dtype `sdt`) into `dst` (dtype `ddt`), converting.
-fn convert(src: &[u8], sdt: DType, dst: &mut [u8], ddt: DType) {
+pub(super) fn convert(src: &[u8], sdt: DType, dst: &mut [u8], ddt: DType) {
     if sdt == ddt {
         dst.copy_from_slice(src);
         return;
@@ -394,7 +394,7 @@ fn convert(src: &[u8], sdt: DType, dst: &mut [u8], ddt: DType) {
 /// `dst[i] = (((x0[i] + x1[i]) + x2[i]) + ...) / d` in f32, where `x0` is
 /// `first`, or `dst` itself when `first` is `None`, and `x1..` are
 /// `rest(0..n_rest)` (a function, so a collective collects no list).
-fn reduce_into<'a>(
+pub(super) fn reduce_into<'a>(
     first: Option<(&[u8], DType)>,
     n_rest: usize,
     rest: impl Fn(usize) -> (&'a [u8], DType),
@@ -453,6 +453,33 @@ fn divide_f32(out: &mut [f32], d: u32) {
         for o in out.iter_mut() {
             *o /= df;
         }
+    }
+}
+
+impl World for Arc<ShmWorld> {
+    fn size(&self) -> usize {
+        self.world
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    fn communicator(
+        &self,
+        ranks: &[usize],
+        tag: &str,
+        rank: usize,
+    ) -> Result<Box<dyn Communicator>, CommError> {
+        ShmWorld::communicator(self, ranks, tag, rank).map(|c| Box::new(c) as Box<dyn Communicator>)
+    }
+
+    fn poison(&self, rank: usize, reason: &str) {
+        ShmWorld::poison(self, rank, reason)
+    }
+
+    fn failure(&self) -> Option<(usize, String)> {
+        ShmWorld::failure(self)
     }
 }
 

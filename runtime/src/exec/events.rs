@@ -2,7 +2,7 @@
 //! Events are per step (reset between steps). A wait gives up when the world
 //! is poisoned (another rank or stream failed) or after the timeout.
 
-use crate::comm::shm::ShmWorld;
+use crate::comm::World;
 use crate::error::RuntimeError;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -46,9 +46,9 @@ impl Events {
     }
 
     /// Blocks until `e` is recorded.
-    pub fn wait(&self, e: usize, rank: usize, world: &ShmWorld) -> Result<(), RuntimeError> {
+    pub fn wait(&self, e: usize, rank: usize, world: &dyn World) -> Result<(), RuntimeError> {
         let start = Instant::now();
-        let timeout = world.config().timeout;
+        let timeout = world.timeout();
         let mut g = self.lock();
         while !g[e] {
             if let Some((r, reason)) = world.failure() {

@@ -6,8 +6,7 @@ use super::memory::Memory;
 use super::prepare::{kind, Prepared, Step};
 use crate::account::RankTag;
 use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
-use crate::comm::shm::{ShmComm, ShmWorld};
-use crate::comm::{Buf, BufMut, Communicator};
+use crate::comm::{Buf, BufMut, Communicator, World};
 use crate::data::{Batch, DataSource};
 use crate::error::{CommError, RuntimeError};
 use crate::tensor::{TensorMut, TensorRef};
@@ -16,7 +15,7 @@ use fsdpc_planner::plan::{BufferId, BufferKind, Group, Stream};
 use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Barrier, Mutex};
 
 /// Operand views a kernel call keeps on the stack.
 const VIEWS: usize = 8;
@@ -24,12 +23,12 @@ const VIEWS: usize = 8;
 /// What one rank needs to execute steps.
 pub struct RankEnv<'a> {
     pub rank: usize,
-    pub world: &'a Arc<ShmWorld>,
+    pub world: &'a dyn World,
     pub prep: &'a Prepared<'a>,
     pub backend: &'a dyn Backend,
     pub data: &'a dyn DataSource,
     pub seed: u64,
-    comms: Vec<((Stream, Group), ShmComm)>,
+    comms: Vec<((Stream, Group), Box<dyn Communicator>)>,
     events: Events,
 }
 
@@ -53,13 +52,13 @@ impl<'a> RankEnv<'a> {
     /// Sets up rank `rank`: one communicator per (stream, group).
     pub fn new(
         rank: usize,
-        world: &'a Arc<ShmWorld>,
+        world: &'a dyn World,
         prep: &'a Prepared<'a>,
         backend: &'a dyn Backend,
         data: &'a dyn DataSource,
         seed: u64,
     ) -> Result<RankEnv<'a>, RuntimeError> {
-        let n = world.world();
+        let n = world.size();
         let f = prep.plan.config.shard_factor as usize;
         if f == 0 || !n.is_multiple_of(f) {
             return Err(RuntimeError::plan(format!(
@@ -88,13 +87,13 @@ impl<'a> RankEnv<'a> {
         })
     }
 
-    fn comm(&self, s: Stream, g: Group) -> &ShmComm {
+    fn comm(&self, s: Stream, g: Group) -> &dyn Communicator {
         // Every (stream, group) pair was created in `new`.
         self.comms
             .iter()
             .find(|(k, _)| *k == (s, g))
-            .map(|(_, c)| c)
-            .unwrap_or(&self.comms[0].1)
+            .map(|(_, c)| &**c)
+            .unwrap_or(&*self.comms[0].1)
     }
 
     fn dtype(&self, b: BufferId) -> DType {
@@ -149,7 +148,7 @@ impl<'a> RankEnv<'a> {
                     self.zero_uncovered(mem, unit.index(), *src)?;
                     let (send, recv) = self.send_recv(mem, *src, *dst)?;
                     self.comm(stream, Group::Shard)
-                        .reduce_scatter(send, recv, self.world.world() as u32)
+                        .reduce_scatter(send, recv, self.world.size() as u32)
                         .map_err(ce)
                 }
                 Step::AllReduce {

@@ -1,0 +1,99 @@
+//! MPI process ranks against thread ranks: `mpirun -np N fsdpc train
+//! --backend mpi` gives bit-identical losses to `fsdpc train --ranks N`
+//! (both sum in rank order). Needs `mpirun` (openmpi-bin) and the `mpi`
+//! feature: `cargo test --features mpi --test mpi`.
+#![cfg(feature = "mpi")]
+
+use std::path::Path;
+use std::process::Command;
+
+const MODEL: &str = "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256,batch=4";
+const STEPS: &str = "4";
+
+/// The `loss` of every line of a `--metrics` file.
+fn losses(path: &Path) -> Vec<f32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["loss"].as_f64().map(|x| x as f32))
+        .collect()
+}
+
+fn mpirun(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &np.to_string(),
+    ]);
+    c.arg(env!("CARGO_BIN_EXE_fsdpc"));
+    c
+}
+
+fn check(np: usize) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (threads, procs) = (dir.path().join("t.jsonl"), dir.path().join("m.jsonl"));
+    let out = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(["train", MODEL, "--steps", STEPS, "--ranks", &np.to_string()])
+        .arg("--metrics")
+        .arg(&threads)
+        .output()
+        .expect("fsdpc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = mpirun(np)
+        .args(["train", MODEL, "--steps", STEPS, "--backend", "mpi"])
+        .arg("--metrics")
+        .arg(&procs)
+        .output()
+        .expect("mpirun runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Only rank 0 prints its summary.
+    assert_eq!(stdout.matches("trained ").count(), 1, "{stdout}");
+    let (t, m) = (losses(&threads), losses(&procs));
+    assert_eq!(t.len(), 4);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&t), bits(&m), "thread ranks {t:?}, MPI ranks {m:?}");
+}
+
+#[test]
+fn two_processes_match_two_thread_ranks() {
+    check(2);
+}
+
+#[test]
+fn four_processes_match_four_thread_ranks() {
+    check(4);
+}
+
+#[test]
+fn a_plan_for_another_world_is_refused_naming_both() {
+    let out = mpirun(2)
+        .args([
+            "train",
+            MODEL,
+            "--steps",
+            "1",
+            "--backend",
+            "mpi",
+            "--ranks",
+            "4",
+        ])
+        .output()
+        .expect("mpirun runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("compiled for world 4") && err.contains("runs 2 ranks"),
+        "{err}"
+    );
+}
