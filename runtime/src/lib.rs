@@ -5,6 +5,8 @@
 //! - `exec`: the per-rank executor of a plan's streams, events and buffers;
 //! - `data`: the global data stream each rank takes its samples from;
 //! - `train`: the training API; `eval`: a plan-free reference evaluator.
+//! - `launch`: rank and world from torchrun, srun or mpirun, and a TCP
+//!   rendezvous for what ranks exchange before a communicator exists.
 //!
 //! Architecture invariant: the runtime decides nothing — units, buffers,
 //! offsets and the instruction order all come from the plan.
@@ -23,6 +25,7 @@ pub mod exec;
 pub mod export;
 pub mod init;
 mod irinit;
+pub mod launch;
 pub mod optim;
 pub mod rng;
 pub mod tensor;
