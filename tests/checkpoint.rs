@@ -455,3 +455,89 @@ fn cli_exports_a_checkpoint_back_into_onnx() {
         "the exported ONNX file equals the one training wrote"
     );
 }
+
+#[test]
+fn killing_a_run_while_it_checkpoints_leaves_a_loadable_checkpoint() {
+    // Checkpointing every step, the run spends most of its time writing one:
+    // a kill -9 at any of these moments lands in a write or between writes.
+    let model = "gpt:layers=4,hidden=256,heads=4,seq=16,vocab=4096,batch=2";
+    let dir = tmp();
+    let d = dir.path().join("ckpt");
+    let ds = d.to_string_lossy().into_owned();
+    for (i, delay_ms) in [0u64, 5, 13, 29, 71, 150, 310].into_iter().enumerate() {
+        // The first run starts the directory; each later one continues it.
+        let mut args = vec![
+            "train",
+            model,
+            "--ranks",
+            "2",
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            &ds,
+            "--checkpoint-every",
+            "1",
+        ];
+        if i > 0 {
+            args.extend(["--resume", &ds]);
+        }
+        let before = if i > 0 {
+            fsdpc_runtime::checkpoint::Checkpoint::open(&d)
+                .map(|c| c.manifest.step)
+                .unwrap_or_else(|e| panic!("{e}"))
+        } else {
+            0
+        };
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Wait for a checkpoint newer than the one this run started from.
+        let newer = || {
+            fsdpc_runtime::checkpoint::Checkpoint::open(&d).is_ok_and(|c| c.manifest.step > before)
+        };
+        let t = std::time::Instant::now();
+        while !newer() && t.elapsed().as_secs() < 120 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap_or_else(|e| panic!("{e}"));
+        let _ = child.wait();
+        let c = fsdpc_runtime::checkpoint::Checkpoint::open(&d)
+            .unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
+        println!(
+            "run {i} killed {delay_ms} ms after its first checkpoint: latest is step {}",
+            c.manifest.step
+        );
+        assert!(c.manifest.step > before, "run {i} made progress");
+    }
+    let c = fsdpc_runtime::checkpoint::Checkpoint::open(&d).unwrap_or_else(|e| panic!("{e}"));
+    let steps = (c.manifest.step + 1).to_string();
+    let r = fsdpc(&[
+        "train", model, "--ranks", "2", "--steps", &steps, "--resume", &ds,
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+}
+
+#[test]
+fn a_new_run_does_not_overwrite_a_checkpoint_directory() {
+    let (dir, _sdir, p) = saved();
+    let before = snapshot(dir.path());
+    let err = run(
+        &p,
+        &TrainOptions {
+            checkpoint: Some(CheckpointConfig {
+                dir: dir.path().to_path_buf(),
+                every: 1,
+            }),
+            ..opts(3)
+        },
+    )
+    .err()
+    .unwrap_or_else(|| panic!("a fresh run wrote into a checkpoint directory"));
+    println!("{err}");
+    assert!(err.to_string().contains("--resume"), "{err}");
+    assert_eq!(snapshot(dir.path()), before);
+}

@@ -185,10 +185,19 @@ fn open_resume(
     if opts.checkpoint.as_ref().is_some_and(|c| c.every == 0) {
         return Err(RuntimeError::plan("checkpoint every 0 steps"));
     }
-    let Some(dir) = &opts.resume else {
+    let resume = match &opts.resume {
+        Some(dir) => Some(Checkpoint::open(dir)?),
+        None => None,
+    };
+    // Only once the checkpoint is known to fit: a refusal removes nothing.
+    let prepare = |from: Option<&Checkpoint>| match &opts.checkpoint {
+        Some(c) => checkpoint::write::prepare_dir(&c.dir, from),
+        None => Ok(()),
+    };
+    let Some(ckpt) = resume else {
+        prepare(None)?;
         return Ok((opts.clone(), None));
     };
-    let ckpt = Checkpoint::open(dir)?;
     ckpt.check_compatible(plan)?;
     let step = ckpt.manifest.step;
     if step >= opts.steps {
@@ -201,6 +210,7 @@ fn open_resume(
         }
         .into());
     }
+    prepare(Some(&ckpt))?;
     let opts = TrainOptions {
         seed: ckpt.manifest.seed,
         ..opts.clone()

@@ -6,7 +6,7 @@
 //! pruned only after the new one is `latest`; two are kept.
 
 use super::manifest::{self, FileEntry, Manifest, LATEST, MANIFEST};
-use super::CheckpointError;
+use super::{Checkpoint, CheckpointError};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::io::Write;
@@ -83,13 +83,9 @@ pub fn commit(dir: &Path, m: &Manifest) -> Result<(), CheckpointError> {
 /// Removes step directories older than the `KEEP` newest complete ones up
 /// to `newest`; never one newer than `newest` (another run's, in progress).
 fn prune(dir: &Path, newest: u64) -> Result<(), CheckpointError> {
-    let mut steps: Vec<u64> = std::fs::read_dir(dir)
-        .map_err(|e| CheckpointError::io(dir, e))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.strip_prefix("step-")?.parse::<u64>().ok()
-        })
+    let mut steps: Vec<u64> = step_dirs(dir)?
+        .into_iter()
+        .map(|(s, _)| s)
         .filter(|&s| s <= newest)
         .collect();
     steps.sort_unstable_by(|a, b| b.cmp(a));
@@ -124,4 +120,45 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     std::fs::File::open(parent)
         .and_then(|d| d.sync_all())
         .map_err(|e| CheckpointError::io(parent, e))
+}
+
+/// Readies `dir` for a run's checkpoints. A directory holding a checkpoint
+/// is written only by a run that resumes from it: its step directories
+/// newer than the resumed step are leftovers of an interrupted write (not
+/// `latest`) and are removed, so no file of theirs mixes with the new ones.
+/// Any other run is refused rather than overwrite the checkpoint there.
+pub fn prepare_dir(dir: &Path, from: Option<&Checkpoint>) -> Result<(), CheckpointError> {
+    let latest = dir.join(LATEST);
+    if !latest.exists() {
+        return Ok(());
+    }
+    let same = |c: &Checkpoint| {
+        let parent = c.dir.parent().unwrap_or(Path::new("."));
+        matches!((parent.canonicalize(), dir.canonicalize()), (Ok(a), Ok(b)) if a == b)
+    };
+    let Some(c) = from.filter(|c| same(c)) else {
+        return Err(CheckpointError::Incompatible {
+            path: latest.display().to_string(),
+            reason: "this directory already holds checkpoints; continue them with --resume on the same directory, or write to another one".into(),
+        });
+    };
+    for (step, path) in step_dirs(dir)? {
+        if step > c.manifest.step {
+            std::fs::remove_dir_all(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The step directories in `dir` with their steps.
+fn step_dirs(dir: &Path) -> Result<Vec<(u64, std::path::PathBuf)>, CheckpointError> {
+    Ok(std::fs::read_dir(dir)
+        .map_err(|e| CheckpointError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step-")?.parse::<u64>().ok()?;
+            Some((step, e.path()))
+        })
+        .collect())
 }
