@@ -97,3 +97,65 @@ fn a_plan_for_another_world_is_refused_naming_both() {
         "{err}"
     );
 }
+
+/// Runs 2 MPI ranks with `fault` injected (`FSDPC_TEST_FAULT`) and a 3 s
+/// collective timeout; returns the exit status, stderr, and the time from
+/// the fault to mpirun's exit (every rank gone).
+fn faulty_run(fault: &str, seed: &str) -> (bool, String, std::time::Duration) {
+    let out = mpirun(2)
+        .args(["train", MODEL, "--steps", "50", "--backend", "mpi"])
+        .args(["--collective-timeout", "3", "--seed", seed])
+        .env("FSDPC_TEST_FAULT", fault)
+        .output()
+        .expect("mpirun runs");
+    let end = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let at: u128 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("fault injected at "))
+        .and_then(|l| l.split(':').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    assert!(at > 0, "the fault was not injected: {err}");
+    let took = std::time::Duration::from_millis(end.saturating_sub(at) as u64);
+    // No rank outlives the job: no process of this run (its seed) remains.
+    let ps = Command::new("ps")
+        .args(["-eo", "args"])
+        .output()
+        .expect("ps runs");
+    let marker = format!("--seed {seed}");
+    let left: Vec<String> = String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .filter(|l| l.contains("fsdpc") && l.contains(&marker))
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "orphan ranks: {left:?}");
+    (out.status.success(), err, took)
+}
+
+#[test]
+fn a_killed_rank_stops_every_rank() {
+    let (ok, err, took) = faulty_run("1:kill:1", "9101");
+    assert!(!ok);
+    assert!(
+        err.contains("rank 1") && err.contains("signal 9"),
+        "mpirun names the killed rank: {err}"
+    );
+    println!("MPI, kill -9 of rank 1: every rank gone {took:?} after the fault");
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+}
+
+#[test]
+fn a_rank_that_stops_answering_is_named_and_every_rank_stops() {
+    let (ok, err, took) = faulty_run("1:sleep:1", "9102");
+    assert!(!ok);
+    assert!(err.contains("no answer from rank 1"), "{err}");
+    println!("MPI, rank 1 sleeps: every rank gone {took:?} after the fault (timeout 3 s)");
+    assert!(
+        took >= std::time::Duration::from_secs(3) && took < std::time::Duration::from_secs(30),
+        "took {took:?}"
+    );
+}

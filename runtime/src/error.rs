@@ -39,12 +39,14 @@ pub enum CommError {
         reason: String,
     },
     /// A wait ran past the communicator's timeout.
-    #[error("collective `{op}` timed out after {waited:?} waiting for the other ranks")]
+    #[error("collective `{op}` timed out after {waited:?}: no answer from rank(s) {}", list(.missing))]
     Timeout {
         /// The collective.
         op: String,
         /// How long it waited.
         waited: Duration,
+        /// The world ranks of the members that never arrived.
+        missing: Vec<usize>,
     },
     /// The ranks called the collective with inconsistent arguments.
     #[error("collective `{op}`: {reason}")]
@@ -68,6 +70,12 @@ pub enum CommError {
         /// The cargo feature that builds it.
         feature: &'static str,
     },
+}
+
+/// Ranks as `1, 3`.
+fn list(ranks: &[usize]) -> String {
+    let v: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    v.join(", ")
 }
 
 /// Errors of the runtime.

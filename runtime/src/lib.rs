@@ -23,6 +23,7 @@ pub mod error;
 pub mod eval;
 pub mod exec;
 pub mod export;
+pub mod fault;
 pub mod init;
 mod irinit;
 pub mod launch;

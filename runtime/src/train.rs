@@ -14,6 +14,7 @@ use crate::exec::prepare::Step;
 use crate::exec::prepare::{prepare, Prepared};
 use crate::exec::rank::{panic_text, RankEnv};
 use crate::exec::ExecMode;
+use crate::fault::Fault;
 use fsdpc_planner::plan::{BufferId, BufferKind, Plan};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -48,6 +49,8 @@ pub struct TrainOptions {
     /// Continue from the latest checkpoint in this directory: from its step
     /// to `steps`, with its seed; re-sharded when the plan differs.
     pub resume: Option<PathBuf>,
+    /// A fault to inject (failure tests).
+    pub fault: Option<Fault>,
 }
 
 /// Where and how often to checkpoint.
@@ -71,6 +74,7 @@ impl Default for TrainOptions {
             keep_params: true,
             checkpoint: None,
             resume: None,
+            fault: None,
         }
     }
 }
@@ -690,6 +694,9 @@ impl RankCtx<'_> {
             let loss = env.read_loss(mem)?;
             let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
             sink(step, loss, measured)?;
+            if let Some(f) = &self.opts.fault {
+                f.inject(self.world, self.rank, step)?;
+            }
             self.maybe_save(step + 1, mem);
             Ok(())
         };

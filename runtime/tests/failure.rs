@@ -180,3 +180,32 @@ fn every_entry_point_validates_the_plan() {
         "{message}"
     );
 }
+
+#[test]
+fn a_rank_that_stops_answering_is_named_within_the_timeout() {
+    use fsdpc_runtime::fault::{Fault, FaultAction};
+    for world in [2, 4] {
+        let p = plan(GPT, world, Strategy::FullShard, Optimizer::adamw(1e-2));
+        let opts = TrainOptions {
+            steps: 5,
+            comm_timeout: Duration::from_secs(1),
+            fault: Some(Fault {
+                rank: 1,
+                action: FaultAction::Sleep,
+                step: 1,
+            }),
+            ..TrainOptions::default()
+        };
+        let mut done = 0;
+        let start = Instant::now();
+        let r = train(&p, &opts, &mut |_| done += 1);
+        let took = start.elapsed();
+        let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("no answer from rank(s) 1"), "world {world}: {e}");
+        assert_eq!(done, 2, "the steps up to the fault complete");
+        // The fault comes after the first step (milliseconds); the others
+        // give up one timeout later.
+        println!("world {world}: a sleeping thread rank stopped every rank {took:?} after the start ({e})");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+    }
+}

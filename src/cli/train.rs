@@ -146,7 +146,7 @@ impl Launch {
                 match fsdpc_runtime::train::train_rank(plan, opts, w, w.rank(), "mpirun", on_step) {
                     Ok(r) => Ok(r),
                     // The other processes wait in a collective: stop them all.
-                    Err(e) => w.abort(&format!("rank {}: {e}", w.rank())),
+                    Err(e) => w.abort(&e.to_string()),
                 }
             }
         }
@@ -209,6 +209,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             .map(|(dir, every)| CheckpointConfig { dir, every }),
         resume: a.resume.clone(),
         comm_timeout: timeout,
+        fault: fault()?,
     };
     let mut metrics_error = None;
     let bar = if lead {
@@ -260,6 +261,17 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             source,
         }),
         _ => Ok(()),
+    }
+}
+
+/// The fault the failure tests inject (`FSDPC_TEST_FAULT`), if any.
+fn fault() -> Result<Option<fsdpc_runtime::fault::Fault>, CliError> {
+    match std::env::var(fsdpc_runtime::fault::FAULT_VAR) {
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|e: fsdpc_runtime::fault::BadFault| CliError::Usage(e.to_string())),
+        Err(_) => Ok(None),
     }
 }
 

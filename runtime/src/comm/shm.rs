@@ -122,6 +122,7 @@ impl ShmWorld {
             group,
             pos,
             rank,
+            ranks: ranks.to_vec(),
             posts,
         })
     }
@@ -180,6 +181,8 @@ impl Post {
 struct GroupState {
     gen: u64,
     arrived: usize,
+    /// Which members are waiting in the current barrier.
+    present: Vec<bool>,
     posts: Vec<Post>,
     broken: Option<String>,
 }
@@ -199,6 +202,7 @@ impl Group {
             state: Mutex::new(GroupState {
                 gen: 0,
                 arrived: 0,
+                present: vec![false; n],
                 posts: vec![Post::new(""); n],
                 broken: None,
             }),
@@ -214,6 +218,8 @@ pub struct ShmComm {
     group: Arc<Group>,
     pos: usize,
     rank: usize,
+    /// World ranks of the members, in position order.
+    ranks: Vec<usize>,
     /// The members' posts of the current collective, copied out of the
     /// group (room for every member, made once: a collective allocates
     /// nothing).
@@ -259,8 +265,10 @@ impl ShmComm {
         }
         let my_gen = st.gen;
         st.arrived += 1;
+        st.present[self.pos] = true;
         if st.arrived == g.n {
             st.arrived = 0;
+            st.present.fill(false);
             st.gen += 1;
             g.cv.notify_all();
             copy(&st.posts, out);
@@ -285,9 +293,15 @@ impl ShmComm {
             let timed_out = start.elapsed() >= self.world.cfg.timeout;
             if failed.is_some() || timed_out {
                 st.arrived -= 1;
+                st.present[self.pos] = false;
+                let missing = (0..g.n)
+                    .filter(|&q| q != self.pos && !st.present[q])
+                    .map(|q| self.ranks[q])
+                    .collect();
                 let err = failed.unwrap_or_else(|| CommError::Timeout {
                     op: post.op.to_string(),
                     waited: start.elapsed(),
+                    missing,
                 });
                 st.broken = Some(err.to_string());
                 drop(st);

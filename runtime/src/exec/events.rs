@@ -48,7 +48,10 @@ impl Events {
     /// Blocks until `e` is recorded.
     pub fn wait(&self, e: usize, rank: usize, world: &dyn World) -> Result<(), RuntimeError> {
         let start = Instant::now();
-        let timeout = world.timeout();
+        // Twice the collective timeout: an event waits on this rank's own
+        // streams, and a stream stuck in a collective gives up first, naming
+        // the rank that did not answer. This wait is the safety net.
+        let timeout = world.timeout().saturating_mul(2);
         let mut g = self.lock();
         while !g[e] {
             if let Some((r, reason)) = world.failure() {

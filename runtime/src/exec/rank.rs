@@ -459,9 +459,20 @@ pub fn first_error(results: Vec<Result<(), RuntimeError>>) -> Result<(), Runtime
 pub fn comm_err(rank: usize, e: CommError) -> RuntimeError {
     match e {
         CommError::RankFailed { rank, reason } => RuntimeError::RankFailed { rank, reason },
-        CommError::Timeout { op, waited } => RuntimeError::Timeout {
+        CommError::Timeout {
+            op,
+            waited,
+            missing,
+        } => RuntimeError::Timeout {
             rank,
-            what: format!("collective `{op}`"),
+            what: format!(
+                "collective `{op}` with no answer from rank(s) {}",
+                missing
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             waited,
         },
         source => RuntimeError::Comm { rank, source },
