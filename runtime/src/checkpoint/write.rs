@@ -53,14 +53,41 @@ pub fn save_rank(
             views.push((name, view));
         }
     }
-    let bytes = safetensors::serialize(views, None).map_err(|e| fmt(e.to_string()))?;
-    write_atomic(&path, &bytes)?;
+    // Streamed from the rank's buffers to a temporary file (the crate
+    // writes through a 1 MiB buffer): no copy of the state in memory.
+    let tmp = temp_path(&path);
+    let written = safetensors::serialize_to_file(views, None, &tmp)
+        .map_err(|e| fmt(e.to_string()))
+        .and_then(|()| sync_and_hash(&tmp));
+    let (bytes, blake3) = match written {
+        Ok(v) => v,
+        Err(e) => {
+            // The temporary file is ours; the write error is what matters.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&tmp, &path).map_err(|e| CheckpointError::io(&path, e))?;
+    sync_parent(&path)?;
     Ok(FileEntry {
         name: manifest::rank_file(pos),
         position: pos as u32,
-        bytes: bytes.len() as u64,
-        blake3: blake3::hash(&bytes).to_hex().to_string(),
+        bytes,
+        blake3,
     })
+}
+
+/// Syncs the file at `path` to disk and returns its size and blake3 (hex),
+/// read through a map (no heap copy).
+fn sync_and_hash(path: &Path) -> Result<(u64, String), CheckpointError> {
+    let io = |e: std::io::Error| CheckpointError::io(path, e);
+    let f = std::fs::File::open(path).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    // SAFETY: the file is this rank's own temporary file, not yet renamed
+    // into place: nothing else writes it while the map lives.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
+    Ok((len, blake3::hash(&map).to_hex().to_string()))
 }
 
 /// Completes the checkpoint `m` describes in `dir`: its manifest, then the
@@ -100,10 +127,7 @@ fn prune(dir: &Path, newest: u64) -> Result<(), CheckpointError> {
 /// renamed over `path`, then the directory synced, so a crash leaves either
 /// the old file or the new one, never part of one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = temp_path(path);
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -115,6 +139,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         let _ = std::fs::remove_file(&tmp);
         return Err(CheckpointError::io(path, e));
     }
+    sync_parent(path)
+}
+
+/// `dir/.name.tmp-PID` next to `path`.
+fn temp_path(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// Syncs the directory holding `path`, so a rename into it is durable.
+fn sync_parent(path: &Path) -> Result<(), CheckpointError> {
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let parent = parent.unwrap_or(Path::new("."));
     std::fs::File::open(parent)
