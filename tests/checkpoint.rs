@@ -541,3 +541,51 @@ fn a_new_run_does_not_overwrite_a_checkpoint_directory() {
     assert!(err.to_string().contains("--resume"), "{err}");
     assert_eq!(snapshot(dir.path()), before);
 }
+
+#[test]
+fn a_damaged_manifest_is_refused() {
+    check_refused(
+        |sdir| {
+            std::fs::write(
+                sdir.join("manifest.json"),
+                b"{\"format\": \"fsdpc.checkpoint/v1\"",
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        },
+        "manifest.json",
+        |e| matches!(e, CheckpointError::Format { .. }),
+    );
+}
+
+#[test]
+fn a_latest_pointer_outside_the_directory_is_refused() {
+    check_refused(
+        |sdir| {
+            let dir = sdir.parent().unwrap_or_else(|| panic!("no parent"));
+            std::fs::write(dir.join("latest"), b"../elsewhere").unwrap_or_else(|e| panic!("{e}"))
+        },
+        "latest",
+        |e| matches!(e, CheckpointError::Format { .. }),
+    );
+}
+
+#[test]
+fn resume_in_debug_mode_is_bit_identical() {
+    let p = gpt_plan(2, Strategy::FullShard);
+    let debug = |o: TrainOptions| TrainOptions {
+        mode: fsdpc_runtime::ExecMode::DebugAlloc,
+        ..o
+    };
+    let full = ok(&p, &debug(opts(6)));
+    let dir = tmp();
+    checkpoint_at_3(&p, dir.path());
+    let rest = ok(
+        &p,
+        &debug(TrainOptions {
+            resume: Some(dir.path().to_path_buf()),
+            ..opts(6)
+        }),
+    );
+    assert_eq!(bits(&rest).0, bits(&full).0[3..]);
+    assert_eq!(bits(&rest).1, bits(&full).1);
+}
