@@ -31,11 +31,12 @@ fn mpirun(np: usize) -> Command {
     c
 }
 
-fn check(np: usize) {
+fn check(np: usize, extra: &[&str]) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (threads, procs) = (dir.path().join("t.jsonl"), dir.path().join("m.jsonl"));
     let out = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
         .args(["train", MODEL, "--steps", STEPS, "--ranks", &np.to_string()])
+        .args(extra)
         .arg("--metrics")
         .arg(&threads)
         .output()
@@ -47,6 +48,7 @@ fn check(np: usize) {
     );
     let out = mpirun(np)
         .args(["train", MODEL, "--steps", STEPS, "--backend", "mpi"])
+        .args(extra)
         .arg("--metrics")
         .arg(&procs)
         .output()
@@ -67,12 +69,18 @@ fn check(np: usize) {
 
 #[test]
 fn two_processes_match_two_thread_ranks() {
-    check(2);
+    check(2, &[]);
 }
 
 #[test]
 fn four_processes_match_four_thread_ranks() {
-    check(4);
+    check(4, &[]);
+}
+
+/// `no_shard` reduces gradients with all-reduce instead of reduce-scatter.
+#[test]
+fn no_shard_processes_match_thread_ranks() {
+    check(2, &["--strategy", "no_shard"]);
 }
 
 #[test]
