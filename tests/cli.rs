@@ -571,3 +571,36 @@ fn token_bin_files_are_mapped_even_past_memory_and_oversized_text_refused() {
     );
     let _ = std::fs::remove_file(&text);
 }
+
+#[test]
+fn thread_ranks_refuse_a_multi_process_launch_and_a_zero_timeout() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args([
+            "train",
+            "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64,batch=2",
+        ])
+        .args(["--steps", "1"])
+        .env("SLURM_PROCID", "1")
+        .env("SLURM_NTASKS", "2")
+        .output()
+        .expect("fsdpc runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("srun started this process as rank 1 of 2") && err.contains("--backend mpi"),
+        "{err}"
+    );
+    check_error(
+        &["train", "gpt:layers=1", "--collective-timeout", "0"],
+        "--collective-timeout must be a positive number of seconds",
+    );
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpi_backend_says_it_was_not_compiled_in() {
+    check_error(
+        &["train", "gpt:layers=1", "--backend", "mpi"],
+        "the mpi backend was not compiled in; rebuild with `--features mpi`",
+    );
+}

@@ -103,7 +103,21 @@ enum Launch {
 impl Launch {
     fn new(a: &TrainArgs, timeout: Duration) -> Result<Launch, CliError> {
         match a.backend {
-            BackendKind::Threads => Ok(Launch::Threads),
+            BackendKind::Threads => {
+                // Started as one of several processes, every process would
+                // run the whole world as threads.
+                let launched = fsdpc_runtime::launch::detect_env()
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+                if let Some(l) = launched.filter(|l| l.world > 1) {
+                    return Err(CliError::Usage(format!(
+                        "{} started this process as rank {} of {}; thread ranks run in one process: use --backend mpi",
+                        l.launcher.name(),
+                        l.rank,
+                        l.world
+                    )));
+                }
+                Ok(Launch::Threads)
+            }
             #[cfg(feature = "mpi")]
             BackendKind::Mpi => fsdpc_runtime::comm::mpi::MpiWorld::init(timeout)
                 .map(Launch::Mpi)
