@@ -167,3 +167,174 @@ fn a_rank_that_stops_answering_is_named_and_every_rank_stops() {
         "took {took:?}"
     );
 }
+
+/// Runs `fsdpc` as `cmd` describes, asserting it succeeds; returns stdout.
+fn ok(mut cmd: Command) -> String {
+    let out = cmd.output().expect("the command runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `MODEL` at world `np` with the same global batch (8 sequences a step),
+/// so a checkpoint of one world continues at another.
+fn model_for(np: usize) -> String {
+    format!(
+        "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256,batch={}",
+        8 / np
+    )
+}
+
+/// `fsdpc train` of `model_for(np)` for `steps` steps on `np` thread ranks
+/// (`mpi` false) or `np` MPI processes, with `extra` flags and metrics into
+/// `metrics`.
+fn train(mpi: bool, np: usize, steps: u64, metrics: &Path, extra: &[&std::ffi::OsStr]) -> String {
+    let mut cmd = if mpi {
+        let mut c = mpirun(np);
+        c.args(["train", &model_for(np), "--backend", "mpi"]);
+        c
+    } else {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fsdpc"));
+        c.args(["train", &model_for(np), "--ranks", &np.to_string()]);
+        c
+    };
+    cmd.args(["--steps", &steps.to_string()])
+        .arg("--metrics")
+        .arg(metrics)
+        .args(extra);
+    ok(cmd)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The flags writing a checkpoint into `dir` every `every` steps.
+fn ckpt(dir: &Path, every: u64) -> Vec<std::ffi::OsString> {
+    vec![
+        "--checkpoint-dir".into(),
+        dir.into(),
+        "--checkpoint-every".into(),
+        every.to_string().into(),
+    ]
+}
+
+fn os(v: &[std::ffi::OsString]) -> Vec<&std::ffi::OsStr> {
+    v.iter().map(|s| s.as_os_str()).collect()
+}
+
+#[test]
+fn mpi_checkpoints_resume_bit_identical_to_an_uninterrupted_thread_run() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    train(false, 2, 4, &p.join("full.jsonl"), &[]);
+    let d = p.join("ck");
+    train(true, 2, 2, &p.join("a.jsonl"), &os(&ckpt(&d, 1)));
+    assert_eq!(latest(&d), "step-000000002");
+    let step2 = d.join("step-000000002");
+    for f in [
+        "manifest.json",
+        "rank-00000.safetensors",
+        "rank-00001.safetensors",
+    ] {
+        assert!(step2.join(f).is_file(), "{f}");
+    }
+    let mut resume = ckpt(&d, 1);
+    resume.extend(["--resume".into(), d.clone().into()]);
+    train(true, 2, 4, &p.join("b.jsonl"), &os(&resume));
+    let full = losses(&p.join("full.jsonl"));
+    let mut parts = losses(&p.join("a.jsonl"));
+    parts.extend(losses(&p.join("b.jsonl")));
+    assert_eq!(full.len(), 4);
+    assert_eq!(bits(&full), bits(&parts), "threads {full:?}, MPI {parts:?}");
+    assert_eq!(latest(&d), "step-000000004");
+    assert!(d.join("step-000000004/manifest.json").is_file());
+}
+
+/// The step directory a checkpoint directory's `latest` names.
+fn latest(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("latest")).unwrap_or_default()
+}
+
+/// Largest relative difference of two loss lists of the same length.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "{a:?} against {b:?}");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(1e-6))
+        .fold(0f32, f32::max)
+}
+
+/// A checkpoint at step 2 of a world `from` (MPI when `from_mpi`) resumed
+/// to step 4 at world `to` (MPI when `to_mpi`): the losses against an
+/// uninterrupted run at world `to` agree within the re-shard tolerance of
+/// tests/checkpoint.rs (the first steps' reduction order differs).
+fn check_reshard(from_mpi: bool, from: usize, to_mpi: bool, to: usize) -> f32 {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let d = p.join("ck");
+    train(from_mpi, from, 2, &p.join("a.jsonl"), &os(&ckpt(&d, 2)));
+    let resume: Vec<std::ffi::OsString> = vec!["--resume".into(), d.into()];
+    train(to_mpi, to, 4, &p.join("b.jsonl"), &os(&resume));
+    train(false, to, 4, &p.join("full.jsonl"), &[]);
+    let full = losses(&p.join("full.jsonl"));
+    let rel = rel_diff(&full[2..], &losses(&p.join("b.jsonl")));
+    assert!(rel <= 1e-6, "loss rel diff {rel}");
+    rel
+}
+
+#[test]
+fn an_mpi_checkpoint_of_4_processes_resumes_on_2_thread_ranks() {
+    let rel = check_reshard(true, 4, false, 2);
+    println!("MPI -np 4 -> 2 thread ranks: loss rel diff {rel:e}");
+}
+
+#[test]
+fn a_thread_checkpoint_of_4_ranks_resumes_on_2_mpi_processes() {
+    let rel = check_reshard(false, 4, true, 2);
+    println!("4 thread ranks -> MPI -np 2: loss rel diff {rel:e}");
+}
+
+/// The tensors of a safetensors file by name, as bytes.
+fn tensors(path: &Path) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let mut out: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn mpi_saved_and_exported_parameters_equal_the_thread_runs() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let threads = p.join("threads.safetensors");
+    let save =
+        |out: &Path| -> Vec<std::ffi::OsString> { vec!["--save-safetensors".into(), out.into()] };
+    train(false, 2, 3, &p.join("t.jsonl"), &os(&save(&threads)));
+    let (mpi, d) = (p.join("mpi.safetensors"), p.join("ck"));
+    let mut flags = save(&mpi);
+    flags.extend(ckpt(&d, 3));
+    let stdout = train(true, 2, 3, &p.join("m.jsonl"), &os(&flags));
+    assert_eq!(stdout.matches("wrote ").count(), 1, "{stdout}");
+    let want = tensors(&threads);
+    assert!(!want.is_empty());
+    assert_eq!(tensors(&mpi), want, "--save-safetensors on MPI ranks");
+    let exported = p.join("export.safetensors");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fsdpc"));
+    cmd.arg("export").arg(&d).arg("-o").arg(&exported);
+    ok(cmd);
+    assert_eq!(
+        tensors(&exported),
+        want,
+        "fsdpc export of an MPI checkpoint"
+    );
+}

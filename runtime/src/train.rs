@@ -160,7 +160,7 @@ pub fn train(
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
-    let (opts, resume) = open_resume(plan, opts)?;
+    let (opts, resume) = open_resume(plan, opts, true)?;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
     execute(plan, &opts, resume.as_ref(), data, on_step)
 }
@@ -176,15 +176,18 @@ pub fn train_with_data(
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
-    let (opts, resume) = open_resume(plan, opts)?;
+    let (opts, resume) = open_resume(plan, opts, true)?;
     execute(plan, &opts, resume.as_ref(), data, on_step)
 }
 
 /// The verified checkpoint `opts.resume` names, checked against `plan`, and
-/// the options with its seed.
+/// the options with its seed. With `prepare_dir`, the checkpoint directory is
+/// readied for writing (`write::prepare_dir`); of several processes only one
+/// does that.
 fn open_resume(
     plan: &Plan,
     opts: &TrainOptions,
+    prepare_dir: bool,
 ) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError> {
     if opts.checkpoint.as_ref().is_some_and(|c| c.every == 0) {
         return Err(RuntimeError::plan("checkpoint every 0 steps"));
@@ -195,8 +198,8 @@ fn open_resume(
     };
     // Only once the checkpoint is known to fit: a refusal removes nothing.
     let prepare = |from: Option<&Checkpoint>| match &opts.checkpoint {
-        Some(c) => checkpoint::write::prepare_dir(&c.dir, from),
-        None => Ok(()),
+        Some(c) if prepare_dir => checkpoint::write::prepare_dir(&c.dir, from),
+        _ => Ok(()),
     };
     let Some(ckpt) = resume else {
         prepare(None)?;
@@ -285,7 +288,7 @@ fn execute(
                     data,
                     opts,
                     resume,
-                    tx: &tx,
+                    saver: Saver::Thread(&tx),
                 };
                 let mut report = |step, loss, measured| {
                     let _ = tx.send(Msg::Step {
@@ -353,8 +356,11 @@ fn execute(
 /// process fills only its own samples. The loss of a step is gathered from
 /// every rank and averaged in rank order, as `train` does, so every rank
 /// reports the same global loss; `on_step` runs on every rank (the caller
-/// prints on rank 0 only). Checkpoints and `keep_params` need every shard in
-/// one process and are refused here.
+/// prints on rank 0 only). Checkpoints: each rank of the first shard group
+/// writes its own file, rank 0 the manifest (`RankCtx::commit_ranks`);
+/// `opts.resume` loads each rank's shard, re-sharded when the plan differs.
+/// With `keep_params` the full parameters are gathered to rank 0, unit by
+/// unit, and are `final_params` there (empty on the other ranks).
 pub fn train_rank(
     plan: &Plan,
     opts: &TrainOptions,
@@ -372,11 +378,13 @@ pub fn train_rank(
             launcher: launcher.to_string(),
         });
     }
-    if opts.checkpoint.is_some() || opts.resume.is_some() || opts.keep_params {
-        return Err(RuntimeError::plan(
-            "process ranks do not yet save checkpoints or assemble the trained parameters",
-        ));
-    }
+    let all: Vec<usize> = (0..n).collect();
+    let comm = world
+        .communicator(&all, "loss", rank)
+        .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+    let losses_comm = &*comm;
+    let (opts, resume) = open_resume_ranks(plan, opts, losses_comm, rank)?;
+    let opts = &opts;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
     let prep = prepare(plan)?;
     let backend = CpuBackend::new(CpuConfig {
@@ -390,10 +398,6 @@ pub fn train_rank(
         }
         ExecMode::DebugAlloc => None,
     };
-    let all: Vec<usize> = (0..n).collect();
-    let losses_comm = world
-        .communicator(&all, "loss", rank)
-        .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
     let ctx = RankCtx {
         rank,
         tag,
@@ -402,9 +406,8 @@ pub fn train_rank(
         backend: &backend,
         data: &*data,
         opts,
-        resume: None,
-        // Checkpoints are refused above: nothing is ever sent.
-        tx: &mpsc::sync_channel(1).0,
+        resume: resume.as_ref(),
+        saver: Saver::Process(losses_comm),
     };
     let tokens = (plan.model.tokens_per_rank_step * n as u64) as f64;
     let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
@@ -445,16 +448,107 @@ pub fn train_rank(
     };
     let out = ctx.run(arena.as_mut(), &mut report)?;
     let elapsed = start.elapsed();
+    // The arena goes before the full parameters are gathered.
+    drop(arena);
+    let final_params = if opts.keep_params {
+        gather_params(plan, losses_comm, rank, &out.shards)?
+    } else {
+        Vec::new()
+    };
     Ok(TrainReport {
         tokens_per_s: tokens * losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
         losses,
-        final_params: Vec::new(),
+        final_params,
         measured_peak_bytes: out.measured,
         planned_peak_bytes: plan.memory.rank_bytes,
         debug_peak_bytes: out.debug_peak,
         elapsed,
         world: n,
     })
+}
+
+/// `open_resume` for one process of several: rank 0 opens the checkpoint
+/// and readies the checkpoint directory, then tells the others whether that
+/// worked (a broadcast, so no process removes files another still reads);
+/// the others then open the checkpoint themselves.
+fn open_resume_ranks(
+    plan: &Plan,
+    opts: &TrainOptions,
+    comm: &dyn crate::comm::Communicator,
+    rank: usize,
+) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError> {
+    let lead = if rank == 0 {
+        Some(open_resume(plan, opts, true))
+    } else {
+        None
+    };
+    let mut ok = [u8::from(lead.as_ref().is_some_and(|r| r.is_ok())); 4];
+    comm.broadcast(
+        BufMut {
+            dtype: fsdpc_ir::DType::F32,
+            bytes: &mut ok,
+        },
+        0,
+    )
+    .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+    match lead {
+        Some(r) => r,
+        None if ok[0] == 1 => open_resume(plan, opts, false),
+        None => Err(RuntimeError::RankFailed {
+            rank: 0,
+            reason: "could not open the checkpoint to resume or ready the checkpoint directory"
+                .into(),
+        }),
+    }
+}
+
+/// The full parameters on rank 0 (empty elsewhere), gathered unit by unit
+/// over `comm` (every rank of the world): each unit's shards end to end,
+/// the first shard group's making the flat parameter. Only one unit's
+/// gathered shards exist at a time besides the parameters already cut out.
+fn gather_params(
+    plan: &Plan,
+    comm: &dyn crate::comm::Communicator,
+    rank: usize,
+    shards: &[Vec<f32>],
+) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let n = comm.size();
+    let mut params = Vec::new();
+    for (u, unit) in plan.units.iter().enumerate() {
+        let shard = shards.get(u).map_or(&[][..], |s| s.as_slice());
+        let send: &[u8] = bytemuck::cast_slice(shard);
+        let mut all = vec![0u8; send.len() * n];
+        comm.all_gather(
+            crate::comm::Buf {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: send,
+            },
+            BufMut {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mut all,
+            },
+        )
+        .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+        if rank != 0 {
+            continue;
+        }
+        let flat: Vec<f32> = all
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        for p in &unit.params {
+            let vals = flat
+                .get(p.offset as usize..(p.offset + p.numel) as usize)
+                .ok_or_else(|| {
+                    RuntimeError::plan(format!(
+                        "unit {}: parameter {} lies outside the gathered shards",
+                        unit.id, p.name
+                    ))
+                })?;
+            params.push((p.name.clone(), vals.to_vec()));
+        }
+    }
+    Ok(params)
 }
 
 /// The first step a run executes.
@@ -637,8 +731,27 @@ struct RankCtx<'a> {
     data: &'a dyn DataSource,
     opts: &'a TrainOptions,
     resume: Option<&'a Checkpoint>,
-    tx: &'a mpsc::SyncSender<Msg>,
+    saver: Saver<'a>,
 }
+
+/// Where a rank's checkpoint file entry goes.
+enum Saver<'a> {
+    /// Thread ranks: to the collector, which writes the manifest.
+    Thread(&'a mpsc::SyncSender<Msg>),
+    /// Process ranks: gathered to rank 0 over this communicator of every
+    /// rank; rank 0 writes the manifest and tells the others it did.
+    Process(&'a dyn crate::comm::Communicator),
+}
+
+/// Bytes of one rank's file entry in the gather: a status byte (`ENTRY_*`),
+/// 7 bytes padding, the file size (u64 little-endian), its blake3 (32 bytes).
+const ENTRY_BYTES: usize = 48;
+/// The rank wrote its file.
+const ENTRY_OK: u8 = 1;
+/// The rank failed to write its file.
+const ENTRY_FAILED: u8 = 2;
+/// The rank writes no file (a replica).
+const ENTRY_NONE: u8 = 0;
 
 impl RankCtx<'_> {
     fn run(&self, arena: Option<&mut Arena>, report: &mut Report) -> Result<RankOut, RuntimeError> {
@@ -675,7 +788,10 @@ impl RankCtx<'_> {
         let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
         let debug_peak = (self.opts.mode == ExecMode::DebugAlloc).then(|| mem.peak());
         // Only the first shard group's shards are assembled.
-        let keep = self.opts.keep_params && self.rank < plan.config.shard_factor as usize;
+        // Process ranks all hand theirs to the gather (`gather_params`).
+        let first_group = self.rank < plan.config.shard_factor as usize;
+        let keep =
+            self.opts.keep_params && (first_group || matches!(self.saver, Saver::Process(_)));
         Ok(RankOut {
             shards: if keep { self.shards(&mem)? } else { Vec::new() },
             measured,
@@ -697,8 +813,7 @@ impl RankCtx<'_> {
             if let Some(f) = &self.opts.fault {
                 f.inject(self.world, self.rank, step)?;
             }
-            self.maybe_save(step + 1, mem);
-            Ok(())
+            self.maybe_save(step + 1, mem)
         };
         let steps = first_step(self.resume)..self.opts.steps;
         match self.opts.mode {
@@ -749,18 +864,120 @@ impl RankCtx<'_> {
     }
 
     /// After `done` completed steps: when a checkpoint is due and this rank
-    /// holds a shard position of the first group, writes its file and hands
-    /// the entry to the collector (which writes the manifest).
-    fn maybe_save(&self, done: u64, mem: &Memory) {
+    /// holds a shard position of the first group, writes its file; thread
+    /// ranks hand the entry to the collector (which writes the manifest),
+    /// process ranks complete the checkpoint together (`commit_ranks`).
+    fn maybe_save(&self, done: u64, mem: &Memory) -> Result<(), RuntimeError> {
         let Some(cfg) = &self.opts.checkpoint else {
-            return;
+            return Ok(());
         };
         let f = self.prep.plan.config.shard_factor as usize;
-        if cfg.every == 0 || !done.is_multiple_of(cfg.every) || self.rank >= f {
-            return;
+        if cfg.every == 0 || !done.is_multiple_of(cfg.every) {
+            return Ok(());
         }
-        let file = self.save(&cfg.dir, done, mem);
-        let _ = self.tx.send(Msg::Saved { step: done, file });
+        let file = (self.rank < f).then(|| self.save(&cfg.dir, done, mem));
+        match self.saver {
+            Saver::Thread(tx) => {
+                if let Some(file) = file {
+                    let _ = tx.send(Msg::Saved { step: done, file });
+                }
+                Ok(())
+            }
+            Saver::Process(comm) => self.commit_ranks(comm, &cfg.dir, done, file),
+        }
+    }
+
+    /// Process ranks: gathers every rank's file entry (`ENTRY_BYTES` each)
+    /// over `comm`; rank 0 writes the manifest and `latest`
+    /// (`write::commit`) and broadcasts whether it did, so no rank goes on
+    /// (to the next checkpoint, which prunes) before the commit.
+    fn commit_ranks(
+        &self,
+        comm: &dyn crate::comm::Communicator,
+        dir: &Path,
+        done: u64,
+        file: Option<Result<FileEntry, CheckpointError>>,
+    ) -> Result<(), RuntimeError> {
+        let ce = |e| crate::exec::rank::comm_err(self.rank, e);
+        let mut mine = [0u8; ENTRY_BYTES];
+        let mut own_error = None;
+        match file {
+            None => mine[0] = ENTRY_NONE,
+            Some(Ok(e)) => match blake3::Hash::from_hex(&e.blake3) {
+                Ok(h) => {
+                    mine[0] = ENTRY_OK;
+                    mine[8..16].copy_from_slice(&e.bytes.to_le_bytes());
+                    mine[16..].copy_from_slice(h.as_bytes());
+                }
+                Err(err) => {
+                    mine[0] = ENTRY_FAILED;
+                    own_error = Some(RuntimeError::plan(format!("checkpoint hash: {err}")));
+                }
+            },
+            Some(Err(e)) => {
+                mine[0] = ENTRY_FAILED;
+                own_error = Some(e.into());
+            }
+        }
+        let n = comm.size();
+        let mut all = vec![0u8; ENTRY_BYTES * n];
+        comm.all_gather(
+            crate::comm::Buf {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mine,
+            },
+            BufMut {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mut all,
+            },
+        )
+        .map_err(ce)?;
+        if let Some(e) = own_error {
+            return Err(e);
+        }
+        let f = self.prep.plan.config.shard_factor as usize;
+        let mut files = Vec::with_capacity(f);
+        for (r, rec) in all.chunks_exact(ENTRY_BYTES).enumerate().take(f) {
+            if rec[0] != ENTRY_OK {
+                return Err(RuntimeError::RankFailed {
+                    rank: r,
+                    reason: format!("could not write its file of the checkpoint at step {done}"),
+                });
+            }
+            let mut size = [0u8; 8];
+            size.copy_from_slice(&rec[8..16]);
+            let mut hash = [0u8; 32];
+            hash.copy_from_slice(&rec[16..]);
+            files.push(FileEntry {
+                name: checkpoint::manifest::rank_file(r),
+                position: r as u32,
+                bytes: u64::from_le_bytes(size),
+                blake3: blake3::Hash::from_bytes(hash).to_hex().to_string(),
+            });
+        }
+        let committed = if self.rank == 0 {
+            let m = checkpoint::Manifest::new(self.prep.plan, done, self.opts.seed, files);
+            Some(checkpoint::write::commit(dir, &m))
+        } else {
+            None
+        };
+        let mut ok = [u8::from(committed.as_ref().is_some_and(|r| r.is_ok())); 4];
+        comm.broadcast(
+            BufMut {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mut ok,
+            },
+            0,
+        )
+        .map_err(ce)?;
+        match committed {
+            Some(r) => Ok(r?),
+            None if ok[0] == 1 => Ok(()),
+            None => Err(RuntimeError::RankFailed {
+                rank: 0,
+                reason: format!("could not write the manifest of the checkpoint at step {done}"),
+            }),
+        }
     }
 
     /// Writes this rank's checkpoint file.
