@@ -604,3 +604,32 @@ fn mpi_backend_says_it_was_not_compiled_in() {
         "the mpi backend was not compiled in; rebuild with `--features mpi`",
     );
 }
+
+/// A thread rank that never returns (`FSDPC_TEST_FAULT=1:hang:1`) does not
+/// keep `fsdpc train` alive: it exits non-zero within the collective
+/// timeout (the others give up) plus one more (the grace for the ranks to
+/// stop), naming the rank, without joining it.
+#[test]
+fn a_hung_thread_rank_does_not_keep_the_process_alive() {
+    let start = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args([
+            "train",
+            "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64,batch=2",
+        ])
+        .args(["--ranks", "2", "--steps", "50", "--collective-timeout", "1"])
+        .env("FSDPC_TEST_FAULT", "1:hang:1")
+        .output()
+        .expect("fsdpc runs");
+    let took = start.elapsed();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("error: rank 1 failed: did not stop within 1s")
+            && err.contains("no answer from rank(s) 1"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // Start-up, one step and the fault fit well in the slack.
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+}

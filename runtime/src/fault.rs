@@ -1,6 +1,6 @@
 //! Injected faults, for the tests of failure handling: one rank dies or
 //! stops answering after a given step. `fsdpc train` reads one from the
-//! `FSDPC_TEST_FAULT` variable (`RANK:kill|sleep:STEP`); the library takes it
+//! `FSDPC_TEST_FAULT` variable (`RANK:kill|sleep|hang:STEP`); the library takes it
 //! as `TrainOptions::fault`. The check runs once per step, between steps,
 //! never inside one.
 
@@ -20,9 +20,13 @@ pub enum FaultAction {
     Kill,
     /// The rank stops answering: it sleeps, never reaching its next
     /// collective. A thread rank wakes once the others have given up (a
-    /// thread cannot be killed, and the launcher joins it); a process rank
+    /// thread cannot be killed); a process rank
     /// sleeps until the job is stopped.
     Sleep,
+    /// The rank never returns, not even once the others have given up (as
+    /// one stuck in a kernel would): the thread launcher stops waiting for
+    /// it (`train`), a process rank is stopped with the job.
+    Hang,
 }
 
 /// Rank `rank` does `action` after step `step` (0-based) completes.
@@ -36,9 +40,9 @@ pub struct Fault {
     pub step: u64,
 }
 
-/// A fault description that is not `RANK:kill|sleep:STEP`.
+/// A fault description that is not `RANK:kill|sleep|hang:STEP`.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-#[error("{FAULT_VAR}={text:?} is not RANK:kill|sleep:STEP")]
+#[error("{FAULT_VAR}={text:?} is not RANK:kill|sleep|hang:STEP")]
 pub struct BadFault {
     /// The text given.
     pub text: String,
@@ -56,6 +60,7 @@ impl FromStr for Fault {
         let action = match action {
             "kill" => FaultAction::Kill,
             "sleep" => FaultAction::Sleep,
+            "hang" => FaultAction::Hang,
             _ => return Err(bad()),
         };
         Ok(Fault {
@@ -101,6 +106,9 @@ impl Fault {
                     });
                 }
             },
+            FaultAction::Hang => loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            },
         }
     }
 }
@@ -123,7 +131,11 @@ mod tests {
             "0:sleep:0".parse::<Fault>().map(|f| f.action),
             Ok(FaultAction::Sleep)
         );
-        for bad in ["", "1:kill", "1:hang:2", "x:kill:2", "1:kill:2:3"] {
+        assert_eq!(
+            "1:hang:3".parse::<Fault>().map(|f| f.action),
+            Ok(FaultAction::Hang)
+        );
+        for bad in ["", "1:kill", "1:stop:2", "x:kill:2", "1:kill:2:3"] {
             assert!(bad.parse::<Fault>().is_err(), "{bad}");
         }
     }

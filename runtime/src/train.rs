@@ -162,7 +162,7 @@ pub fn train(
     validate(plan)?;
     let (opts, resume) = open_resume(plan, opts, true)?;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
-    execute(plan, &opts, resume.as_ref(), data, on_step)
+    execute_detached(plan, opts, resume, data, on_step)
 }
 
 /// `train` with a caller-supplied data source (`opts.data` is ignored).
@@ -177,7 +177,7 @@ pub fn train_with_data(
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
     let (opts, resume) = open_resume(plan, opts, true)?;
-    execute(plan, &opts, resume.as_ref(), data, on_step)
+    execute_detached(plan, opts, resume, data, on_step)
 }
 
 /// The verified checkpoint `opts.resume` names, checked against `plan`, and
@@ -231,13 +231,58 @@ fn validate(plan: &Plan) -> Result<(), RuntimeError> {
         .map_err(|violations| RuntimeError::InvalidPlan { violations })
 }
 
-/// Runs a validated plan.
+/// What the training thread hands the caller of `train`.
+enum Event {
+    /// A step finished (for `on_step`).
+    Step(StepReport),
+    /// The run's result; after a failure, possibly while a rank that does
+    /// not stop is still running (it is abandoned).
+    Done(Result<TrainReport, RuntimeError>),
+}
+
+/// Runs a validated plan on a training thread that owns a copy of the plan
+/// and everything the rank threads use, and waits for its result, calling
+/// `on_step` here for each step. After a failure the training thread gives
+/// the ranks one more collective timeout to stop; one that does not (stuck
+/// in a kernel, asleep) is abandoned with the training thread: the result
+/// comes back without joining them, and they end with the process.
+fn execute_detached(
+    plan: &Plan,
+    opts: TrainOptions,
+    resume: Option<Checkpoint>,
+    data: Arc<dyn DataSource>,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    let plan = plan.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("fsdpc-train".into())
+        .spawn(move || {
+            let out = execute(&plan, &opts, resume.as_ref(), data, &tx);
+            let _ = tx.send(Event::Done(out));
+        })
+        .map_err(|e| RuntimeError::plan(format!("cannot start the training thread: {e}")))?;
+    for event in rx {
+        match event {
+            Event::Step(r) => on_step(&r),
+            Event::Done(out) => return out,
+        }
+    }
+    Err(RuntimeError::RankFailed {
+        rank: 0,
+        reason: "the training thread ended without a result".into(),
+    })
+}
+
+/// Runs a validated plan, reporting steps to `events`. When a rank does not
+/// stop after a failure, sends the error as `Event::Done` itself and never
+/// returns (the scope joins that rank).
 fn execute(
     plan: &Plan,
     opts: &TrainOptions,
     resume: Option<&Checkpoint>,
     data: Arc<dyn DataSource>,
-    on_step: &mut dyn FnMut(&StepReport),
+    events: &mpsc::Sender<Event>,
 ) -> Result<TrainReport, RuntimeError> {
     let prep = prepare(plan)?;
     let world = plan.cluster.world as usize;
@@ -313,7 +358,10 @@ fn execute(
             });
         }
         drop(tx);
-        collect(
+        let mut on_step = |r: &StepReport| {
+            let _ = events.send(Event::Step(r.clone()));
+        };
+        let got = collect(
             rx,
             Collect {
                 world,
@@ -322,8 +370,14 @@ fn execute(
                 first_step: first_step(resume),
                 shm: &shm,
             },
-            on_step,
-        )
+            &mut on_step,
+        );
+        if let Some(err) = abandoned(&got.1, &shm, opts.comm_timeout) {
+            // The scope cannot end while that rank runs: hand the error out
+            // now; this thread stays blocked with the rank.
+            let _ = events.send(Event::Done(Err(err)));
+        }
+        got
     });
     let (losses, saved) = losses;
     // A failed checkpoint stopped the ranks: its error is the cause.
@@ -586,7 +640,23 @@ fn collect(
     let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
     let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
     let tokens = (plan.model.tokens_per_rank_step * world as u64) as f64;
-    for msg in rx {
+    // Once a failure is known, the ranks have one more timeout to stop.
+    let mut deadline = None;
+    loop {
+        if deadline.is_none() && c.shm.failure().is_some() {
+            deadline = Some(Instant::now() + c.opts.comm_timeout);
+        }
+        let msg = match deadline {
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(mpsc::RecvError) => break,
+            },
+            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Ok(m) => m,
+                // The ranks still running are abandoned (`abandoned`).
+                Err(_) => break,
+            },
+        };
         match msg {
             Msg::Step {
                 rank,
@@ -635,6 +705,26 @@ fn collect(
         }
     }
     ((losses, saved), outs)
+}
+
+/// After a failure, the error naming the first rank that did not stop within
+/// `grace` (its `Done` never came), with the failure it did not answer; `None`
+/// when every rank finished.
+fn abandoned(
+    outs: &[Option<Result<RankOut, RuntimeError>>],
+    shm: &ShmWorld,
+    grace: Duration,
+) -> Option<RuntimeError> {
+    let rank = outs.iter().position(Option::is_none)?;
+    let after = shm.failure().map_or_else(String::new, |(first, reason)| {
+        format!(" after rank {first} failed ({reason})")
+    });
+    Some(RuntimeError::RankFailed {
+        rank,
+        reason: format!(
+            "did not stop within {grace:?}{after}; left running (stuck in a kernel or not answering)"
+        ),
+    })
 }
 
 /// Writes the manifest of the checkpoint after `step` steps once every shard

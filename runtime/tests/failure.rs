@@ -212,3 +212,38 @@ fn a_rank_that_stops_answering_is_named_within_the_timeout() {
         assert!(took < Duration::from_secs(10), "took {took:?}");
     }
 }
+
+/// A rank that never returns (`hang`, as one stuck in a kernel would) does
+/// not keep `train` waiting: it comes back within the timeout (the others
+/// give up) plus one more (the grace for the ranks to stop), naming it.
+#[test]
+fn a_rank_that_never_returns_is_abandoned_and_named() {
+    use fsdpc_runtime::fault::{Fault, FaultAction};
+    for world in [2, 4] {
+        let p = plan(GPT, world, Strategy::FullShard, Optimizer::adamw(1e-2));
+        let opts = TrainOptions {
+            steps: 5,
+            comm_timeout: Duration::from_secs(1),
+            fault: Some(Fault {
+                rank: 1,
+                action: FaultAction::Hang,
+                step: 1,
+            }),
+            ..TrainOptions::default()
+        };
+        let mut fault_at = Instant::now();
+        let r = train(&p, &opts, &mut |_| fault_at = Instant::now());
+        let took = fault_at.elapsed();
+        let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            e.contains("rank 1 failed: did not stop within 1s"),
+            "world {world}: {e}"
+        );
+        assert!(e.contains("no answer from rank(s) 1"), "world {world}: {e}");
+        println!("world {world}: a hung thread rank abandoned {took:?} after the fault ({e})");
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+            "took {took:?}"
+        );
+    }
+}
