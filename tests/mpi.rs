@@ -338,3 +338,61 @@ fn mpi_saved_and_exported_parameters_equal_the_thread_runs() {
         "fsdpc export of an MPI checkpoint"
     );
 }
+
+#[test]
+fn mpi_save_onnx_equals_the_thread_runs() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/tests/fixtures/mlp.onnx");
+    let (threads, procs) = (p.join("threads.onnx"), p.join("mpi.onnx"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fsdpc"));
+    cmd.arg("train")
+        .arg(&model)
+        .args(["--dim", "batch=4", "--ranks", "2", "--steps", "2"])
+        .arg("--save-onnx")
+        .arg(&threads);
+    ok(cmd);
+    let mut cmd = mpirun(2);
+    cmd.arg("train")
+        .arg(&model)
+        .args(["--dim", "batch=4", "--backend", "mpi", "--steps", "2"])
+        .arg("--save-onnx")
+        .arg(&procs);
+    ok(cmd);
+    let (a, b) = (std::fs::read(&threads), std::fs::read(&procs));
+    assert!(
+        matches!((&a, &b), (Ok(a), Ok(b)) if a == b),
+        "the MPI run's ONNX file equals the thread run's"
+    );
+}
+
+/// A checkpoint directory that already holds checkpoints is refused by rank
+/// 0, which readies it, and every process stops; nothing is written.
+#[test]
+fn mpi_ranks_refuse_a_directory_holding_checkpoints() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let d = p.join("ck");
+    train(true, 2, 1, &p.join("a.jsonl"), &os(&ckpt(&d, 1)));
+    let before = latest(&d);
+    let out = mpirun(2)
+        .args(["train", &model_for(2), "--backend", "mpi", "--steps", "2"])
+        .args(os(&ckpt(&d, 1)))
+        .output()
+        .expect("mpirun runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("already holds checkpoints"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(latest(&d), before);
+    assert!(!d.join("step-000000002").exists());
+}
+
+#[test]
+fn an_mpi_rank_that_never_returns_is_named_and_every_rank_stops() {
+    let (ok, err, took) = faulty_run("1:hang:1", "9103");
+    assert!(!ok);
+    assert!(err.contains("no answer from rank 1"), "{err}");
+    println!("MPI, rank 1 hangs: every rank gone {took:?} after the fault (timeout 3 s)");
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+}
