@@ -396,3 +396,40 @@ fn an_mpi_rank_that_never_returns_is_named_and_every_rank_stops() {
     println!("MPI, rank 1 hangs: every rank gone {took:?} after the fault (timeout 3 s)");
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
 }
+
+/// `no_shard`: one shard position, so rank 1 is a replica that writes no
+/// file but joins the gather; resuming is still bit-identical, and the
+/// saved parameters equal the thread run's.
+#[test]
+fn mpi_no_shard_checkpoints_from_rank_0_only() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let strategy: Vec<std::ffi::OsString> = vec!["--strategy".into(), "no_shard".into()];
+    let threads = p.join("threads.safetensors");
+    let mut flags = strategy.clone();
+    flags.extend(["--save-safetensors".into(), threads.clone().into()]);
+    train(false, 2, 4, &p.join("full.jsonl"), &os(&flags));
+    let d = p.join("ck");
+    let mut flags = strategy.clone();
+    flags.extend(ckpt(&d, 2));
+    train(true, 2, 2, &p.join("a.jsonl"), &os(&flags));
+    let mut files: Vec<String> = std::fs::read_dir(d.join("step-000000002"))
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    assert_eq!(files, ["manifest.json", "rank-00000.safetensors"]);
+    let procs = p.join("mpi.safetensors");
+    let mut flags = strategy;
+    flags.extend(["--resume".into(), d.into()]);
+    flags.extend(["--save-safetensors".into(), procs.clone().into()]);
+    train(true, 2, 4, &p.join("b.jsonl"), &os(&flags));
+    let full = losses(&p.join("full.jsonl"));
+    let mut parts = losses(&p.join("a.jsonl"));
+    parts.extend(losses(&p.join("b.jsonl")));
+    assert_eq!(bits(&full), bits(&parts), "threads {full:?}, MPI {parts:?}");
+    assert_eq!(tensors(&procs), tensors(&threads));
+}
