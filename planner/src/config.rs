@@ -22,6 +22,11 @@ pub struct FsdpConfig {
     /// of keeping them (trades compute for activation memory).
     #[serde(default)]
     pub activation_checkpointing: CheckpointPolicy,
+    /// Clip gradients to this total L2 norm over all shards before each
+    /// optimizer step (PyTorch's `FSDP.clip_grad_norm_(max_norm)`); `None`:
+    /// no clipping. Must be finite and positive.
+    #[serde(default)]
+    pub clip_grad_norm: Option<f64>,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -38,6 +43,7 @@ impl Default for FsdpConfig {
             param_dtype: DType::F32,
             reduce_dtype: DType::F32,
             activation_checkpointing: CheckpointPolicy::None,
+            clip_grad_norm: None,
             check_fits: true,
         }
     }
@@ -62,6 +68,15 @@ impl FsdpConfig {
         if self.limit_all_gathers == 0 {
             return Err(bad("limit_all_gathers", "0".into(), "must be at least 1"));
         }
+        if let Some(x) = self.clip_grad_norm {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(bad(
+                    "clip_grad_norm",
+                    x.to_string(),
+                    "must be a finite number greater than 0",
+                ));
+            }
+        }
         for (what, d) in [
             ("param_dtype", self.param_dtype),
             ("reduce_dtype", self.reduce_dtype),
@@ -75,57 +90,27 @@ impl FsdpConfig {
 }
 
 impl CheckpointPolicy {
-    /// The forms `CheckpointPolicy::parse` accepts.
-    pub const ALLOWED: &'static str =
-        "none, all (or units), every:<K>, paths:<path>,<path>,..., kind:<ModuleClass>";
+    /// The values `CheckpointPolicy::parse` accepts.
+    pub const ALLOWED: &'static str = "none, units";
 
-    /// The policy as `parse` accepts it (`every:2`, `paths:h.0,h.2`).
-    pub fn name(&self) -> String {
+    /// The policy's name as `parse` accepts it.
+    pub fn name(self) -> &'static str {
         match self {
-            CheckpointPolicy::None => "none".to_string(),
-            CheckpointPolicy::Units => "all".to_string(),
-            CheckpointPolicy::Every(k) => format!("every:{k}"),
-            CheckpointPolicy::Paths(p) => format!("paths:{}", p.join(",")),
-            CheckpointPolicy::Kind(k) => format!("kind:{k}"),
+            CheckpointPolicy::None => "none",
+            CheckpointPolicy::Units => "units",
         }
     }
 
-    /// Parses `none`, `all` (`units`, or the empty string: the bare flag),
-    /// `every:K` (K >= 1), `paths:a,b` or `kind:GPT2Block`.
+    /// Parses `none` or `units`.
     pub fn parse(s: &str) -> Result<CheckpointPolicy, PlanError> {
-        let s = s.trim();
-        let bad = |reason: String| PlanError::BadConfig {
-            what: "activation checkpointing",
-            value: s.to_string(),
-            reason,
-        };
-        let (head, arg) = match s.split_once(':') {
-            Some((h, a)) => (h.trim().to_ascii_lowercase(), Some(a.trim())),
-            None => (s.to_ascii_lowercase(), None),
-        };
-        match (head.as_str(), arg) {
-            ("none", None) => Ok(CheckpointPolicy::None),
-            ("" | "all" | "units", None) => Ok(CheckpointPolicy::Units),
-            ("every", Some(k)) => k
-                .parse::<u32>()
-                .ok()
-                .filter(|&k| k > 0)
-                .map(CheckpointPolicy::Every)
-                .ok_or_else(|| bad(format!("`{k}` is not a positive whole number"))),
-            ("kind", Some(k)) if !k.is_empty() => Ok(CheckpointPolicy::Kind(k.to_string())),
-            ("paths", Some(p)) => {
-                let paths: Vec<String> = p
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(String::from)
-                    .collect();
-                if paths.is_empty() {
-                    return Err(bad("give at least one module path".into()));
-                }
-                Ok(CheckpointPolicy::Paths(paths))
-            }
-            _ => Err(bad(format!("allowed forms: {}", CheckpointPolicy::ALLOWED))),
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(CheckpointPolicy::None),
+            "units" => Ok(CheckpointPolicy::Units),
+            _ => Err(PlanError::BadConfig {
+                what: "activation checkpointing",
+                value: s.to_string(),
+                reason: format!("allowed values: {}", CheckpointPolicy::ALLOWED),
+            }),
         }
     }
 }

@@ -21,6 +21,7 @@
 //! a violation is `PlanError::Invalid`, a bug in a pass, never a plan handed on.
 
 pub mod checkpoint;
+pub mod clip;
 pub mod cluster;
 pub mod config;
 pub mod cost;
@@ -73,10 +74,6 @@ pub fn compile_unchecked(
     cfg.check()?;
     let shard_factor = cfg.shard_factor(cluster.world);
     let assign = units::assign_units(&program.graph, &cfg.wrap)?;
-    let checkpointed_units: Vec<UnitId> =
-        checkpoint::selected_units(&assign, &cfg.activation_checkpointing)?
-            .into_iter()
-            .collect();
     let (program, assign) = checkpointed(program, assign, cfg)?;
     let units = flat::layout_units(&program.graph, &assign, shard_factor)?;
     let mut sched = schedule::lower(&schedule::LowerInput {
@@ -86,6 +83,9 @@ pub fn compile_unchecked(
         cfg,
         world: cluster.world,
     })?;
+    if let Some(max_norm) = cfg.clip_grad_norm {
+        clip::insert(&mut sched, max_norm, shard_factor > 1)?;
+    }
     let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
     let mut memory = memory::plan_memory(&mut sched);
     memory.heap_bytes = heap_bytes;
@@ -102,8 +102,8 @@ pub fn compile_unchecked(
             limit_all_gathers: cfg.limit_all_gathers,
             param_dtype: cfg.param_dtype,
             reduce_dtype: cfg.reduce_dtype,
-            activation_checkpointing: cfg.activation_checkpointing.clone(),
-            checkpointed_units,
+            activation_checkpointing: cfg.activation_checkpointing,
+            clip_grad_norm: cfg.clip_grad_norm,
         },
         units,
         streams: Stream::ALL.to_vec(),
@@ -131,7 +131,7 @@ fn checkpointed(
     if cfg.activation_checkpointing == CheckpointPolicy::None {
         return Ok((program, assign));
     }
-    let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing.clone())?;
+    let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing)?;
     let assign = units::assign_units(&program.graph, &cfg.wrap)?;
     Ok((program, assign))
 }

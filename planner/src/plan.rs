@@ -124,9 +124,8 @@ pub enum WrapPolicy {
 }
 
 /// Which units re-run their forward in backward (activation checkpointing,
-/// PyTorch's `apply_activation_checkpointing` with a `check_fn`; see
-/// `checkpoint`). Only non-root units are ever checkpointed.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// PyTorch's `apply_activation_checkpointing`; see `checkpoint`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointPolicy {
     /// Keep every forward activation the backward reads.
@@ -135,13 +134,6 @@ pub enum CheckpointPolicy {
     /// Every non-root unit: keep only what a unit reads from outside itself
     /// (its input), recompute the rest just before the unit's backward.
     Units,
-    /// Every K-th non-root unit in unit order, counting from the first
-    /// (units 1, 1 + K, 1 + 2K, ...). `Every(1)` is `Units`.
-    Every(u32),
-    /// The units defined by these module paths (each must be a unit's path).
-    Paths(Vec<String>),
-    /// The units whose module class is this (`GPT2Block`).
-    Kind(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -158,10 +150,10 @@ pub struct PlanConfig {
     /// Absent in plans written before checkpointing existed: `none`.
     #[serde(default)]
     pub activation_checkpointing: CheckpointPolicy,
-    /// The units `activation_checkpointing` selected, in unit order (absent
-    /// when none is).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub checkpointed_units: Vec<UnitId>,
+    /// Clip gradients to this total L2 norm before the optimizer step
+    /// (PyTorch's `clip_grad_norm_(max_norm)`); absent: no clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
 }
 
 /// One FSDP unit: a flat parameter and the modules whose parameters it holds.
@@ -230,6 +222,9 @@ pub enum BufferKind {
     Input,
     /// The scalar loss (persistent, read after each step).
     Loss,
+    /// The f32 sum of squares of every gradient shard (persistent, one
+    /// scalar), all-reduced into the squared global norm for clipping.
+    GradNorm,
     /// A stream's kernel scratch (persistent): each kernel of the stream
     /// uses its first `workspace_bytes` (attention tiles, normalisation
     /// rows, f32 copies of half-precision operands).
@@ -345,6 +340,22 @@ pub enum InstrOp {
         grads: BufferId,
         state: Vec<BufferId>,
     },
+    /// Gradient clipping, step 1: write into `dst` (a `GradNorm` scalar)
+    /// the sum of squares of every element of the buffers `grads`, in list
+    /// order, accumulated in f64.
+    GradNormSq { grads: Vec<BufferId>, dst: BufferId },
+    /// Gradient clipping, step 2: sum the scalar `buffer` over `group` in
+    /// rank order (no division): the squared global norm.
+    NormAllReduce { buffer: BufferId, group: Group },
+    /// Gradient clipping, step 3: scale `grads` by
+    /// `min(1, max_norm / (sqrt(norm) + 1e-6))`, where `norm` holds the
+    /// squared global norm.
+    ClipGrads {
+        unit: UnitId,
+        norm: BufferId,
+        grads: BufferId,
+        max_norm: f64,
+    },
     /// The buffer's memory may be reused after this point.
     Free { buffer: BufferId },
     /// Mark the completion of everything issued so far on this stream.
@@ -410,7 +421,11 @@ impl InstrOp {
     pub fn reads(&self) -> Vec<BufferId> {
         match self {
             InstrOp::AllGather { src, .. } | InstrOp::ReduceScatter { src, .. } => vec![*src],
-            InstrOp::AllReduce { buffer, .. } => vec![*buffer],
+            InstrOp::AllReduce { buffer, .. } | InstrOp::NormAllReduce { buffer, .. } => {
+                vec![*buffer]
+            }
+            InstrOp::GradNormSq { grads, .. } => grads.clone(),
+            InstrOp::ClipGrads { norm, grads, .. } => vec![*norm, *grads],
             InstrOp::Kernel { inputs, .. } => inputs.iter().map(|s| s.buffer).collect(),
             InstrOp::OptimizerStep {
                 params,
@@ -432,7 +447,11 @@ impl InstrOp {
     pub fn writes(&self) -> Vec<BufferId> {
         match self {
             InstrOp::AllGather { dst, .. } | InstrOp::ReduceScatter { dst, .. } => vec![*dst],
-            InstrOp::AllReduce { buffer, .. } => vec![*buffer],
+            InstrOp::AllReduce { buffer, .. } | InstrOp::NormAllReduce { buffer, .. } => {
+                vec![*buffer]
+            }
+            InstrOp::GradNormSq { dst, .. } => vec![*dst],
+            InstrOp::ClipGrads { grads, .. } => vec![*grads],
             InstrOp::LoadInput { dst, .. } => vec![dst.buffer],
             InstrOp::Kernel { outputs, .. } => outputs.iter().map(|s| s.buffer).collect(),
             InstrOp::OptimizerStep { params, state, .. } => std::iter::once(*params)
@@ -446,7 +465,10 @@ impl InstrOp {
     pub fn is_collective(&self) -> bool {
         matches!(
             self,
-            InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. } | InstrOp::AllReduce { .. }
+            InstrOp::AllGather { .. }
+                | InstrOp::ReduceScatter { .. }
+                | InstrOp::AllReduce { .. }
+                | InstrOp::NormAllReduce { .. }
         )
     }
 }
@@ -460,6 +482,7 @@ impl BufferKind {
                 | BufferKind::ShardGrads
                 | BufferKind::OptimizerState
                 | BufferKind::Loss
+                | BufferKind::GradNorm
                 | BufferKind::Workspace
         )
     }

@@ -123,6 +123,8 @@ pub enum PlanViolation {
     MissingOptimizerStep { unit: UnitId },
     #[error("instruction {instr}: unit {unit}'s optimizer step does not follow the reduction of its gradients")]
     OptimizerReadsUnreduced { instr: u32, unit: UnitId },
+    #[error("instruction {instr}: gradient clipping: {reason}")]
+    Clipping { instr: u32, reason: String },
     #[error("instruction {instr}: {reason}")]
     CollectiveOrder {
         instr: u32,
@@ -168,6 +170,7 @@ impl Plan {
                 out: &mut c.out,
             };
             f.gradients(&clocks);
+            f.clipping(&clocks);
             f.collectives();
             f.arena(&clocks);
         }

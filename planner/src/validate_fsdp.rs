@@ -276,3 +276,112 @@ fn last_writes(p: &Plan) -> Vec<Option<usize>> {
     }
     out
 }
+
+impl FsdpChecks<'_> {
+    /// Gradient clipping (see `clip.rs`): with `clip_grad_norm` set, one
+    /// `GradNormSq` over every optimizer step's gradients after all
+    /// reductions, then (F > 1) one `NormAllReduce` of its scalar, then before
+    /// each optimizer step a `ClipGrads` of its gradients by that norm;
+    /// without it, no clipping instruction.
+    pub fn clipping(&mut self, clocks: &Clocks) {
+        let p = self.plan;
+        let at = |i: usize, reason: String| PlanViolation::Clipping {
+            instr: i as u32,
+            reason,
+        };
+        let mut sums = Vec::new();
+        let mut alls = Vec::new();
+        let mut clips = Vec::new();
+        let mut steps = Vec::new();
+        let mut reductions = Vec::new();
+        for (i, ins) in p.instructions.iter().enumerate() {
+            match &ins.op {
+                InstrOp::GradNormSq { grads, dst } => sums.push((i, grads.clone(), *dst)),
+                InstrOp::NormAllReduce { buffer, .. } => alls.push((i, *buffer)),
+                InstrOp::ClipGrads {
+                    norm,
+                    grads,
+                    max_norm,
+                    ..
+                } => clips.push((i, *norm, *grads, *max_norm)),
+                InstrOp::OptimizerStep { grads, .. } => steps.push((i, *grads)),
+                InstrOp::ReduceScatter { .. } | InstrOp::AllReduce { .. } => reductions.push(i),
+                _ => {}
+            }
+        }
+        let Some(max_norm) = p.config.clip_grad_norm else {
+            if let Some(&i) = sums
+                .iter()
+                .map(|s| &s.0)
+                .chain(alls.iter().map(|a| &a.0))
+                .chain(clips.iter().map(|c| &c.0))
+                .next()
+            {
+                self.out.push(at(
+                    i,
+                    "clipping instruction in a plan without clipping".into(),
+                ));
+            }
+            return;
+        };
+        if steps.is_empty() {
+            return;
+        }
+        let (n, grads, norm) = match sums.as_slice() {
+            [one] => one.clone(),
+            _ => {
+                let i = sums.get(1).map_or(0, |s| s.0);
+                self.out.push(at(
+                    i,
+                    format!("{} sum-of-squares instructions, expected one", sums.len()),
+                ));
+                return;
+            }
+        };
+        let stepped: Vec<BufferId> = steps.iter().map(|s| s.1).collect();
+        if grads != stepped {
+            self.out.push(at(
+                n,
+                "the sum of squares does not cover exactly the optimizer steps' gradients".into(),
+            ));
+        }
+        if let Some(&r) = reductions.iter().find(|&&r| !clocks.hb(r, n)) {
+            self.out.push(at(
+                n,
+                format!("the sum of squares does not follow the reduction at {r}"),
+            ));
+        }
+        let sharded = p.config.shard_factor > 1;
+        let norm_ready = match (sharded, alls.as_slice()) {
+            (true, [(a, b)]) if *b == norm && clocks.hb(n, *a) => *a,
+            (false, []) => n,
+            _ => {
+                self.out.push(at(
+                    n,
+                    format!(
+                        "expected {} all-reduce of the norm after the sum of squares, found {}",
+                        if sharded { "one" } else { "no" },
+                        alls.len()
+                    ),
+                ));
+                return;
+            }
+        };
+        for &(o, g) in &steps {
+            let ok = clips.iter().any(|&(c, cn, cg, x)| {
+                cg == g
+                    && cn == norm
+                    && x == max_norm
+                    && clocks.hb(norm_ready, c)
+                    && clocks.hb(c, o)
+            });
+            if !ok {
+                self.out.push(at(
+                    o,
+                    "the optimizer step does not follow a clip of its gradients by the all-reduced norm"
+                        .into(),
+                ));
+            }
+        }
+    }
+}

@@ -131,3 +131,27 @@ fn lerp(start: f32, end: f32, weight: f32) -> f32 {
         end - (end - start) * (1.0 - weight)
     }
 }
+
+/// The sum of squares of `xs`, accumulated in f64 in element order (the
+/// local half of the gradient norm; zero padding contributes nothing).
+pub fn sum_squares(xs: &[f32]) -> f64 {
+    xs.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
+}
+
+/// The factor PyTorch's `clip_grad_norm_(max_norm)` scales gradients by,
+/// given the squared total norm: `min(1, max_norm / (norm + 1e-6))`.
+pub fn clip_coef(norm_sq: f32, max_norm: f64) -> f32 {
+    let norm = f64::from(norm_sq).sqrt();
+    (max_norm / (norm + 1e-6)).min(1.0) as f32
+}
+
+/// Scales `grads` in place by `clip_coef(norm_sq, max_norm)` (left alone
+/// when the factor is 1, as PyTorch's clamped coefficient changes nothing).
+pub fn clip_by_norm(grads: &mut [f32], norm_sq: f32, max_norm: f64) {
+    let c = clip_coef(norm_sq, max_norm);
+    if c < 1.0 {
+        for g in grads {
+            *g *= c;
+        }
+    }
+}

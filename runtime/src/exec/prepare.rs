@@ -53,6 +53,22 @@ pub enum Step<'p> {
         grads: BufferId,
         state: &'p [BufferId],
     },
+    /// Sum of squares of `grads` (f32 buffers) into the f32 scalar `dst`.
+    GradNormSq {
+        grads: &'p [BufferId],
+        dst: BufferId,
+    },
+    /// Sum the f32 scalar `buffer` over `group`.
+    NormAllReduce {
+        buffer: BufferId,
+        group: Group,
+    },
+    /// Scale `grads` by `min(1, max_norm / (sqrt(norm) + 1e-6))`.
+    ClipGrads {
+        norm: BufferId,
+        grads: BufferId,
+        max_norm: f64,
+    },
     Free(BufferId),
     Record(usize),
     Wait(usize),
@@ -182,6 +198,19 @@ fn event(plan: &Plan, i: usize, e: u32) -> Result<usize, RuntimeError> {
     Ok(e as usize)
 }
 
+/// A `GradNorm` buffer: one f32 scalar.
+fn scalar(plan: &Plan, i: usize, b: BufferId) -> Result<BufferId, RuntimeError> {
+    let b = buffer(plan, i, b)?;
+    let buf = &plan.buffers[b.index()];
+    if buf.kind != BufferKind::GradNorm || buf.dtype != fsdpc_ir::DType::F32 || buf.bytes != 4 {
+        return Err(err(
+            i,
+            format!("buffer {b} is not a 4-byte f32 grad-norm scalar"),
+        ));
+    }
+    Ok(b)
+}
+
 fn unit(plan: &Plan, i: usize, u: UnitId) -> Result<UnitId, RuntimeError> {
     match plan.units.get(u.index()) {
         Some(_) => Ok(u),
@@ -281,6 +310,37 @@ fn resolve<'p>(
                 params: *params,
                 grads: *grads,
                 state,
+            }
+        }
+        InstrOp::GradNormSq { grads, dst } => {
+            for b in grads {
+                buffer(plan, i, *b)?;
+            }
+            Step::GradNormSq {
+                grads,
+                dst: scalar(plan, i, *dst)?,
+            }
+        }
+        InstrOp::NormAllReduce { buffer: b, group } => Step::NormAllReduce {
+            buffer: scalar(plan, i, *b)?,
+            group: *group,
+        },
+        InstrOp::ClipGrads {
+            norm,
+            grads,
+            max_norm,
+            ..
+        } => {
+            if !(max_norm.is_finite() && *max_norm > 0.0) {
+                return Err(err(
+                    i,
+                    format!("clip norm {max_norm} is not finite and > 0"),
+                ));
+            }
+            Step::ClipGrads {
+                norm: scalar(plan, i, *norm)?,
+                grads: buffer(plan, i, *grads)?,
+                max_norm: *max_norm,
             }
         }
         InstrOp::Free { buffer: b } => Step::Free(buffer(plan, i, *b)?),

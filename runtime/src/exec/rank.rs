@@ -182,6 +182,30 @@ impl<'a> RankEnv<'a> {
                     grads,
                     state,
                 } => self.optimizer(mem, step, *params, *grads, state),
+                Step::GradNormSq { grads, dst } => {
+                    let mut sum = 0f64;
+                    for g in grads.iter() {
+                        sum += crate::optim::sum_squares(self.f32s(mem, *g)?);
+                    }
+                    self.f32s(mem, *dst)?[0] = sum as f32;
+                    Ok(())
+                }
+                Step::NormAllReduce { buffer, group } => {
+                    let buf = BufMut {
+                        dtype: DType::F32,
+                        bytes: mem.view_mut(mem.whole(*buffer))?,
+                    };
+                    self.comm(stream, *group).all_reduce(buf, 1).map_err(ce)
+                }
+                Step::ClipGrads {
+                    norm,
+                    grads,
+                    max_norm,
+                } => {
+                    let sq = self.f32s(mem, *norm)?[0];
+                    crate::optim::clip_by_norm(self.f32s(mem, *grads)?, sq, *max_norm);
+                    Ok(())
+                }
                 Step::Free(_) => Ok(()),
                 Step::Record(e) => {
                     self.events.record(*e);
@@ -252,6 +276,22 @@ impl<'a> RankEnv<'a> {
                 op: node.op.name(),
                 reason: e.0,
             })
+    }
+
+    /// The whole of f32 buffer `b`.
+    ///
+    /// # Safety
+    /// As for `Memory::view_mut`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn f32s<'m>(&self, mem: &'m Memory, b: BufferId) -> Result<&'m mut [f32], RuntimeError> {
+        if self.dtype(b) != DType::F32 {
+            return Err(RuntimeError::plan(format!(
+                "buffer {b} must be f32, it is {}",
+                self.dtype(b)
+            )));
+        }
+        bytemuck::try_cast_slice_mut(mem.view_mut(mem.whole(b))?)
+            .map_err(|_| RuntimeError::plan(format!("buffer {b} is not 4-byte aligned")))
     }
 
     unsafe fn optimizer(

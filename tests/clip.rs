@@ -1,0 +1,207 @@
+//! Gradient clipping (`--clip-grad-norm`): the global L2 norm over all shards
+//! equals unsharded clipping; a one-step hand computation of the norm and the
+//! scale; and a clip value no norm reaches changes nothing, bit for bit.
+
+mod common;
+
+use common::{bits, max_param_diff, plan_with, train};
+use fsdpc_frontends::LoadOptions;
+use fsdpc_ir::Optimizer;
+use fsdpc_planner::{Cluster, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy};
+use fsdpc_runtime::ExecMode;
+
+const STEPS: u64 = 20;
+/// The tolerances of `tests/equivalence.rs` (loss relative, parameter absolute).
+const LOSS_RTOL: f32 = 1e-6;
+const PARAM_ATOL: f32 = 2e-5;
+/// Small enough that the tiny models' gradient norms exceed it (the
+/// one-step test measures the first step's norm).
+const CLIP: f64 = 0.05;
+
+fn mlp(batch: u32) -> String {
+    format!("mlp:layers=3,in=16,hidden=30,classes=5,batch={batch}")
+}
+
+fn cfg(strategy: Strategy, clip: Option<f64>) -> FsdpConfig {
+    FsdpConfig {
+        strategy,
+        clip_grad_norm: clip,
+        ..FsdpConfig::default()
+    }
+}
+
+/// `spec` compiled with SGD (lr 1, no momentum): one step moves each
+/// parameter by exactly its (clipped) gradient.
+fn sgd_plan(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
+    let opts = LoadOptions {
+        optimizer: Optimizer::Sgd {
+            lr: 1.0,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        ..LoadOptions::default()
+    };
+    let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
+    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let info = ModelInfo {
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+        params: m.program.graph.param_numel(),
+        name: m.name,
+    };
+    fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles")
+}
+
+#[test]
+fn plan_orders_norm_all_reduce_before_every_optimizer_step() {
+    let p = plan_with(&mlp(4), 2, &cfg(Strategy::FullShard, Some(CLIP)));
+    let pos = |f: &dyn Fn(&InstrOp) -> bool| p.instructions.iter().position(|i| f(&i.op));
+    let all = pos(&|o| matches!(o, InstrOp::NormAllReduce { .. })).expect("norm all-reduce");
+    let first_step = pos(&|o| matches!(o, InstrOp::OptimizerStep { .. })).expect("a step");
+    assert!(all < first_step);
+    let clips = p
+        .instructions
+        .iter()
+        .filter(|i| matches!(i.op, InstrOp::ClipGrads { .. }))
+        .count();
+    let steps = p
+        .instructions
+        .iter()
+        .filter(|i| matches!(i.op, InstrOp::OptimizerStep { .. }))
+        .count();
+    assert_eq!(clips, steps);
+    // Moving the all-reduce after the first optimizer step breaks validation.
+    let mut bad = p.clone();
+    let ins = bad.instructions.remove(all);
+    bad.instructions.push(ins);
+    assert!(bad.validate().is_err(), "validation catches a late norm");
+    // no_shard: every rank holds the whole gradient, no collective.
+    let n = plan_with(&mlp(4), 2, &cfg(Strategy::NoShard, Some(CLIP)));
+    assert!(!n
+        .instructions
+        .iter()
+        .any(|i| matches!(i.op, InstrOp::NormAllReduce { .. })));
+}
+
+#[test]
+fn one_sgd_step_scales_by_max_norm_over_global_norm() {
+    for world in [1, 2] {
+        let spec = mlp(8 / world);
+        let p0 = train(
+            &sgd_plan(&spec, world, &cfg(Strategy::FullShard, None)),
+            0,
+            ExecMode::Arena,
+        );
+        let free = train(
+            &sgd_plan(&spec, world, &cfg(Strategy::FullShard, None)),
+            1,
+            ExecMode::Arena,
+        );
+        let clipped = train(
+            &sgd_plan(&spec, world, &cfg(Strategy::FullShard, Some(CLIP))),
+            1,
+            ExecMode::Arena,
+        );
+        // The gradient, by hand: p0 - p1 with lr 1.
+        let mut sq = 0f64;
+        for ((_, a), (_, b)) in p0.final_params.iter().zip(&free.final_params) {
+            sq += a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| f64::from(x - y).powi(2))
+                .sum::<f64>();
+        }
+        let norm = sq.sqrt();
+        assert!(norm > CLIP, "clipping is active: norm {norm} > {CLIP}");
+        let coef = CLIP / (norm + 1e-6);
+        let mut worst = 0f64;
+        for (((_, a), (_, b)), (_, c)) in p0
+            .final_params
+            .iter()
+            .zip(&free.final_params)
+            .zip(&clipped.final_params)
+        {
+            for ((x, y), z) in a.iter().zip(b).zip(c) {
+                let want = f64::from(x - y) * coef;
+                let got = f64::from(x - z);
+                worst = worst.max((want - got).abs());
+            }
+        }
+        println!(
+            "world {world}: grad norm {norm:.6}, coef {coef:.6}, max update error {worst:.3e}"
+        );
+        assert!(
+            worst < 1e-6,
+            "clipped update = coef * gradient (error {worst:e})"
+        );
+    }
+}
+
+#[test]
+fn sharded_clipping_equals_unsharded_clipping() {
+    let c = Some(CLIP);
+    let reference = train(
+        &plan_with(&mlp(8), 1, &cfg(Strategy::NoShard, c)),
+        STEPS,
+        ExecMode::Arena,
+    );
+    let unclipped = train(
+        &plan_with(&mlp(8), 1, &cfg(Strategy::NoShard, None)),
+        STEPS,
+        ExecMode::Arena,
+    );
+    let (d, _) = max_param_diff(&reference, &unclipped);
+    assert!(d > 1e-4, "clipping changes training (diff {d:e})");
+    for (world, strategy) in [
+        (2, Strategy::FullShard),
+        (4, Strategy::FullShard),
+        (8, Strategy::FullShard),
+        (2, Strategy::NoShard),
+        (4, Strategy::NoShard),
+    ] {
+        let r = train(
+            &plan_with(&mlp(8 / world), world, &cfg(strategy, c)),
+            STEPS,
+            ExecMode::Arena,
+        );
+        let loss_rel = reference
+            .losses
+            .iter()
+            .zip(&r.losses)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0f32, f32::max);
+        let (abs, _) = max_param_diff(&reference, &r);
+        println!("{strategy:?} world {world}: loss rel {loss_rel:.2e}, param abs {abs:.2e}");
+        assert!(
+            loss_rel < LOSS_RTOL,
+            "{strategy:?} {world}: loss {loss_rel}"
+        );
+        assert!(abs < PARAM_ATOL, "{strategy:?} {world}: params {abs}");
+    }
+}
+
+#[test]
+fn huge_clip_value_equals_no_clipping_bit_for_bit() {
+    for (world, strategy) in [(1, Strategy::NoShard), (4, Strategy::FullShard)] {
+        let spec = mlp(8 / world);
+        let free = train(
+            &plan_with(&spec, world, &cfg(strategy, None)),
+            5,
+            ExecMode::Arena,
+        );
+        let huge = train(
+            &plan_with(&spec, world, &cfg(strategy, Some(1e30))),
+            5,
+            ExecMode::Arena,
+        );
+        assert_eq!(bits(&free), bits(&huge), "{strategy:?} world {world}");
+    }
+}
+
+#[test]
+fn bad_clip_values_are_refused() {
+    for x in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let c = cfg(Strategy::FullShard, Some(x));
+        let e = c.check().expect_err("refused");
+        assert!(e.to_string().contains("clip_grad_norm"), "{e}");
+    }
+}
