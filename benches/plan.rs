@@ -58,6 +58,27 @@ fn validation_cost() {
     );
 }
 
+/// Per-rank peak of gpt3-175b at world 128 (a100 preset, 8 per node,
+/// full_shard) as more blocks are checkpointed: none, every 2nd, all.
+fn checkpoint_selection() {
+    for policy in ["none", "every:2", "all"] {
+        let cfg = FsdpConfig {
+            activation_checkpointing: CheckpointPolicy::parse(policy).expect("a policy"),
+            check_fits: false,
+            ..FsdpConfig::default()
+        };
+        let p = compile_with("gpt3-175b", 128, &cfg).expect("gpt3-175b compiles at world 128");
+        println!(
+            "gpt3-175b world 128 full_shard, --activation-checkpointing {policy}: {} of {} units checkpointed, peak {:.2} GiB per rank (activations {:.2} GiB at the peak), step {:.2} s simulated",
+            p.config.checkpointed_units.len(),
+            p.units.len(),
+            gib(p.memory.peak_bytes),
+            gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
+            p.estimates.step_time_s
+        );
+    }
+}
+
 fn main() {
     // Time: best and median of 5 full compiles (model build + autodiff + plan).
     let mut times = Vec::new();
@@ -132,6 +153,7 @@ fn main() {
             Err(e) => println!("gpt3-175b world {world} with activation checkpointing: {e}"),
         }
     }
+    checkpoint_selection();
     if let Some(rss) = common::peak_rss_bytes() {
         println!(
             "peak RSS of this benchmark process: {:.1} MiB",
