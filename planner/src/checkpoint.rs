@@ -46,7 +46,7 @@ pub fn apply(
     assign: &UnitAssignment,
     policy: CheckpointPolicy,
 ) -> Result<TrainingProgram, PlanError> {
-    let units = checkpointed(assign, policy);
+    let units = selected_units(assign, &policy)?;
     if units.is_empty() {
         return Ok(program);
     }
@@ -72,11 +72,82 @@ pub fn apply(
     renumber(program, graph, &new_order)
 }
 
-/// The units `policy` checkpoints.
-fn checkpointed(assign: &UnitAssignment, policy: CheckpointPolicy) -> BTreeSet<UnitId> {
+/// The units `policy` checkpoints, in unit order: never the root unit
+/// (unit 0). `Every(k)` counts non-root units from the first; `Paths` must
+/// each name a unit's module path and `Kind` must match at least one unit,
+/// else `PlanError::BadConfig` names what was asked for and lists the units.
+pub fn selected_units(
+    assign: &UnitAssignment,
+    policy: &CheckpointPolicy,
+) -> Result<BTreeSet<UnitId>, PlanError> {
+    let non_root = || {
+        assign
+            .units
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(i, u)| (UnitId(i as u32), u))
+    };
+    let bad = |reason: String| PlanError::BadConfig {
+        what: "activation checkpointing",
+        value: policy.name(),
+        reason,
+    };
     match policy {
-        CheckpointPolicy::None => BTreeSet::new(),
-        CheckpointPolicy::Units => (1..assign.units.len()).map(|u| UnitId(u as u32)).collect(),
+        CheckpointPolicy::None => Ok(BTreeSet::new()),
+        CheckpointPolicy::Units => Ok(non_root().map(|(id, _)| id).collect()),
+        CheckpointPolicy::Every(0) => Err(bad("K must be at least 1".to_string())),
+        CheckpointPolicy::Every(k) => {
+            let k = *k as usize;
+            Ok(non_root()
+                .enumerate()
+                .filter(|(i, _)| i % k == 0)
+                .map(|(_, (id, _))| id)
+                .collect())
+        }
+        CheckpointPolicy::Paths(paths) => paths
+            .iter()
+            .map(|p| {
+                non_root()
+                    .find(|(_, u)| u.path == *p)
+                    .map(|(id, _)| id)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`{p}` is not the module path of a unit; the units are: {}",
+                            unit_list(assign, |u| u.path.clone())
+                        ))
+                    })
+            })
+            .collect(),
+        CheckpointPolicy::Kind(kind) => {
+            let out: BTreeSet<UnitId> = non_root()
+                .filter(|(_, u)| u.kind == *kind)
+                .map(|(id, _)| id)
+                .collect();
+            if out.is_empty() {
+                let kinds: BTreeSet<&str> = non_root().map(|(_, u)| u.kind.as_str()).collect();
+                let kinds: Vec<&str> = kinds.into_iter().collect();
+                return Err(bad(format!(
+                    "no unit is a `{kind}`; the units' classes are: {}",
+                    if kinds.is_empty() {
+                        "(no unit but the root)".to_string()
+                    } else {
+                        kinds.join(", ")
+                    }
+                )));
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// The non-root units of `assign`, each as `show` names it, comma-separated.
+fn unit_list(assign: &UnitAssignment, show: impl Fn(&crate::units::UnitDef) -> String) -> String {
+    let names: Vec<String> = assign.units.iter().skip(1).map(show).collect();
+    if names.is_empty() {
+        "(no unit but the root)".to_string()
+    } else {
+        names.join(", ")
     }
 }
 

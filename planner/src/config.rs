@@ -90,27 +90,57 @@ impl FsdpConfig {
 }
 
 impl CheckpointPolicy {
-    /// The values `CheckpointPolicy::parse` accepts.
-    pub const ALLOWED: &'static str = "none, units";
+    /// The forms `CheckpointPolicy::parse` accepts.
+    pub const ALLOWED: &'static str =
+        "none, all (or units), every:<K>, paths:<path>,<path>,..., kind:<ModuleClass>";
 
-    /// The policy's name as `parse` accepts it.
-    pub fn name(self) -> &'static str {
+    /// The policy as `parse` accepts it (`every:2`, `paths:h.0,h.2`).
+    pub fn name(&self) -> String {
         match self {
-            CheckpointPolicy::None => "none",
-            CheckpointPolicy::Units => "units",
+            CheckpointPolicy::None => "none".to_string(),
+            CheckpointPolicy::Units => "all".to_string(),
+            CheckpointPolicy::Every(k) => format!("every:{k}"),
+            CheckpointPolicy::Paths(p) => format!("paths:{}", p.join(",")),
+            CheckpointPolicy::Kind(k) => format!("kind:{k}"),
         }
     }
 
-    /// Parses `none` or `units`.
+    /// Parses `none`, `all` (`units`, or the empty string: the bare flag),
+    /// `every:K` (K >= 1), `paths:a,b` or `kind:GPT2Block`.
     pub fn parse(s: &str) -> Result<CheckpointPolicy, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "none" => Ok(CheckpointPolicy::None),
-            "units" => Ok(CheckpointPolicy::Units),
-            _ => Err(PlanError::BadConfig {
-                what: "activation checkpointing",
-                value: s.to_string(),
-                reason: format!("allowed values: {}", CheckpointPolicy::ALLOWED),
-            }),
+        let s = s.trim();
+        let bad = |reason: String| PlanError::BadConfig {
+            what: "activation checkpointing",
+            value: s.to_string(),
+            reason,
+        };
+        let (head, arg) = match s.split_once(':') {
+            Some((h, a)) => (h.trim().to_ascii_lowercase(), Some(a.trim())),
+            None => (s.to_ascii_lowercase(), None),
+        };
+        match (head.as_str(), arg) {
+            ("none", None) => Ok(CheckpointPolicy::None),
+            ("" | "all" | "units", None) => Ok(CheckpointPolicy::Units),
+            ("every", Some(k)) => k
+                .parse::<u32>()
+                .ok()
+                .filter(|&k| k > 0)
+                .map(CheckpointPolicy::Every)
+                .ok_or_else(|| bad(format!("`{k}` is not a positive whole number"))),
+            ("kind", Some(k)) if !k.is_empty() => Ok(CheckpointPolicy::Kind(k.to_string())),
+            ("paths", Some(p)) => {
+                let paths: Vec<String> = p
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(String::from)
+                    .collect();
+                if paths.is_empty() {
+                    return Err(bad("give at least one module path".into()));
+                }
+                Ok(CheckpointPolicy::Paths(paths))
+            }
+            _ => Err(bad(format!("allowed forms: {}", CheckpointPolicy::ALLOWED))),
         }
     }
 }

@@ -19,6 +19,8 @@ pub struct Summary {
     pub backward_prefetch: BackwardPrefetch,
     pub limit_all_gathers: u32,
     pub activation_checkpointing: CheckpointPolicy,
+    /// Module paths of the units that recompute their forward in backward.
+    pub checkpointed_units: Vec<String>,
     pub peak_bytes_per_rank: u64,
     /// Instruction index of the peak.
     pub peak_at: u32,
@@ -83,7 +85,14 @@ pub fn summary(plan: &Plan) -> Summary {
         wrap: plan.config.wrap.clone(),
         backward_prefetch: plan.config.backward_prefetch,
         limit_all_gathers: plan.config.limit_all_gathers,
-        activation_checkpointing: plan.config.activation_checkpointing,
+        activation_checkpointing: plan.config.activation_checkpointing.clone(),
+        checkpointed_units: plan
+            .config
+            .checkpointed_units
+            .iter()
+            .filter_map(|u| plan.units.get(u.0 as usize))
+            .map(|u| u.module.clone())
+            .collect(),
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
         arena_bytes: plan.memory.arena_bytes,
@@ -186,10 +195,14 @@ fn header(out: &mut String, s: &Summary) {
         s.limit_all_gathers
     );
     // Shown only when on, so tables of plans without it read as before.
-    if s.activation_checkpointing == CheckpointPolicy::Units {
+    if !s.checkpointed_units.is_empty() {
         let _ = writeln!(
             out,
-            "checkpoint activations of every non-root unit: its forward re-runs in its backward"
+            "checkpoint activations ({}) of {} of {} non-root units, each re-running its forward in its backward: {}",
+            s.activation_checkpointing.name(),
+            s.checkpointed_units.len(),
+            s.units.len().saturating_sub(1),
+            s.checkpointed_units.join(", ")
         );
     }
     let streams: Vec<String> = s

@@ -74,6 +74,10 @@ pub fn compile_unchecked(
     cfg.check()?;
     let shard_factor = cfg.shard_factor(cluster.world);
     let assign = units::assign_units(&program.graph, &cfg.wrap)?;
+    let checkpointed_units: Vec<UnitId> =
+        checkpoint::selected_units(&assign, &cfg.activation_checkpointing)?
+            .into_iter()
+            .collect();
     let (program, assign) = checkpointed(program, assign, cfg)?;
     let units = flat::layout_units(&program.graph, &assign, shard_factor)?;
     let mut sched = schedule::lower(&schedule::LowerInput {
@@ -102,7 +106,8 @@ pub fn compile_unchecked(
             limit_all_gathers: cfg.limit_all_gathers,
             param_dtype: cfg.param_dtype,
             reduce_dtype: cfg.reduce_dtype,
-            activation_checkpointing: cfg.activation_checkpointing,
+            activation_checkpointing: cfg.activation_checkpointing.clone(),
+            checkpointed_units,
             clip_grad_norm: cfg.clip_grad_norm,
         },
         units,
@@ -131,7 +136,7 @@ fn checkpointed(
     if cfg.activation_checkpointing == CheckpointPolicy::None {
         return Ok((program, assign));
     }
-    let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing)?;
+    let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing.clone())?;
     let assign = units::assign_units(&program.graph, &cfg.wrap)?;
     Ok((program, assign))
 }

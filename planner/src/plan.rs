@@ -124,8 +124,9 @@ pub enum WrapPolicy {
 }
 
 /// Which units re-run their forward in backward (activation checkpointing,
-/// PyTorch's `apply_activation_checkpointing`; see `checkpoint`).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// PyTorch's `apply_activation_checkpointing` with a `check_fn`; see
+/// `checkpoint`). Only non-root units are ever checkpointed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointPolicy {
     /// Keep every forward activation the backward reads.
@@ -134,6 +135,13 @@ pub enum CheckpointPolicy {
     /// Every non-root unit: keep only what a unit reads from outside itself
     /// (its input), recompute the rest just before the unit's backward.
     Units,
+    /// Every K-th non-root unit in unit order, counting from the first
+    /// (units 1, 1 + K, 1 + 2K, ...). `Every(1)` is `Units`.
+    Every(u32),
+    /// The units defined by these module paths (each must be a unit's path).
+    Paths(Vec<String>),
+    /// The units whose module class is this (`GPT2Block`).
+    Kind(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -150,6 +158,10 @@ pub struct PlanConfig {
     /// Absent in plans written before checkpointing existed: `none`.
     #[serde(default)]
     pub activation_checkpointing: CheckpointPolicy,
+    /// The units `activation_checkpointing` selected, in unit order (absent
+    /// when none is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpointed_units: Vec<UnitId>,
     /// Clip gradients to this total L2 norm before the optimizer step
     /// (PyTorch's `clip_grad_norm_(max_norm)`); absent: no clipping.
     #[serde(default, skip_serializing_if = "Option::is_none")]

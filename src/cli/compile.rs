@@ -81,10 +81,9 @@ pub(crate) fn plan_model(
         wrap: WrapPolicy::parse(&f.wrap)?,
         backward_prefetch: BackwardPrefetch::parse(&f.backward_prefetch)?,
         limit_all_gathers: f.limit_all_gathers,
-        activation_checkpointing: if f.activation_checkpointing {
-            CheckpointPolicy::Units
-        } else {
-            CheckpointPolicy::None
+        activation_checkpointing: match &f.activation_checkpointing {
+            Some(which) => CheckpointPolicy::parse(which)?,
+            None => CheckpointPolicy::None,
         },
         clip_grad_norm: f.clip_grad_norm,
         check_fits: !f.no_fit_check,

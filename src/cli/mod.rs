@@ -76,10 +76,17 @@ pub struct PlanFlags {
     /// Weight decay, decoupled for AdamW (finite, >= 0).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub weight_decay: f64,
-    /// Activation checkpointing: every non-root unit re-runs its forward in
-    /// its backward instead of keeping its activations.
-    #[arg(long)]
-    pub activation_checkpointing: bool,
+    /// Activation checkpointing: the selected units re-run their forward in
+    /// their backward instead of keeping their activations. Alone: every
+    /// non-root unit (all); every:K (every K-th unit from the first);
+    /// paths:a,b (units by module path); kind:CLASS; none.
+    #[arg(
+        long,
+        value_name = "WHICH",
+        num_args = 0..=1,
+        default_missing_value = "all"
+    )]
+    pub activation_checkpointing: Option<String>,
     /// Clip gradients to this total L2 norm over all shards before each
     /// optimizer step (PyTorch's `clip_grad_norm_`; finite, > 0).
     #[arg(long, value_name = "MAX_NORM", allow_hyphen_values = true)]
