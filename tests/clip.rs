@@ -112,6 +112,13 @@ fn one_sgd_step_scales_by_max_norm_over_global_norm() {
         }
         let norm = sq.sqrt();
         assert!(norm > CLIP, "clipping is active: norm {norm} > {CLIP}");
+        // The runtime reports the same pre-clip norm (PyTorch's return value).
+        let reported = f64::from(clipped.grad_norms[0]);
+        assert!(
+            (reported - norm).abs() < 1e-5 * norm,
+            "reported norm {reported} vs by hand {norm}"
+        );
+        assert!(free.grad_norms.is_empty(), "no norm without clipping");
         let coef = CLIP / (norm + 1e-6);
         let mut worst = 0f64;
         for (((_, a), (_, b)), (_, c)) in p0
@@ -151,6 +158,20 @@ fn sharded_clipping_equals_unsharded_clipping() {
     );
     let (d, _) = max_param_diff(&reference, &unclipped);
     assert!(d > 1e-4, "clipping changes training (diff {d:e})");
+    let active = reference
+        .grad_norms
+        .iter()
+        .filter(|&&n| f64::from(n) > CLIP)
+        .count();
+    println!(
+        "reference: clipping active on {active} of {STEPS} steps, norms {:?}",
+        reference.grad_norms
+    );
+    assert_eq!(reference.grad_norms.len(), STEPS as usize);
+    assert!(
+        active * 4 >= STEPS as usize * 3,
+        "clipping active on most steps"
+    );
     for (world, strategy) in [
         (2, Strategy::FullShard),
         (4, Strategy::FullShard),
@@ -176,6 +197,18 @@ fn sharded_clipping_equals_unsharded_clipping() {
             "{strategy:?} {world}: loss {loss_rel}"
         );
         assert!(abs < PARAM_ATOL, "{strategy:?} {world}: params {abs}");
+        let norm_rel = reference
+            .grad_norms
+            .iter()
+            .zip(&r.grad_norms)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0f32, f32::max);
+        println!("{strategy:?} world {world}: grad norm rel {norm_rel:.2e}");
+        assert_eq!(r.grad_norms.len(), STEPS as usize);
+        assert!(
+            norm_rel < LOSS_RTOL,
+            "{strategy:?} {world}: norm {norm_rel}"
+        );
     }
 }
 
@@ -203,5 +236,82 @@ fn bad_clip_values_are_refused() {
         let c = cfg(Strategy::FullShard, Some(x));
         let e = c.check().expect_err("refused");
         assert!(e.to_string().contains("clip_grad_norm"), "{e}");
+    }
+}
+
+fn fsdpc(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .expect("fsdpc runs")
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fsdpc-clip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    dir.join(name)
+}
+
+const TINY: &str = "gpt:layers=2,hidden=16,heads=2,seq=4,vocab=32,batch=2";
+
+#[test]
+fn cli_refuses_bad_values_and_the_flag_with_a_plan_and_reports_the_norm() {
+    for bad in ["0", "-1", "nan", "inf"] {
+        let o = fsdpc(&[
+            "compile",
+            TINY,
+            "--world",
+            "2",
+            "--clip-grad-norm",
+            bad,
+            "-o",
+            "/dev/null",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{bad} refused");
+        assert!(err.contains("clip_grad_norm"), "{bad}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let plan = tmp("clip-plan.json");
+    let o = fsdpc(&[
+        "compile",
+        TINY,
+        "--world",
+        "2",
+        "--clip-grad-norm",
+        "0.5",
+        "-o",
+        plan.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = fsdpc(&["inspect", plan.to_str().expect("utf8")]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("clip"), "inspect shows clipping: {text}");
+    let o = fsdpc(&[
+        "train",
+        plan.to_str().expect("utf8"),
+        "--clip-grad-norm",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--clip-grad-norm"),
+        "{err}"
+    );
+    let metrics = tmp("clip-metrics.jsonl");
+    let o = fsdpc(&[
+        "train",
+        plan.to_str().expect("utf8"),
+        "--steps",
+        "3",
+        "--metrics",
+        metrics.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&metrics).expect("metrics written");
+    assert_eq!(text.lines().count(), 3);
+    for l in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).expect("JSON");
+        assert!(v["grad_norm"].as_f64().is_some_and(|n| n > 0.0), "{v}");
     }
 }

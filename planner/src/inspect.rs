@@ -21,6 +21,9 @@ pub struct Summary {
     pub activation_checkpointing: CheckpointPolicy,
     /// Module paths of the units that recompute their forward in backward.
     pub checkpointed_units: Vec<String>,
+    /// The total gradient norm gradients are clipped to (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
     pub peak_bytes_per_rank: u64,
     /// Instruction index of the peak.
     pub peak_at: u32,
@@ -93,6 +96,7 @@ pub fn summary(plan: &Plan) -> Summary {
             .filter_map(|u| plan.units.get(u.0 as usize))
             .map(|u| u.module.clone())
             .collect(),
+        clip_grad_norm: plan.config.clip_grad_norm,
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
         arena_bytes: plan.memory.arena_bytes,
@@ -203,6 +207,17 @@ fn header(out: &mut String, s: &Summary) {
             s.checkpointed_units.len(),
             s.units.len().saturating_sub(1),
             s.checkpointed_units.join(", ")
+        );
+    }
+    if let Some(x) = s.clip_grad_norm {
+        let how = if s.shard_factor > 1 {
+            "the squared norms of the gradient shards summed by one 4-byte all-reduce"
+        } else {
+            "each rank holds the whole reduced gradient, no collective"
+        };
+        let _ = writeln!(
+            out,
+            "clip gradients to total L2 norm {x} before each optimizer step ({how})"
         );
     }
     let streams: Vec<String> = s

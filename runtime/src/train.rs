@@ -96,6 +96,9 @@ pub struct StepReport {
     pub planned_peak_bytes: u64,
     /// Wall time of this step.
     pub elapsed: Duration,
+    /// With gradient clipping: the total gradient norm before clipping
+    /// (what PyTorch's `clip_grad_norm_` returns), equal on every rank.
+    pub grad_norm: Option<f32>,
 }
 
 /// A finished training run.
@@ -103,6 +106,9 @@ pub struct StepReport {
 pub struct TrainReport {
     /// The global mean loss of every step.
     pub losses: Vec<f32>,
+    /// With gradient clipping: every step's total gradient norm before
+    /// clipping (rank 0's; every rank holds the same). Empty otherwise.
+    pub grad_norms: Vec<f32>,
     /// Full parameters by original name, in unit and layout order (empty
     /// unless `TrainOptions::keep_params`).
     pub final_params: Vec<(String, Vec<f32>)>,
@@ -129,6 +135,7 @@ enum Msg {
         rank: usize,
         step: u64,
         loss: f32,
+        grad_norm: Option<f32>,
         measured: Option<u64>,
     },
     Done {
@@ -335,11 +342,12 @@ fn execute(
                     resume,
                     saver: Saver::Thread(&tx),
                 };
-                let mut report = |step, loss, measured| {
+                let mut report = |step, loss, grad_norm, measured| {
                     let _ = tx.send(Msg::Step {
                         rank,
                         step,
                         loss,
+                        grad_norm,
                         measured,
                     });
                     Ok(())
@@ -379,7 +387,7 @@ fn execute(
         }
         got
     });
-    let (losses, saved) = losses;
+    let ((losses, grad_norms), saved) = losses;
     // A failed checkpoint stopped the ranks: its error is the cause.
     saved?;
     let outs = pick_error(outs, &shm)?;
@@ -395,6 +403,7 @@ fn execute(
     let tokens = (plan.model.tokens_per_rank_step * world as u64 * losses.len() as u64) as f64;
     Ok(TrainReport {
         losses,
+        grad_norms,
         final_params,
         measured_peak_bytes: outs.iter().filter_map(|o| o.measured).max(),
         planned_peak_bytes: plan.memory.rank_bytes,
@@ -465,8 +474,9 @@ pub fn train_rank(
     };
     let tokens = (plan.model.tokens_per_rank_step * n as u64) as f64;
     let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
+    let mut grad_norms = Vec::new();
     let start = Instant::now();
-    let mut report = |step: u64, loss: f32, measured: Option<u64>| {
+    let mut report = |step: u64, loss: f32, grad_norm: Option<f32>, measured: Option<u64>| {
         let mut all_losses = vec![0u8; 4 * n];
         losses_comm
             .all_gather(
@@ -490,6 +500,7 @@ pub fn train_rank(
         let elapsed = last.elapsed();
         last = Instant::now();
         losses.push(loss);
+        grad_norms.extend(grad_norm);
         on_step(&StepReport {
             step,
             loss,
@@ -497,6 +508,7 @@ pub fn train_rank(
             measured_peak_bytes: peak,
             planned_peak_bytes: plan.memory.rank_bytes,
             elapsed,
+            grad_norm,
         });
         Ok(())
     };
@@ -512,6 +524,7 @@ pub fn train_rank(
     Ok(TrainReport {
         tokens_per_s: tokens * losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
         losses,
+        grad_norms,
         final_params,
         measured_peak_bytes: out.measured,
         planned_peak_bytes: plan.memory.rank_bytes,
@@ -610,8 +623,8 @@ fn first_step(resume: Option<&Checkpoint>) -> u64 {
     resume.map_or(0, |c| c.manifest.step)
 }
 
-/// One rank's loss and measured peak after a step.
-type RankStep = (f32, Option<u64>);
+/// One rank's loss, pre-clip gradient norm and measured peak after a step.
+type RankStep = (f32, Option<f32>, Option<u64>);
 
 /// What `collect` needs besides the messages.
 struct Collect<'a> {
@@ -622,8 +635,9 @@ struct Collect<'a> {
     shm: &'a ShmWorld,
 }
 
-/// The losses of every step and the first failure to complete a checkpoint.
-type Collected = (Vec<f32>, Result<(), RuntimeError>);
+/// The losses and pre-clip gradient norms of every step, and the first
+/// failure to complete a checkpoint.
+type Collected = ((Vec<f32>, Vec<f32>), Result<(), RuntimeError>);
 
 /// Receives step reports in order, checkpoint files (completing each
 /// checkpoint once every shard position wrote its file) and every rank's
@@ -639,6 +653,7 @@ fn collect(
     let mut saved = Ok(());
     let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
     let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
+    let mut grad_norms = Vec::new();
     let tokens = (plan.model.tokens_per_rank_step * world as u64) as f64;
     // Once a failure is known, the ranks have one more timeout to stop.
     let mut deadline = None;
@@ -662,10 +677,11 @@ fn collect(
                 rank,
                 step,
                 loss,
+                grad_norm,
                 measured,
             } => {
                 pending.entry(step).or_insert_with(|| vec![None; world])[rank] =
-                    Some((loss, measured))
+                    Some((loss, grad_norm, measured))
             }
             Msg::Done { rank, out } => outs[rank] = Some(out),
             Msg::Saved { step, file } => {
@@ -690,10 +706,12 @@ fn collect(
             let step = c.first_step + losses.len() as u64;
             pending.remove(&step);
             let loss = vals.iter().map(|v| v.0).fold(0.0f32, |a, b| a + b) / world as f32;
-            peak = peak.max(vals.iter().filter_map(|v| v.1).max());
+            peak = peak.max(vals.iter().filter_map(|v| v.2).max());
+            let grad_norm = vals.first().and_then(|v| v.1);
             let elapsed = last.elapsed();
             last = Instant::now();
             losses.push(loss);
+            grad_norms.extend(grad_norm);
             on_step(&StepReport {
                 step,
                 loss,
@@ -701,10 +719,11 @@ fn collect(
                 measured_peak_bytes: peak,
                 planned_peak_bytes: plan.memory.rank_bytes,
                 elapsed,
+                grad_norm,
             });
         }
     }
-    ((losses, saved), outs)
+    (((losses, grad_norms), saved), outs)
 }
 
 /// After a failure, the error naming the first rank that did not stop within
@@ -807,8 +826,8 @@ fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, Ru
 }
 
 /// Everything one rank thread uses.
-/// Reports one rank's loss and measured peak after a step.
-type Report<'r> = dyn FnMut(u64, f32, Option<u64>) -> Result<(), RuntimeError> + 'r;
+/// Reports one rank's loss, pre-clip gradient norm and measured peak after a step.
+type Report<'r> = dyn FnMut(u64, f32, Option<f32>, Option<u64>) -> Result<(), RuntimeError> + 'r;
 
 /// Everything one rank uses, whichever launcher started it.
 struct RankCtx<'a> {
@@ -898,8 +917,9 @@ impl RankCtx<'_> {
     ) -> Result<(), RuntimeError> {
         let mut report = |step: u64, mem: &Memory| -> Result<(), RuntimeError> {
             let loss = env.read_loss(mem)?;
+            let grad_norm = env.read_grad_norm(mem)?;
             let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
-            sink(step, loss, measured)?;
+            sink(step, loss, grad_norm, measured)?;
             if let Some(f) = &self.opts.fault {
                 f.inject(self.world, self.rank, step)?;
             }

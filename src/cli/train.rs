@@ -33,7 +33,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Write one JSON object per step (step, loss, tokens_per_s,
-    /// measured_peak_bytes, planned_peak_bytes).
+    /// measured_peak_bytes, planned_peak_bytes; with --clip-grad-norm also
+    /// grad_norm, the total gradient norm before clipping).
     #[arg(long)]
     pub metrics: Option<PathBuf>,
     /// Seed for initialisation and data.
@@ -235,11 +236,14 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         bar.set_position(r.step + 1);
         bar.set_message(format!("loss {:.4}  {:.0} tok/s", r.loss, r.tokens_per_s));
         if let Some(m) = metrics.as_mut() {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "step": r.step, "loss": r.loss, "tokens_per_s": r.tokens_per_s,
                 "measured_peak_bytes": r.measured_peak_bytes,
                 "planned_peak_bytes": r.planned_peak_bytes,
             });
+            if let Some(n) = r.grad_norm {
+                line["grad_norm"] = serde_json::json!(n);
+            }
             // A metrics write failure must not kill a training run; the
             // first one is reported at the end.
             if let Err(e) = writeln!(m, "{line}") {

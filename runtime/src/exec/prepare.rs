@@ -88,6 +88,8 @@ pub struct Prepared<'p> {
     pub starts: Vec<Vec<BufferId>>,
     /// The loss scalar.
     pub loss: Region,
+    /// The gradient-clipping norm scalar (`GradNorm`), if the plan clips.
+    pub grad_norm: Option<BufferId>,
     /// Samples per rank (axis 0 of the data inputs).
     pub batch: usize,
 }
@@ -137,6 +139,11 @@ pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
         uncovered: uncovered(plan),
         starts,
         loss,
+        grad_norm: plan
+            .buffers
+            .iter()
+            .find(|b| b.kind == BufferKind::GradNorm)
+            .map(|b| b.id),
         batch: batch_size(graph),
     })
 }

@@ -480,6 +480,22 @@ impl<'a> RankEnv<'a> {
         let b = unsafe { mem.view(self.prep.loss)? };
         Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
+
+    /// With gradient clipping, the total gradient norm before clipping (the
+    /// square root of the all-reduced `GradNorm` scalar) after a step.
+    pub fn read_grad_norm(&self, mem: &Memory) -> Result<Option<f32>, RuntimeError> {
+        let Some(b) = self.prep.grad_norm else {
+            return Ok(None);
+        };
+        // SAFETY: called between steps, when no stream runs.
+        let bytes = unsafe { mem.view(mem.whole(b))? };
+        let sq: [u8; 4] = bytes
+            .get(..4)
+            .and_then(|x| x.try_into().ok())
+            .ok_or_else(|| RuntimeError::plan(format!("grad-norm buffer {b} is not 4 bytes")))?;
+        let sq = f32::from_le_bytes(sq);
+        Ok(Some(sq.sqrt()))
+    }
 }
 
 /// The first error of a set of stream results, preferring a rank's own
