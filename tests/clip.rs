@@ -315,3 +315,31 @@ fn cli_refuses_bad_values_and_the_flag_with_a_plan_and_reports_the_norm() {
         assert!(v["grad_norm"].as_f64().is_some_and(|n| n > 0.0), "{v}");
     }
 }
+
+#[test]
+fn memory_plan_counts_the_norm_scalar_and_padding_is_zero_weight() {
+    let free = plan_with(&mlp(1), 8, &cfg(Strategy::FullShard, None));
+    let clip = plan_with(&mlp(1), 8, &cfg(Strategy::FullShard, Some(CLIP)));
+    // At F = 8 the units' flat parameters are padded: the equivalence at
+    // world 8 above shows padded elements add nothing to the norm.
+    assert!(clip.units.iter().any(|u| u.padded_numel > u.flat_numel));
+    let kind = |p: &Plan| {
+        p.memory
+            .breakdown
+            .iter()
+            .find(|(k, _)| *k == fsdpc_planner::BufferKind::GradNorm)
+            .map(|(_, b)| *b)
+    };
+    assert_eq!(kind(&free), None);
+    assert_eq!(
+        kind(&clip),
+        Some(4),
+        "the persistent scalar is live at the peak"
+    );
+    // One all-reduce of a 4-byte scalar over 8 ranks: 2 * 7 ring steps.
+    assert_eq!(
+        clip.estimates.comm_bytes_per_step,
+        free.estimates.comm_bytes_per_step + 2 * 7 * 4
+    );
+    insta::assert_snapshot!(fsdpc_planner::inspect::render_text(&clip));
+}

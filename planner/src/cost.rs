@@ -108,6 +108,25 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
                 2 * ring_bytes(n, bytes),
             )
         }
+        InstrOp::NormAllReduce { buffer, group } => {
+            // A scalar cannot be split into n ring chunks: each of the
+            // 2 (n - 1) ring steps sends the whole scalar.
+            let (n, inter) = group_shape(plan, *group);
+            let bytes = bytes_of(buffer);
+            (
+                2.0 * ring_time(n, bytes, inter, cluster),
+                2 * u64::from(n.saturating_sub(1)) * bytes,
+            )
+        }
+        InstrOp::GradNormSq { grads, .. } => {
+            let b: u64 = grads.iter().map(bytes_of).sum();
+            (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
+        }
+        InstrOp::ClipGrads { grads, .. } => {
+            // Reads and writes the gradient shard.
+            let b = 2 * bytes_of(grads);
+            (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
+        }
         InstrOp::Kernel { node, .. } if plan.training.graph.contains(*node) => {
             let g = &plan.training.graph;
             let t = kernel_time(

@@ -108,7 +108,12 @@ pub fn summary(plan: &Plan) -> Summary {
         comm_bytes_per_step: e.comm_bytes_per_step,
         all_gathers: count(|op| matches!(op, InstrOp::AllGather { .. })),
         reduce_scatters: count(|op| matches!(op, InstrOp::ReduceScatter { .. })),
-        all_reduces: count(|op| matches!(op, InstrOp::AllReduce { .. })),
+        all_reduces: count(|op| {
+            matches!(
+                op,
+                InstrOp::AllReduce { .. } | InstrOp::NormAllReduce { .. }
+            )
+        }),
         instructions: plan.instructions.len(),
         instructions_per_stream: per_stream,
         buffers: plan.buffers.len(),
