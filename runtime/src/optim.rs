@@ -139,9 +139,15 @@ pub fn sum_squares(xs: &[f32]) -> f64 {
 }
 
 /// The factor PyTorch's `clip_grad_norm_(max_norm)` scales gradients by,
-/// given the squared total norm: `min(1, max_norm / (norm + 1e-6))`.
+/// given the squared total norm: `min(1, max_norm / (norm + 1e-6))`. A
+/// non-finite norm gives NaN, as PyTorch's `clamp(max=1)` of a NaN
+/// coefficient does (`error_if_nonfinite=False`): the step is poisoned, not
+/// silently left unclipped.
 pub fn clip_coef(norm_sq: f32, max_norm: f64) -> f32 {
     let norm = f64::from(norm_sq).sqrt();
+    if !norm.is_finite() {
+        return f32::NAN;
+    }
     (max_norm / (norm + 1e-6)).min(1.0) as f32
 }
 
@@ -149,9 +155,34 @@ pub fn clip_coef(norm_sq: f32, max_norm: f64) -> f32 {
 /// when the factor is 1, as PyTorch's clamped coefficient changes nothing).
 pub fn clip_by_norm(grads: &mut [f32], norm_sq: f32, max_norm: f64) {
     let c = clip_coef(norm_sq, max_norm);
-    if c < 1.0 {
+    // `!=`, not `<`: a NaN factor (non-finite norm) must reach the gradients.
+    if c != 1.0 {
         for g in grads {
             *g *= c;
+        }
+    }
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::*;
+
+    #[test]
+    fn clipping_scales_by_pytorchs_coefficient_and_propagates_a_non_finite_norm() {
+        // Norm 5 against max 1: scaled by 1 / (5 + 1e-6).
+        let mut g = [3.0f32, 4.0];
+        clip_by_norm(&mut g, 25.0, 1.0);
+        let c = (1.0 / (5.0 + 1e-6)) as f32;
+        assert_eq!(g, [3.0 * c, 4.0 * c]);
+        // Under the limit: untouched.
+        let mut g = [0.3f32, 0.4];
+        clip_by_norm(&mut g, 0.25, 1.0);
+        assert_eq!(g, [0.3, 0.4]);
+        // An infinite or NaN norm poisons the step, as in PyTorch.
+        for bad in [f32::INFINITY, f32::NAN] {
+            let mut g = [1.0f32, 2.0];
+            clip_by_norm(&mut g, bad, 1.0);
+            assert!(g.iter().all(|x| x.is_nan()), "{g:?}");
         }
     }
 }
