@@ -603,17 +603,7 @@ fn gather_params(
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        for p in &unit.params {
-            let vals = flat
-                .get(p.offset as usize..(p.offset + p.numel) as usize)
-                .ok_or_else(|| {
-                    RuntimeError::plan(format!(
-                        "unit {}: parameter {} lies outside the gathered shards",
-                        unit.id, p.name
-                    ))
-                })?;
-            params.push((p.name.clone(), vals.to_vec()));
-        }
+        cut_params(unit, &flat, &mut params)?;
     }
     Ok(params)
 }
@@ -801,6 +791,26 @@ fn pick_error(
     Err(errs.swap_remove(0).1)
 }
 
+/// Cuts `unit`'s parameters out of its gathered flat values, by layout offset.
+fn cut_params(
+    unit: &fsdpc_planner::plan::Unit,
+    flat: &[f32],
+    params: &mut Vec<(String, Vec<f32>)>,
+) -> Result<(), RuntimeError> {
+    for p in &unit.params {
+        let vals = flat
+            .get(p.offset as usize..(p.offset + p.numel) as usize)
+            .ok_or_else(|| {
+                RuntimeError::plan(format!(
+                    "unit {}: parameter {} lies outside the gathered shards",
+                    unit.id, p.name
+                ))
+            })?;
+        params.push((p.name.clone(), vals.to_vec()));
+    }
+    Ok(())
+}
+
 /// Full parameters from the shards of the first shard group.
 fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
     let f = plan.config.shard_factor as usize;
@@ -810,17 +820,7 @@ fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, Ru
         for o in outs.iter().take(f) {
             flat.extend_from_slice(o.shards.get(u).map(|s| s.as_slice()).unwrap_or(&[]));
         }
-        for p in &unit.params {
-            let vals = flat
-                .get(p.offset as usize..(p.offset + p.numel) as usize)
-                .ok_or_else(|| {
-                    RuntimeError::plan(format!(
-                        "unit {}: parameter {} lies outside the gathered shards",
-                        unit.id, p.name
-                    ))
-                })?;
-            params.push((p.name.clone(), vals.to_vec()));
-        }
+        cut_params(unit, &flat, &mut params)?;
     }
     Ok(params)
 }
