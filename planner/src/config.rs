@@ -128,18 +128,7 @@ impl CheckpointPolicy {
                 .map(CheckpointPolicy::Every)
                 .ok_or_else(|| bad(format!("`{k}` is not a positive whole number"))),
             ("kind", Some(k)) if !k.is_empty() => Ok(CheckpointPolicy::Kind(k.to_string())),
-            ("paths", Some(p)) => {
-                let paths: Vec<String> = p
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(String::from)
-                    .collect();
-                if paths.is_empty() {
-                    return Err(bad("give at least one module path".into()));
-                }
-                Ok(CheckpointPolicy::Paths(paths))
-            }
+            ("paths", Some(p)) => module_paths(p).map(CheckpointPolicy::Paths).map_err(bad),
             _ => Err(bad(format!("allowed forms: {}", CheckpointPolicy::ALLOWED))),
         }
     }
@@ -211,19 +200,25 @@ impl WrapPolicy {
                 .filter(|&n| n > 0)
                 .map(|min_numel| WrapPolicy::Size { min_numel })
                 .ok_or_else(|| bad(format!("`{n}` is not a positive whole number"))),
-            ("paths", Some(p)) => {
-                let paths: Vec<String> = p
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(String::from)
-                    .collect();
-                if paths.is_empty() {
-                    return Err(bad("give at least one module path".into()));
-                }
-                Ok(WrapPolicy::Paths { paths })
-            }
+            ("paths", Some(p)) => module_paths(p)
+                .map(|paths| WrapPolicy::Paths { paths })
+                .map_err(bad),
             _ => Err(bad(format!("allowed forms: {}", WrapPolicy::ALLOWED))),
         }
     }
+}
+
+/// The module paths of a `paths:a,b` policy: comma-separated, blanks
+/// dropped, at least one.
+fn module_paths(list: &str) -> Result<Vec<String>, String> {
+    let paths: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect();
+    if paths.is_empty() {
+        return Err("give at least one module path".into());
+    }
+    Ok(paths)
 }
