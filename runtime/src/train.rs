@@ -472,9 +472,7 @@ pub fn train_rank(
         resume: resume.as_ref(),
         saver: Saver::Process(losses_comm),
     };
-    let tokens = (plan.model.tokens_per_rank_step * n as u64) as f64;
-    let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
-    let mut grad_norms = Vec::new();
+    let mut log = StepLog::new(plan, n);
     let start = Instant::now();
     let mut report = |step: u64, loss: f32, grad_norm: Option<f32>, measured: Option<u64>| {
         let mut all_losses = vec![0u8; 4 * n];
@@ -491,25 +489,10 @@ pub fn train_rank(
             )
             .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
         // The same order and arithmetic as the thread launcher's `collect`.
-        let loss = all_losses
+        let rank_losses = all_losses
             .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .fold(0.0f32, |a, b| a + b)
-            / n as f32;
-        peak = peak.max(measured);
-        let elapsed = last.elapsed();
-        last = Instant::now();
-        losses.push(loss);
-        grad_norms.extend(grad_norm);
-        on_step(&StepReport {
-            step,
-            loss,
-            tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
-            measured_peak_bytes: peak,
-            planned_peak_bytes: plan.memory.rank_bytes,
-            elapsed,
-            grad_norm,
-        });
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        log.record(step, rank_losses, grad_norm, measured, on_step);
         Ok(())
     };
     let out = ctx.run(arena.as_mut(), &mut report)?;
@@ -522,9 +505,9 @@ pub fn train_rank(
         Vec::new()
     };
     Ok(TrainReport {
-        tokens_per_s: tokens * losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
-        losses,
-        grad_norms,
+        tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        losses: log.losses,
+        grad_norms: log.grad_norms,
         final_params,
         measured_peak_bytes: out.measured,
         planned_peak_bytes: plan.memory.rank_bytes,
@@ -642,9 +625,7 @@ fn collect(
     let mut files: BTreeMap<u64, Vec<FileEntry>> = BTreeMap::new();
     let mut saved = Ok(());
     let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
-    let (mut losses, mut last, mut peak) = (Vec::new(), Instant::now(), None::<u64>);
-    let mut grad_norms = Vec::new();
-    let tokens = (plan.model.tokens_per_rank_step * world as u64) as f64;
+    let mut log = StepLog::new(plan, world);
     // Once a failure is known, the ranks have one more timeout to stop.
     let mut deadline = None;
     loop {
@@ -689,31 +670,72 @@ fn collect(
                 }
             }
         }
-        while let Some(entry) = pending.get(&(c.first_step + losses.len() as u64)) {
+        while let Some(entry) = pending.get(&(c.first_step + log.losses.len() as u64)) {
             let Some(vals) = entry.iter().copied().collect::<Option<Vec<RankStep>>>() else {
                 break;
             };
-            let step = c.first_step + losses.len() as u64;
+            let step = c.first_step + log.losses.len() as u64;
             pending.remove(&step);
-            let loss = vals.iter().map(|v| v.0).fold(0.0f32, |a, b| a + b) / world as f32;
-            peak = peak.max(vals.iter().filter_map(|v| v.2).max());
+            let measured = vals.iter().filter_map(|v| v.2).max();
             let grad_norm = vals.first().and_then(|v| v.1);
-            let elapsed = last.elapsed();
-            last = Instant::now();
-            losses.push(loss);
-            grad_norms.extend(grad_norm);
-            on_step(&StepReport {
-                step,
-                loss,
-                tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
-                measured_peak_bytes: peak,
-                planned_peak_bytes: plan.memory.rank_bytes,
-                elapsed,
-                grad_norm,
-            });
+            log.record(step, vals.iter().map(|v| v.0), grad_norm, measured, on_step);
         }
     }
-    (((losses, grad_norms), saved), outs)
+    (((log.losses, log.grad_norms), saved), outs)
+}
+
+/// The per-step record both launchers keep: every step's global loss and
+/// pre-clip gradient norm, the running measured peak, and the report each
+/// step gets.
+struct StepLog {
+    /// Tokens (all ranks) per step.
+    tokens: f64,
+    planned: u64,
+    last: Instant,
+    peak: Option<u64>,
+    losses: Vec<f32>,
+    grad_norms: Vec<f32>,
+}
+
+impl StepLog {
+    fn new(plan: &Plan, world: usize) -> StepLog {
+        StepLog {
+            tokens: (plan.model.tokens_per_rank_step * world as u64) as f64,
+            planned: plan.memory.rank_bytes,
+            last: Instant::now(),
+            peak: None,
+            losses: Vec::new(),
+            grad_norms: Vec::new(),
+        }
+    }
+
+    /// Records `step` from every rank's local-mean loss, summed in rank
+    /// order (so both launchers compute the same bits), and reports it.
+    fn record(
+        &mut self,
+        step: u64,
+        rank_losses: impl ExactSizeIterator<Item = f32>,
+        grad_norm: Option<f32>,
+        measured: Option<u64>,
+        on_step: &mut dyn FnMut(&StepReport),
+    ) {
+        let n = rank_losses.len() as f32;
+        let loss = rank_losses.fold(0.0f32, |a, b| a + b) / n;
+        self.peak = self.peak.max(measured);
+        let elapsed = self.last.elapsed();
+        self.last = Instant::now();
+        self.losses.push(loss);
+        self.grad_norms.extend(grad_norm);
+        on_step(&StepReport {
+            step,
+            loss,
+            tokens_per_s: self.tokens / elapsed.as_secs_f64().max(1e-9),
+            measured_peak_bytes: self.peak,
+            planned_peak_bytes: self.planned,
+            elapsed,
+            grad_norm,
+        });
+    }
 }
 
 /// After a failure, the error naming the first rank that did not stop within
