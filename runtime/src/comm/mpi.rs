@@ -202,6 +202,56 @@ mod imp {
         /// `recvs[q]` from every member that has one; returns when all are
         /// done. Past the timeout, or when another stream of this process
         /// failed, stops the job naming the members that did not answer.
+        /// Exchanges `sends` (one per member, `None` for this one) and
+        /// returns what every other member sent, `bytes` each (this
+        /// member's entry is empty).
+        fn exchange_parts(&self, op: &str, sends: &[Option<&[u8]>], bytes: usize) -> Vec<Vec<u8>> {
+            let mut parts: Vec<Vec<u8>> = (0..sends.len())
+                .map(|q| {
+                    if q == self.pos {
+                        Vec::new()
+                    } else {
+                        vec![0u8; bytes]
+                    }
+                })
+                .collect();
+            let mut recvs: Vec<Option<&mut [u8]>> = parts
+                .iter_mut()
+                .enumerate()
+                .map(|(q, p)| (q != self.pos).then_some(p.as_mut_slice()))
+                .collect();
+            self.exchange(op, sends, &mut recvs);
+            parts
+        }
+
+        /// Sums every member's contribution (`own` for this one, `parts`
+        /// for the others) in position order into `out`, with the
+        /// shared-memory communicator's arithmetic, so the bits match.
+        fn reduce_in_order(
+            &self,
+            own: &[u8],
+            parts: &[Vec<u8>],
+            dtype: DType,
+            out: BufMut<'_>,
+            divide_by: u32,
+        ) {
+            let part = |q: usize| -> (&[u8], DType) {
+                if q == self.pos {
+                    (own, dtype)
+                } else {
+                    (&parts[q], dtype)
+                }
+            };
+            reduce_into(
+                Some(part(0)),
+                parts.len() - 1,
+                |k| part(k + 1),
+                out.bytes,
+                out.dtype,
+                divide_by,
+            );
+        }
+
         fn exchange(&self, op: &str, sends: &[Option<&[u8]>], recvs: &mut [Option<&mut [u8]>]) {
             let start = Instant::now();
             scope(|sc| {
@@ -314,21 +364,7 @@ mod imp {
                 .collect();
             // Every member sends in its own dtype, the same on every member
             // (the plan is SPMD).
-            let mut parts: Vec<Vec<u8>> = (0..n)
-                .map(|q| {
-                    if q == self.pos {
-                        Vec::new()
-                    } else {
-                        vec![0u8; send.bytes.len()]
-                    }
-                })
-                .collect();
-            let mut recvs: Vec<Option<&mut [u8]>> = parts
-                .iter_mut()
-                .enumerate()
-                .map(|(q, p)| (q != self.pos).then_some(p.as_mut_slice()))
-                .collect();
-            self.exchange("all_gather", &sends, &mut recvs);
+            let parts = self.exchange_parts("all_gather", &sends, send.bytes.len());
             let out = s * recv.dtype.size();
             for (q, dst) in recv.bytes.chunks_exact_mut(out.max(1)).enumerate().take(n) {
                 let src = if q == self.pos { send.bytes } else { &parts[q] };
@@ -355,37 +391,8 @@ mod imp {
             let chunk = |q: usize| &send.bytes[q * cb..(q + 1) * cb];
             let sends: Vec<Option<&[u8]>> =
                 (0..n).map(|q| (q != self.pos).then(|| chunk(q))).collect();
-            let mut parts: Vec<Vec<u8>> = (0..n)
-                .map(|q| {
-                    if q == self.pos {
-                        Vec::new()
-                    } else {
-                        vec![0u8; cb]
-                    }
-                })
-                .collect();
-            let mut recvs: Vec<Option<&mut [u8]>> = parts
-                .iter_mut()
-                .enumerate()
-                .map(|(q, p)| (q != self.pos).then_some(p.as_mut_slice()))
-                .collect();
-            self.exchange("reduce_scatter", &sends, &mut recvs);
-            let me = self.pos;
-            let part = |q: usize| -> (&[u8], DType) {
-                if q == me {
-                    (chunk(me), send.dtype)
-                } else {
-                    (&parts[q], send.dtype)
-                }
-            };
-            reduce_into(
-                Some(part(0)),
-                n - 1,
-                |k| part(k + 1),
-                recv.bytes,
-                recv.dtype,
-                divide_by,
-            );
+            let parts = self.exchange_parts("reduce_scatter", &sends, cb);
+            self.reduce_in_order(chunk(self.pos), &parts, send.dtype, recv, divide_by);
             Ok(())
         }
 
@@ -395,37 +402,9 @@ mod imp {
             let sends: Vec<Option<&[u8]>> = (0..n)
                 .map(|q| (q != self.pos).then_some(own.as_slice()))
                 .collect();
-            let mut parts: Vec<Vec<u8>> = (0..n)
-                .map(|q| {
-                    if q == self.pos {
-                        Vec::new()
-                    } else {
-                        vec![0u8; own.len()]
-                    }
-                })
-                .collect();
-            let mut recvs: Vec<Option<&mut [u8]>> = parts
-                .iter_mut()
-                .enumerate()
-                .map(|(q, p)| (q != self.pos).then_some(p.as_mut_slice()))
-                .collect();
-            self.exchange("all_reduce", &sends, &mut recvs);
-            let me = self.pos;
-            let part = |q: usize| -> (&[u8], DType) {
-                if q == me {
-                    (own.as_slice(), buf.dtype)
-                } else {
-                    (&parts[q], buf.dtype)
-                }
-            };
-            reduce_into(
-                Some(part(0)),
-                n - 1,
-                |k| part(k + 1),
-                buf.bytes,
-                buf.dtype,
-                divide_by,
-            );
+            let parts = self.exchange_parts("all_reduce", &sends, own.len());
+            let dtype = buf.dtype;
+            self.reduce_in_order(&own, &parts, dtype, buf, divide_by);
             Ok(())
         }
 
