@@ -589,3 +589,21 @@ fn resume_in_debug_mode_is_bit_identical() {
     assert_eq!(bits(&rest).0, bits(&full).0[3..]);
     assert_eq!(bits(&rest).1, bits(&full).1);
 }
+
+#[test]
+fn a_directory_without_a_checkpoint_is_named_as_such() {
+    let dir = std::env::temp_dir().join(format!("fsdpc-no-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let Err(e) = fsdpc_runtime::checkpoint::Checkpoint::open(&dir) else {
+        panic!("opened a checkpoint in an empty directory");
+    };
+    assert!(
+        matches!(&e, CheckpointError::NotACheckpoint { dir: d } if d == &dir.display().to_string()),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("is not a checkpoint directory"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

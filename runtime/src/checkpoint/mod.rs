@@ -38,8 +38,15 @@ pub enum CheckpointError {
         /// The operating system's message.
         reason: String,
     },
-    /// A file the manifest lists is absent.
-    #[error("checkpoint {path}: missing (the manifest lists it)")]
+    /// A directory holds no checkpoint: it has no `latest` pointer.
+    #[error("{dir} is not a checkpoint directory: it has no `latest` pointer (`fsdpc train --checkpoint-dir` writes one)")]
+    NotACheckpoint {
+        /// The directory.
+        dir: String,
+    },
+    /// A file the checkpoint needs (its manifest, or a file the manifest
+    /// lists) is absent.
+    #[error("checkpoint {path}: missing")]
     Missing {
         /// The file.
         path: String,

@@ -41,8 +41,8 @@ impl Checkpoint {
         let name = match std::fs::read_to_string(&latest) {
             Ok(n) => n.trim().to_string(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(CheckpointError::Missing {
-                    path: latest.display().to_string(),
+                return Err(CheckpointError::NotACheckpoint {
+                    dir: dir.display().to_string(),
                 })
             }
             Err(e) => return Err(CheckpointError::io(&latest, e)),
