@@ -1,0 +1,449 @@
+//! Pass 3, schedule: lowers a training program to the rank-generic
+//! instruction list (see `plan::InstrOp`), with the buffers it touches (their
+//! arena offsets and lifetimes are left to the memory pass).
+//!
+//! The pass is split by decision; each module states its conventions:
+//! - this module: the compute stream's order, kernels and activation buffers;
+//! - `facts`: what the lowering looks up about the program (readers, gradient
+//!   slots, which units a step reads);
+//! - `gather`: gather windows, prefetch and the rate limiter (unshard stream);
+//! - `reduce`: gradient reduction and optimizer steps (reduce stream).
+//!
+//! Conventions of this module (the runtime relies on them):
+//! - Every non-source node runs as one `Kernel` on the compute stream, in
+//!   `topo_order()`. A data input is loaded (`LoadInput`) and a constant is
+//!   materialised (a `Kernel` of the `Constant` node, which copies its
+//!   literal into an activation buffer) just before its first reader.
+//! - A parameter value is read from its unit's gathered flat parameter (the
+//!   `ShardParams` buffer under `no_shard`) at byte offset
+//!   `4 * flat offset`. A parameter gradient is written straight into its
+//!   unit's `FlatGrads` buffer at the same offset; the loss into the
+//!   persistent `Loss` buffer; every other value into its own `Activation`
+//!   buffer, freed on the compute stream right after its last reader (or
+//!   right after its kernel, if nothing reads it).
+//! - Instruction groups are placed at positions relative to steps (`Pos`).
+//! - The runtime synchronises all streams at the end of a step.
+
+mod facts;
+mod gather;
+mod reduce;
+
+use crate::config::FsdpConfig;
+use crate::error::PlanError;
+use crate::plan::*;
+use crate::units::UnitAssignment;
+use facts::Facts;
+use fsdpc_ir::{DType, Graph, NodeId, Op, TrainingProgram, ValueId};
+use gather::Window;
+use std::collections::{BTreeMap, HashMap};
+
+/// The instruction list and its buffers, before memory planning.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    pub buffers: Vec<Buffer>,
+    pub instructions: Vec<Instr>,
+    pub events: u32,
+    pub loss: Slot,
+}
+
+/// What the schedule pass needs to know.
+pub struct LowerInput<'a> {
+    pub program: &'a TrainingProgram,
+    pub assign: &'a UnitAssignment,
+    pub units: &'a [Unit],
+    pub cfg: &'a FsdpConfig,
+    pub world: u32,
+}
+
+/// One step of the compute stream.
+#[derive(Copy, Clone, Debug, PartialEq)]
+enum Step {
+    Load(NodeId),
+    Kernel(NodeId),
+}
+
+impl Step {
+    fn node(self) -> NodeId {
+        match self {
+            Step::Load(n) | Step::Kernel(n) => n,
+        }
+    }
+}
+
+/// Where an instruction group goes relative to step `s`: `3s` before it,
+/// `3s + 1` right after its kernel, `3s + 2` after its frees.
+type Pos = usize;
+
+/// Lowers the program to instructions.
+pub fn lower(input: &LowerInput) -> Result<Schedule, PlanError> {
+    let graph = &input.program.graph;
+    let steps = order_steps(graph)?;
+    let facts = Facts::gather(input, &steps)?;
+    let mut l = Lowering::new(input, steps, facts);
+    l.persistent_buffers();
+    l.place_gathers();
+    l.emit_steps()?;
+    l.emit_optimizer();
+    let loss = l.loss_slot.ok_or_else(|| PlanError::Program {
+        reason: "the loss is not computed by any kernel".into(),
+    })?;
+    Ok(Schedule {
+        buffers: l.buffers,
+        instructions: l.instrs,
+        events: l.events,
+        loss,
+    })
+}
+
+/// Non-source nodes in topological order, with each used data input and
+/// constant placed just before its first reader (and a constant that is a
+/// gradient but has no reader at its own position).
+fn order_steps(graph: &Graph) -> Result<Vec<Step>, PlanError> {
+    let order = graph.topo_order().map_err(|cycle| PlanError::Program {
+        reason: format!("the graph has a cycle through {} nodes", cycle.len()),
+    })?;
+    let mut placed = std::collections::HashSet::new();
+    let mut steps = Vec::with_capacity(order.len());
+    for n in order {
+        match graph.node(n).op {
+            Op::Param { .. } | Op::Input { .. } => continue,
+            Op::Constant { .. } => {
+                if graph.users(ValueId { node: n, slot: 0 }).is_empty() && placed.insert(n) {
+                    steps.push(Step::Kernel(n));
+                }
+                continue;
+            }
+            _ => {}
+        }
+        for v in graph.inputs(n) {
+            let src = graph.node(v.node);
+            match src.op {
+                Op::Input { .. } if placed.insert(v.node) => steps.push(Step::Load(v.node)),
+                Op::Constant { .. } if placed.insert(v.node) => steps.push(Step::Kernel(v.node)),
+                _ => {}
+            }
+        }
+        steps.push(Step::Kernel(n));
+    }
+    Ok(steps)
+}
+
+/// The lowering's state: the list being built.
+struct Lowering<'a> {
+    input: &'a LowerInput<'a>,
+    graph: &'a Graph,
+    steps: Vec<Step>,
+    facts: Facts,
+    windows: Vec<Window>,
+    /// Gathers to issue at each position, in issue order.
+    hooks: BTreeMap<Pos, Vec<usize>>,
+    /// Per window: the limiter event its gather waits on (a window index).
+    limiter_wait: Vec<Option<usize>>,
+    /// Per window: whether its gather waits for compute to reach its issue
+    /// point (false where the limiter's wait is recorded at that point).
+    gate: Vec<bool>,
+    /// Per window: whether a limiter waits on its free.
+    free_waited: Vec<bool>,
+    /// Per window: the event recorded after its free.
+    free_event: Vec<Option<EventId>>,
+    /// Per window: its buffer and ready event, once gathered.
+    gathered: Vec<Option<(BufferId, EventId)>>,
+    waited: Vec<bool>,
+    /// Windows ending at each step.
+    window_ends: BTreeMap<usize, Vec<usize>>,
+    /// The current window of each unit.
+    current: Vec<Option<usize>>,
+    shard_params: Vec<Option<BufferId>>,
+    shard_grads: Vec<Option<BufferId>>,
+    opt_state: Vec<Vec<BufferId>>,
+    flat_grads: Vec<Option<BufferId>>,
+    reduced: Vec<(UnitId, EventId)>,
+    value_slot: HashMap<ValueId, Slot>,
+    loss_slot: Option<Slot>,
+    buffers: Vec<Buffer>,
+    instrs: Vec<Instr>,
+    events: u32,
+}
+
+impl<'a> Lowering<'a> {
+    fn new(input: &'a LowerInput<'a>, steps: Vec<Step>, facts: Facts) -> Lowering<'a> {
+        let graph = &input.program.graph;
+        let sharded = input.cfg.strategy == Strategy::FullShard;
+        let windows = if sharded {
+            gather::windows(graph, &steps, &facts.reads_units)
+        } else {
+            Vec::new()
+        };
+        let n_units = input.units.len();
+        let n_windows = windows.len();
+        let mut window_ends: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (w, win) in windows.iter().enumerate() {
+            window_ends.entry(win.last).or_default().push(w);
+        }
+        Lowering {
+            input,
+            graph,
+            steps,
+            facts,
+            windows,
+            hooks: BTreeMap::new(),
+            limiter_wait: vec![None; n_windows],
+            gate: vec![true; n_windows],
+            free_waited: vec![false; n_windows],
+            free_event: vec![None; n_windows],
+            gathered: vec![None; n_windows],
+            waited: vec![false; n_windows],
+            window_ends,
+            current: vec![None; n_units],
+            shard_params: vec![None; n_units],
+            shard_grads: vec![None; n_units],
+            opt_state: vec![Vec::new(); n_units],
+            flat_grads: vec![None; n_units],
+            reduced: Vec::new(),
+            value_slot: HashMap::new(),
+            loss_slot: None,
+            buffers: Vec::new(),
+            instrs: Vec::new(),
+            events: 0,
+        }
+    }
+
+    fn new_buffer(
+        &mut self,
+        kind: BufferKind,
+        unit: Option<UnitId>,
+        value: Option<ValueId>,
+        dtype: DType,
+        bytes: u64,
+    ) -> BufferId {
+        let id = BufferId(self.buffers.len() as u32);
+        self.buffers.push(Buffer {
+            id,
+            kind,
+            unit,
+            value,
+            dtype,
+            bytes,
+            offset: 0,
+            start: 0,
+            end: None,
+            stream: None,
+        });
+        id
+    }
+
+    fn new_event(&mut self) -> EventId {
+        self.events += 1;
+        EventId(self.events - 1)
+    }
+
+    fn push(&mut self, stream: Stream, op: InstrOp) {
+        self.instrs.push(Instr { stream, op });
+    }
+
+    fn record(&mut self, stream: Stream) -> EventId {
+        let event = self.new_event();
+        self.push(stream, InstrOp::Record { event });
+        event
+    }
+
+    fn sharded(&self) -> bool {
+        self.input.cfg.strategy == Strategy::FullShard
+    }
+
+    /// ShardParams, and for units with gradients ShardGrads (full_shard) and
+    /// optimizer state; all persistent.
+    fn persistent_buffers(&mut self) {
+        let f32 = DType::F32;
+        let slots = self.input.program.optimizer.state_slots();
+        for u in 0..self.input.units.len() {
+            let unit = self.input.units[u].clone();
+            let shard_bytes = unit.shard_numel * 4;
+            if unit.flat_numel == 0 {
+                continue;
+            }
+            self.shard_params[u] = Some(self.new_buffer(
+                BufferKind::ShardParams,
+                Some(unit.id),
+                None,
+                f32,
+                shard_bytes,
+            ));
+            if self.facts.grad_done[u].is_none() {
+                continue;
+            }
+            if self.sharded() {
+                self.shard_grads[u] = Some(self.new_buffer(
+                    BufferKind::ShardGrads,
+                    Some(unit.id),
+                    None,
+                    f32,
+                    shard_bytes,
+                ));
+            }
+            for _ in 0..slots {
+                let b = self.new_buffer(
+                    BufferKind::OptimizerState,
+                    Some(unit.id),
+                    None,
+                    f32,
+                    shard_bytes,
+                );
+                self.opt_state[u].push(b);
+            }
+        }
+        let loss = self.input.program.loss;
+        let ty = self.graph.value_type(loss).clone();
+        let b = self.new_buffer(BufferKind::Loss, None, Some(loss), ty.dtype, ty.bytes());
+        self.loss_slot = Some(Slot {
+            buffer: b,
+            offset: 0,
+        });
+    }
+
+    fn emit_steps(&mut self) -> Result<(), PlanError> {
+        for s in 0..self.steps.len() {
+            self.emit_hooks(s * 3);
+            self.enter_windows(s);
+            match self.steps[s] {
+                Step::Load(n) => self.emit_load(n),
+                Step::Kernel(n) => self.emit_kernel(s, n)?,
+            }
+            self.emit_hooks(s * 3 + 1);
+            self.emit_frees(s);
+            self.emit_reductions(s);
+            self.emit_hooks(s * 3 + 2);
+        }
+        Ok(())
+    }
+
+    fn emit_load(&mut self, n: NodeId) {
+        let node = self.graph.node(n);
+        let Op::Input { name } = &node.op else { return };
+        let v = ValueId { node: n, slot: 0 };
+        let ty = self.graph.value_type(v).clone();
+        let b = self.new_buffer(BufferKind::Input, None, Some(v), ty.dtype, ty.bytes());
+        let dst = Slot {
+            buffer: b,
+            offset: 0,
+        };
+        self.value_slot.insert(v, dst);
+        let name = name.clone();
+        self.push(Stream::Compute, InstrOp::LoadInput { node: n, name, dst });
+    }
+
+    fn emit_kernel(&mut self, s: usize, n: NodeId) -> Result<(), PlanError> {
+        let inputs = self.facts.inputs[s]
+            .clone()
+            .into_iter()
+            .map(|v| self.input_slot(v))
+            .collect::<Result<Vec<Slot>, PlanError>>()?;
+        let n_out = self.graph.node(n).outputs.len();
+        let outputs = (0..n_out)
+            .map(|slot| {
+                self.output_slot(ValueId {
+                    node: n,
+                    slot: slot as u32,
+                })
+            })
+            .collect();
+        let kernel = self.graph.node(n).op.name();
+        self.push(
+            Stream::Compute,
+            InstrOp::Kernel {
+                node: n,
+                kernel,
+                inputs,
+                outputs,
+                workspace_bytes: 0,
+            },
+        );
+        Ok(())
+    }
+
+    fn input_slot(&self, v: ValueId) -> Result<Slot, PlanError> {
+        if let Op::Param { param } = self.graph.node(v.node).op {
+            return self.param_slot(param.0 as usize);
+        }
+        self.value_slot
+            .get(&v)
+            .copied()
+            .ok_or_else(|| PlanError::Program {
+                reason: format!("value {v} is read before it is computed"),
+            })
+    }
+
+    fn param_slot(&self, p: usize) -> Result<Slot, PlanError> {
+        let missing = || PlanError::Program {
+            reason: format!("parameter {p} has no buffer to read from"),
+        };
+        let u = *self.input.assign.param_unit.get(p).ok_or_else(missing)?;
+        let offset = self.facts.param_offset[p];
+        let buffer = if self.sharded() {
+            let w = self.current[u.index()].ok_or_else(missing)?;
+            self.gathered[w].ok_or_else(missing)?.0
+        } else {
+            self.shard_params[u.index()].ok_or_else(missing)?
+        };
+        Ok(Slot { buffer, offset })
+    }
+
+    fn output_slot(&mut self, v: ValueId) -> Slot {
+        let slot = if v == self.input.program.loss {
+            self.loss_slot
+        } else {
+            None
+        };
+        let slot = slot.unwrap_or_else(|| match self.facts.grad_slot.get(&v).copied() {
+            Some((u, offset)) => Slot {
+                buffer: self.flat_grad(u),
+                offset,
+            },
+            None => {
+                let ty = self.graph.value_type(v).clone();
+                let b =
+                    self.new_buffer(BufferKind::Activation, None, Some(v), ty.dtype, ty.bytes());
+                Slot {
+                    buffer: b,
+                    offset: 0,
+                }
+            }
+        });
+        self.value_slot.insert(v, slot);
+        slot
+    }
+
+    /// Frees values last read at step `s` (and unread outputs of it), then the
+    /// windows that end at `s` (`free_windows`).
+    fn emit_frees(&mut self, s: usize) {
+        let mut dead: Vec<ValueId> = self.facts.inputs[s]
+            .iter()
+            .copied()
+            .filter(|v| self.facts.last_read.get(v) == Some(&s))
+            .collect();
+        let n = self.steps[s].node();
+        let n_out = self.graph.node(n).outputs.len() as u32;
+        dead.extend(
+            (0..n_out)
+                .map(|slot| ValueId { node: n, slot })
+                .filter(|v| !self.facts.last_read.contains_key(v)),
+        );
+        dead.sort();
+        dead.dedup();
+        for v in dead {
+            let Some(slot) = self.value_slot.get(&v).copied() else {
+                continue;
+            };
+            let kind = self.buffers[slot.buffer.index()].kind;
+            if matches!(kind, BufferKind::Activation | BufferKind::Input) {
+                self.push(
+                    Stream::Compute,
+                    InstrOp::Free {
+                        buffer: slot.buffer,
+                    },
+                );
+            }
+        }
+        self.free_windows(s);
+    }
+}
