@@ -8,6 +8,7 @@ pub mod autodiff;
 mod builder;
 mod display;
 pub mod error;
+pub mod freeze;
 pub mod graph;
 mod hexbytes;
 pub mod init;
@@ -21,6 +22,7 @@ pub mod validate;
 
 pub use autodiff::build_training_program;
 pub use error::IrError;
+pub use freeze::freeze;
 pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};
 pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn};
 pub use param::{Init, ParamId, ParamSpec};
