@@ -27,6 +27,11 @@ pub struct FsdpConfig {
     /// no clipping. Must be finite and positive.
     #[serde(default)]
     pub clip_grad_norm: Option<f64>,
+    /// Freeze the parameters whose names match any of these glob patterns
+    /// (`transformer.h.0.*`, `*.wte.weight`; see `freeze`): no gradient,
+    /// no gradient memory, no reduction, no optimizer state for them.
+    #[serde(default)]
+    pub freeze: Vec<String>,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -44,6 +49,7 @@ impl Default for FsdpConfig {
             reduce_dtype: DType::F32,
             activation_checkpointing: CheckpointPolicy::None,
             clip_grad_norm: None,
+            freeze: Vec::new(),
             check_fits: true,
         }
     }

@@ -20,6 +20,18 @@ pub enum PlanError {
         value: String,
         reason: String,
     },
+    /// A `--freeze` pattern that matches no parameter name.
+    #[error(
+        "freeze pattern `{pattern}` matches no parameter; the model has {params} parameters, \
+         such as: {}", some_names.join(", ")
+    )]
+    FreezeMatchesNothing {
+        pattern: String,
+        /// How many parameters the model has.
+        params: usize,
+        /// The first few of their names.
+        some_names: Vec<String>,
+    },
     /// The training program cannot be lowered (a cycle, a parameter of an
     /// unsupported dtype, a gradient that is not a computed value ...).
     #[error("cannot plan program: {reason}")]

@@ -24,6 +24,14 @@ pub struct Summary {
     /// The total gradient norm gradients are clipped to (absent: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm: Option<f64>,
+    /// The `--freeze` patterns (empty: every parameter trainable).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<String>,
+    /// Bytes per rank that frozen parameters would have taken as gradient
+    /// shards (full_shard) and optimizer state, and that the plan does not
+    /// allocate.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub frozen_saved_bytes: u64,
     pub peak_bytes_per_rank: u64,
     /// Instruction index of the peak.
     pub peak_at: u32,
@@ -62,6 +70,28 @@ pub struct UnitSummary {
     pub flat_numel: u64,
     pub padded_numel: u64,
     pub shard_numel: u64,
+    /// Elements of frozen parameters (not padded).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub frozen_numel: u64,
+    /// Elements of each rank's gradient shard and of each optimizer-state
+    /// slot (the trainable part of its shard).
+    pub trainable_shard_numel: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
+/// Bytes per rank of gradient shards and optimizer state that frozen
+/// parameters do not take: each unit's frozen part of the shard, times one
+/// gradient shard (when sharded) plus the optimizer's state slots, in f32.
+fn frozen_saved_bytes(plan: &Plan) -> u64 {
+    let slots = plan.training.optimizer.state_slots() as u64;
+    let grads = u64::from(plan.config.shard_factor > 1);
+    plan.units
+        .iter()
+        .map(|u| (u.shard_numel - u.trainable_shard_numel()) * 4 * (slots + grads))
+        .sum()
 }
 
 /// The summary of `plan`.
@@ -97,6 +127,8 @@ pub fn summary(plan: &Plan) -> Summary {
             .map(|u| u.module.clone())
             .collect(),
         clip_grad_norm: plan.config.clip_grad_norm,
+        freeze: plan.config.freeze.clone(),
+        frozen_saved_bytes: frozen_saved_bytes(plan),
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
         arena_bytes: plan.memory.arena_bytes,
@@ -139,6 +171,13 @@ fn unit_summary(u: &Unit) -> UnitSummary {
         flat_numel: u.flat_numel,
         padded_numel: u.padded_numel,
         shard_numel: u.shard_numel,
+        frozen_numel: u
+            .params
+            .iter()
+            .filter(|p| !p.requires_grad)
+            .map(|p| p.numel)
+            .sum(),
+        trainable_shard_numel: u.trainable_shard_numel(),
     }
 }
 
@@ -174,6 +213,7 @@ pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
     header(&mut out, &s);
     units_table(&mut out, &s);
+    frozen_table(&mut out, &s);
     memory_table(&mut out, &s);
     estimates(&mut out, &s);
     out
@@ -267,6 +307,40 @@ fn units_table(out: &mut String, s: &Summary) {
             human_count(u.flat_numel),
             human_count(u.padded_numel),
             human_bytes(u.shard_numel * 4)
+        );
+    }
+}
+
+/// Trainable and frozen elements per unit; shown only when some parameter
+/// is frozen, so tables of other plans read as before.
+fn frozen_table(out: &mut String, s: &Summary) {
+    let frozen: u64 = s.units.iter().map(|u| u.frozen_numel).sum();
+    if frozen == 0 && s.freeze.is_empty() {
+        return;
+    }
+    let total: u64 = s.units.iter().map(|u| u.flat_numel).sum();
+    let _ = writeln!(
+        out,
+        "\nfrozen parameters (--freeze {}): {} of {} elements; no gradient, reduce-scatter or optimizer state for them, {} per rank not allocated",
+        s.freeze.join(","),
+        human_count(frozen),
+        human_count(total),
+        human_bytes(s.frozen_saved_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "  {:>4}  {:<28} {:>12} {:>12} {:>16}",
+        "id", "module", "trainable", "frozen", "grad shard/rank"
+    );
+    for u in &s.units {
+        let _ = writeln!(
+            out,
+            "  {:>4}  {:<28} {:>12} {:>12} {:>16}",
+            u.id.0,
+            u.module,
+            human_count(u.flat_numel - u.frozen_numel),
+            human_count(u.frozen_numel),
+            human_bytes(u.trainable_shard_numel * 4)
         );
     }
 }

@@ -4,6 +4,9 @@
 //! The planner is a list of passes, each a function from data to data named
 //! for what it decides (see `compile`):
 //!
+//! 0. `freeze::apply`: the `--freeze` patterns' parameters frozen in the
+//!    training program (no gradient; backward nodes only they needed
+//!    removed);
 //! 1. `units::assign_units`: FSDP units from the module tree (wrap policy);
 //!    then `checkpoint::apply`: activation checkpointing rewrites the program
 //!    (checkpointed units recompute their forward in backward), and units
@@ -28,6 +31,7 @@ pub mod cost;
 pub mod error;
 pub mod fit;
 pub mod flat;
+pub mod freeze;
 pub mod hb;
 pub mod inspect;
 pub mod memory;
@@ -38,6 +42,7 @@ pub mod trace;
 pub mod units;
 pub mod validate;
 mod validate_fsdp;
+mod validate_layout;
 pub mod workspace;
 
 pub use cluster::{Cluster, Hardware};
@@ -72,6 +77,7 @@ pub fn compile_unchecked(
     cfg: &FsdpConfig,
 ) -> Result<Plan, PlanError> {
     cfg.check()?;
+    let program = freeze::apply(program, &cfg.freeze)?;
     let shard_factor = cfg.shard_factor(cluster.world);
     let assign = units::assign_units(&program.graph, &cfg.wrap)?;
     let checkpointed_units: Vec<UnitId> =
@@ -109,6 +115,7 @@ pub fn compile_unchecked(
             activation_checkpointing: cfg.activation_checkpointing.clone(),
             checkpointed_units,
             clip_grad_norm: cfg.clip_grad_norm,
+            freeze: cfg.freeze.clone(),
         },
         units,
         streams: Stream::ALL.to_vec(),

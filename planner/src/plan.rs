@@ -166,6 +166,10 @@ pub struct PlanConfig {
     /// (PyTorch's `clip_grad_norm_(max_norm)`); absent: no clipping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm: Option<f64>,
+    /// The `--freeze` patterns (absent: every parameter trainable); the
+    /// parameters they froze have `requires_grad: false`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<String>,
 }
 
 /// One FSDP unit: a flat parameter and the modules whose parameters it holds.
@@ -181,7 +185,85 @@ pub struct Unit {
     pub padded_numel: u64,
     /// `padded_numel / F`: what each rank keeps.
     pub shard_numel: u64,
+    /// Elements of the frozen segment at the end of the flat parameter
+    /// (frozen parameters, padded to a multiple of F; see `flat`). 0 when
+    /// every parameter is trainable (and in plans written before freezing
+    /// existed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frozen_numel: u64,
+    /// Trainable parameters first (offsets below `trainable_numel()`), then
+    /// frozen ones.
     pub params: Vec<FlatParam>,
+}
+
+/// One contiguous part of a flat parameter that is sharded on its own: the
+/// trainable or the frozen segment (see `flat`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// First element in the flat parameter.
+    pub flat_offset: u64,
+    /// First element in each rank's shard.
+    pub shard_offset: u64,
+    /// Elements in the flat parameter (a multiple of F).
+    pub numel: u64,
+}
+
+impl Unit {
+    /// Elements of the trainable segment (padded): what the flat gradient
+    /// holds.
+    pub fn trainable_numel(&self) -> u64 {
+        self.padded_numel.saturating_sub(self.frozen_numel)
+    }
+
+    /// The sharding factor the layout was made for (`padded / shard`; 1 for
+    /// an empty unit).
+    pub fn factor(&self) -> u64 {
+        self.padded_numel
+            .checked_div(self.shard_numel)
+            .map_or(1, |f| f.max(1))
+    }
+
+    /// Elements of each rank's shard in the trainable segment: what its
+    /// gradient shard and each optimizer-state buffer hold. The optimizer
+    /// updates the first this many elements of the parameter shard.
+    pub fn trainable_shard_numel(&self) -> u64 {
+        self.trainable_numel() / self.factor()
+    }
+
+    /// The non-empty segments, trainable first. A rank's shard is its part
+    /// of each segment, end to end: `[trainable shard | frozen shard]`.
+    pub fn segments(&self) -> Vec<Segment> {
+        let f = self.factor();
+        let t = self.trainable_numel();
+        [
+            Segment {
+                flat_offset: 0,
+                shard_offset: 0,
+                numel: t,
+            },
+            Segment {
+                flat_offset: t,
+                shard_offset: t / f,
+                numel: self.frozen_numel,
+            },
+        ]
+        .into_iter()
+        .filter(|s| s.numel > 0)
+        .collect()
+    }
+
+    /// The flat elements the shard at position `pos` holds, as
+    /// `(flat offset, shard offset, elements)` per segment.
+    pub fn shard_ranges(&self, pos: u64) -> Vec<(u64, u64, u64)> {
+        let f = self.factor();
+        self.segments()
+            .into_iter()
+            .map(|s| {
+                let n = s.numel / f;
+                (s.flat_offset + pos * n, s.shard_offset, n)
+            })
+            .collect()
+    }
 }
 
 /// Where one original parameter sits inside its unit's flat parameter.
@@ -345,7 +427,9 @@ pub enum InstrOp {
         workspace_bytes: u64,
     },
     /// Update `params` (fp32 shard) from `grads` (reduced shard) with the
-    /// program's optimizer, using the state buffers.
+    /// program's optimizer, using the state buffers. `grads` and the state
+    /// cover the shard's trainable part, its first elements
+    /// (`Unit::trainable_shard_numel`); the frozen part is not touched.
     OptimizerStep {
         unit: UnitId,
         params: BufferId,

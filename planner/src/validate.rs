@@ -142,6 +142,16 @@ pub enum PlanViolation {
         end: u64,
         arena_bytes: u64,
     },
+    #[error("unit {unit}: flat layout: {reason}")]
+    Layout { unit: UnitId, reason: String },
+    #[error("buffer {buffer} ({kind:?} of unit {unit}) holds {bytes} bytes, the layout gives {expected} (and never 0)")]
+    BufferSize {
+        buffer: BufferId,
+        unit: UnitId,
+        kind: BufferKind,
+        bytes: u64,
+        expected: u64,
+    },
     #[error("planned peak {planned} bytes, the buffers' lifetimes give {recomputed}")]
     PeakMismatch { planned: u64, recomputed: u64 },
     #[error(transparent)]
@@ -173,6 +183,7 @@ impl Plan {
             f.clipping(&clocks);
             f.collectives();
             f.arena(&clocks);
+            crate::validate_layout::check(self, &mut c.out);
         }
         if c.out.is_empty() {
             Ok(())

@@ -1,8 +1,9 @@
 //! Parameter initialisation, shard by shard: a rank creates only its own
-//! shard of each unit's flat parameter — elements `[pos*shard, (pos+1)*shard)`
-//! of the flat buffer, mapped back to (parameter, element index) through the
-//! unit's layout — from the IR's counter-based init, so the values are the
-//! same for every F. Padding is zero.
+//! shard of each unit's flat parameter — its part of each segment of the
+//! flat buffer (`Unit::shard_ranges`; one segment `[pos*shard,
+//! (pos+1)*shard)` without frozen parameters), mapped back to (parameter,
+//! element index) through the unit's layout — from the IR's counter-based
+//! init, so the values are the same for every F. Padding is zero.
 
 use crate::error::RuntimeError;
 use fsdpc_ir::ParamSpec;
@@ -24,23 +25,27 @@ pub fn fill_shard(
             unit.shard_numel
         )));
     }
-    let (lo, hi) = (pos * unit.shard_numel, (pos + 1) * unit.shard_numel);
     out.fill(0.0);
-    for fp in &unit.params {
-        let spec = params.get(fp.param.0 as usize).ok_or_else(|| {
-            RuntimeError::plan(format!(
-                "unit {}: parameter {} does not exist",
-                unit.id, fp.param.0
-            ))
-        })?;
-        let (s, e) = (fp.offset.max(lo), (fp.offset + fp.numel).min(hi));
-        if s < e {
-            crate::irinit::fill_f32(
-                spec,
-                seed,
-                s - fp.offset,
-                &mut out[(s - lo) as usize..(e - lo) as usize],
-            )?;
+    for (lo, at, n) in unit.shard_ranges(pos) {
+        let hi = lo + n;
+        for fp in &unit.params {
+            let spec = params.get(fp.param.0 as usize).ok_or_else(|| {
+                RuntimeError::plan(format!(
+                    "unit {}: parameter {} does not exist",
+                    unit.id, fp.param.0
+                ))
+            })?;
+            let (s, e) = (fp.offset.max(lo), (fp.offset + fp.numel).min(hi));
+            if s < e {
+                let range = (s - lo + at) as usize..(e - lo + at) as usize;
+                let dst = out.get_mut(range).ok_or_else(|| {
+                    RuntimeError::plan(format!(
+                        "unit {}: segment at flat element {lo} lies outside the shard",
+                        unit.id
+                    ))
+                })?;
+                crate::irinit::fill_f32(spec, seed, s - fp.offset, dst)?;
+            }
         }
     }
     Ok(())

@@ -199,6 +199,14 @@ fn open_resume(
     if opts.checkpoint.as_ref().is_some_and(|c| c.every == 0) {
         return Err(RuntimeError::plan("checkpoint every 0 steps"));
     }
+    if opts.checkpoint.is_some() || opts.resume.is_some() {
+        if let Some(u) = plan.units.iter().find(|u| u.frozen_numel > 0) {
+            return Err(RuntimeError::FrozenCheckpoint {
+                unit: u.id.0,
+                frozen: u.frozen_numel,
+            });
+        }
+    }
     let resume = match &opts.resume {
         Some(dir) => Some(Checkpoint::open(dir)?),
         None => None,
@@ -582,10 +590,11 @@ fn gather_params(
         if rank != 0 {
             continue;
         }
-        let flat: Vec<f32> = all
+        let all: Vec<f32> = all
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        let flat = unshard(unit, all.chunks(shard.len().max(1)));
         cut_params(unit, &flat, &mut params)?;
     }
     Ok(params)
@@ -833,15 +842,35 @@ fn cut_params(
     Ok(())
 }
 
+/// `unit`'s flat parameter from its shards in shard-position order: each
+/// shard's part of each segment put in its place (`Unit::shard_ranges`).
+/// Elements no shard provides stay zero.
+fn unshard<'s>(
+    unit: &fsdpc_planner::plan::Unit,
+    shards: impl Iterator<Item = &'s [f32]>,
+) -> Vec<f32> {
+    let mut flat = vec![0f32; unit.padded_numel as usize];
+    for (pos, shard) in shards.enumerate() {
+        for (lo, at, n) in unit.shard_ranges(pos as u64) {
+            let (lo, at, n) = (lo as usize, at as usize, n as usize);
+            if let (Some(dst), Some(src)) = (flat.get_mut(lo..lo + n), shard.get(at..at + n)) {
+                dst.copy_from_slice(src);
+            }
+        }
+    }
+    flat
+}
+
 /// Full parameters from the shards of the first shard group.
 fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
     let f = plan.config.shard_factor as usize;
     let mut params = Vec::new();
     for (u, unit) in plan.units.iter().enumerate() {
-        let mut flat = Vec::with_capacity(unit.padded_numel as usize);
-        for o in outs.iter().take(f) {
-            flat.extend_from_slice(o.shards.get(u).map(|s| s.as_slice()).unwrap_or(&[]));
-        }
+        let shards = outs
+            .iter()
+            .take(f)
+            .map(|o| o.shards.get(u).map(|s| s.as_slice()).unwrap_or(&[]));
+        let flat = unshard(unit, shards);
         cut_params(unit, &flat, &mut params)?;
     }
     Ok(params)

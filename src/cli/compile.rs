@@ -86,6 +86,7 @@ pub(crate) fn plan_model(
             None => CheckpointPolicy::None,
         },
         clip_grad_norm: f.clip_grad_norm,
+        freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };

@@ -91,6 +91,12 @@ pub struct PlanFlags {
     /// optimizer step (PyTorch's `clip_grad_norm_`; finite, > 0).
     #[arg(long, value_name = "MAX_NORM", allow_hyphen_values = true)]
     pub clip_grad_norm: Option<f64>,
+    /// Freeze the parameters whose names match PATTERN (a glob over the
+    /// whole name: `*` any run of characters, `?` one; repeatable or
+    /// comma-separated, e.g. `transformer.h.0.*,*.wte.weight`): no gradient,
+    /// no gradient memory, no reduce-scatter, no optimizer state for them.
+    #[arg(long, value_name = "PATTERN")]
+    pub freeze: Vec<String>,
     /// Plan even if the peak does not fit the preset's memory.
     #[arg(long)]
     pub no_fit_check: bool,

@@ -252,13 +252,15 @@ impl<'a> Lowering<'a> {
     }
 
     /// ShardParams, and for units with gradients ShardGrads (full_shard) and
-    /// optimizer state; all persistent.
+    /// optimizer state, both over the trainable part of the shard only
+    /// (`Unit::trainable_shard_numel`, see `flat`); all persistent.
     fn persistent_buffers(&mut self) {
         let f32 = DType::F32;
         let slots = self.input.program.optimizer.state_slots();
         for u in 0..self.input.units.len() {
             let unit = self.input.units[u].clone();
             let shard_bytes = unit.shard_numel * 4;
+            let grad_shard_bytes = unit.trainable_shard_numel() * 4;
             if unit.flat_numel == 0 {
                 continue;
             }
@@ -278,7 +280,7 @@ impl<'a> Lowering<'a> {
                     Some(unit.id),
                     None,
                     f32,
-                    shard_bytes,
+                    grad_shard_bytes,
                 ));
             }
             for _ in 0..slots {
@@ -287,7 +289,7 @@ impl<'a> Lowering<'a> {
                     Some(unit.id),
                     None,
                     f32,
-                    shard_bytes,
+                    grad_shard_bytes,
                 );
                 self.opt_state[u].push(b);
             }

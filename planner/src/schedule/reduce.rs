@@ -13,11 +13,13 @@ use super::Lowering;
 use crate::plan::*;
 
 impl Lowering<'_> {
+    /// The unit's flat gradient: its trainable segment only (frozen
+    /// parameters, laid out after it, have no gradient).
     pub(super) fn flat_grad(&mut self, u: UnitId) -> BufferId {
         if let Some(b) = self.flat_grads[u.index()] {
             return b;
         }
-        let bytes = self.input.units[u.index()].padded_numel * 4;
+        let bytes = self.input.units[u.index()].trainable_numel() * 4;
         let b = self.new_buffer(
             BufferKind::FlatGrads,
             Some(u),

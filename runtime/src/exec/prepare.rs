@@ -19,9 +19,14 @@ pub struct Region {
 /// One resolved instruction.
 #[derive(Debug)]
 pub enum Step<'p> {
+    /// One all-gather per segment of the unit's flat parameter (see
+    /// `Unit::segments`): `(shard element, flat element, elements per
+    /// rank)`; the rank's part of the segment goes to flat element
+    /// `flat + position * elements`.
     AllGather {
         src: BufferId,
         dst: BufferId,
+        parts: Vec<(usize, usize, usize)>,
     },
     ReduceScatter {
         unit: UnitId,
@@ -82,7 +87,7 @@ pub struct Prepared<'p> {
     /// Instruction indices of each stream, in list order.
     pub streams: Vec<(Stream, Vec<usize>)>,
     /// Per unit: element ranges of its flat gradient no `requires_grad`
-    /// parameter covers (padding, frozen parameters).
+    /// parameter covers (padding).
     pub uncovered: Vec<Vec<(usize, usize)>>,
     /// Per instruction index: non-persistent buffers first written there.
     pub starts: Vec<Vec<BufferId>>,
@@ -243,10 +248,11 @@ fn resolve<'p>(
         InstrOp::AllGather {
             unit: u, src, dst, ..
         } => {
-            unit(plan, i, *u)?;
+            let u = unit(plan, i, *u)?;
             Step::AllGather {
                 src: buffer(plan, i, *src)?,
                 dst: buffer(plan, i, *dst)?,
+                parts: gather_parts(plan, i, u, *src, *dst)?,
             }
         }
         InstrOp::ReduceScatter {
@@ -313,6 +319,7 @@ fn resolve<'p>(
                     return Err(err(i, format!("optimizer step names buffer {b} twice")));
                 }
             }
+            optimizer_sizes(plan, i, *params, *grads, state)?;
             Step::Optimizer {
                 params: *params,
                 grads: *grads,
@@ -441,8 +448,65 @@ fn overlaps(a: &Region, b: &Region) -> bool {
         && b.len > 0
 }
 
-/// Element ranges of each unit's flat parameter not covered by a parameter
-/// that requires a gradient.
+/// The per-segment parts of unit `u`'s all-gather from `src` into `dst`,
+/// checked to lie inside both buffers (whose element size is their dtype's).
+fn gather_parts(
+    plan: &Plan,
+    i: usize,
+    u: UnitId,
+    src: BufferId,
+    dst: BufferId,
+) -> Result<Vec<(usize, usize, usize)>, RuntimeError> {
+    let unit = &plan.units[u.index()];
+    let f = unit.factor();
+    let elems = |b: BufferId| {
+        let b = &plan.buffers[b.index()];
+        b.bytes / (b.dtype.size() as u64).max(1)
+    };
+    let (src_n, dst_n) = (elems(src), elems(dst));
+    let mut parts = Vec::new();
+    for s in unit.segments() {
+        let n = s.numel / f;
+        if s.shard_offset + n > src_n || s.flat_offset + s.numel > dst_n {
+            return Err(err(
+                i,
+                format!(
+                    "unit {u}: segment at flat element {} ({} elements) does not fit the shard ({src_n}) or the gathered buffer ({dst_n})",
+                    s.flat_offset, s.numel
+                ),
+            ));
+        }
+        parts.push((s.shard_offset as usize, s.flat_offset as usize, n as usize));
+    }
+    Ok(parts)
+}
+
+/// The optimizer updates the first `grads` elements of `params`: the
+/// gradient and every state buffer must have the same size, at most the
+/// parameter shard's.
+fn optimizer_sizes(
+    plan: &Plan,
+    i: usize,
+    params: BufferId,
+    grads: BufferId,
+    state: &[BufferId],
+) -> Result<(), RuntimeError> {
+    let bytes = |b: BufferId| plan.buffers[b.index()].bytes;
+    let g = bytes(grads);
+    if g > bytes(params) || state.iter().any(|&s| bytes(s) != g) {
+        return Err(err(
+            i,
+            format!(
+                "optimizer step: gradient buffer {grads} ({g} bytes) must match every state buffer and not exceed the parameter shard {params} ({} bytes)",
+                bytes(params)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Element ranges of each unit's flat gradient (its trainable segment) not
+/// covered by a parameter that requires a gradient (padding).
 fn uncovered(plan: &Plan) -> Vec<Vec<(usize, usize)>> {
     plan.units
         .iter()
@@ -462,8 +526,8 @@ fn uncovered(plan: &Plan) -> Vec<Vec<(usize, usize)>> {
                 }
                 at = at.max(e);
             }
-            if at < u.padded_numel {
-                gaps.push((at as usize, u.padded_numel as usize));
+            if at < u.trainable_numel() {
+                gaps.push((at as usize, u.trainable_numel() as usize));
             }
             gaps
         })

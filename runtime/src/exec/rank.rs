@@ -123,6 +123,39 @@ impl<'a> RankEnv<'a> {
         Ok((send, recv))
     }
 
+    /// Gathers each segment of a unit's flat parameter into its place (see
+    /// `Step::AllGather`): one all-gather per segment, in segment order on
+    /// every rank.
+    ///
+    /// # Safety
+    /// As for `Memory::view_mut`; `prepare` checked the parts' bounds.
+    unsafe fn all_gather(
+        &self,
+        mem: &Memory,
+        stream: Stream,
+        src: BufferId,
+        dst: BufferId,
+        parts: &[(usize, usize, usize)],
+    ) -> Result<(), RuntimeError> {
+        let (send, recv) = self.send_recv(mem, src, dst)?;
+        let f = self.prep.plan.config.shard_factor.max(1) as usize;
+        let (se, re) = (send.dtype.size(), recv.dtype.size());
+        let comm = self.comm(stream, Group::Shard);
+        for &(shard_at, flat_at, n) in parts {
+            let part = Buf {
+                dtype: send.dtype,
+                bytes: &send.bytes[shard_at * se..(shard_at + n) * se],
+            };
+            let into = BufMut {
+                dtype: recv.dtype,
+                bytes: &mut recv.bytes[flat_at * re..(flat_at + n * f) * re],
+            };
+            comm.all_gather(part, into)
+                .map_err(|e| comm_err(self.rank, e))?;
+        }
+        Ok(())
+    }
+
     /// Records a failure so every blocked rank and stream stops.
     pub fn fail(&self, e: &RuntimeError) {
         if !matches!(e, RuntimeError::RankFailed { .. }) {
@@ -138,11 +171,8 @@ impl<'a> RankEnv<'a> {
         // the plan orders conflicting accesses (see `Memory::view`).
         unsafe {
             match &self.prep.steps[i] {
-                Step::AllGather { src, dst } => {
-                    let (send, recv) = self.send_recv(mem, *src, *dst)?;
-                    self.comm(stream, Group::Shard)
-                        .all_gather(send, recv)
-                        .map_err(ce)
+                Step::AllGather { src, dst, parts } => {
+                    self.all_gather(mem, stream, *src, *dst, parts)
                 }
                 Step::ReduceScatter { unit, src, dst } => {
                     self.zero_uncovered(mem, unit.index(), *src)?;
@@ -316,11 +346,16 @@ impl<'a> RankEnv<'a> {
         for b in state {
             st.push(f32s(*b)?);
         }
+        // The gradient covers the trainable part of the shard, its first
+        // elements (`Unit::trainable_shard_numel`; sizes checked by `prepare`).
+        let g = f32s(grads)?;
+        let p = f32s(params)?;
+        let n = g.len().min(p.len());
         let args = OptimizerArgs {
             optimizer: &self.prep.plan.training.optimizer,
             step,
-            params: f32s(params)?,
-            grads: f32s(grads)?,
+            params: &mut p[..n],
+            grads: g,
             state: st,
         };
         self.backend

@@ -1,0 +1,259 @@
+//! Frozen parameters (`--freeze`) end to end: a GPT with block 0 frozen,
+//! block 1's attention frozen (a unit mixing frozen and trainable
+//! parameters) and the position embedding frozen (the root unit mixes too)
+//! trains at full_shard F = 2, 4, 8 and no_shard within the tolerances of
+//! `tests/equivalence.rs` of one unsharded rank with the same parameters
+//! frozen; full_shard and no_shard at the same world agree bit for bit;
+//! frozen parameters end bit-identical to their initial values; and the
+//! measured memory stays within the plan (this binary installs the counting
+//! allocator, as `tests/memory.rs` does).
+
+mod common;
+
+use common::{bits, max_param_diff, plan_with, train};
+use fsdpc_planner::{FsdpConfig, Plan, Strategy};
+use fsdpc_runtime::account::CountingAlloc;
+use fsdpc_runtime::{ExecMode, TrainOptions};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const STEPS: u64 = 20;
+/// The tolerances of `tests/equivalence.rs` (loss relative, parameter absolute).
+const LOSS_RTOL: f32 = 1e-6;
+const PARAM_ATOL: f32 = 2e-5;
+/// The seed `common::train` uses.
+const SEED: u64 = 7;
+
+fn gpt(batch: u32) -> String {
+    format!("gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch={batch}")
+}
+
+const FROZEN: [&str; 3] = [
+    "transformer.h.0.*",
+    "transformer.h.1.attn.*",
+    "*.wpe.weight",
+];
+
+fn cfg(strategy: Strategy) -> FsdpConfig {
+    FsdpConfig {
+        strategy,
+        freeze: FROZEN.iter().map(|s| s.to_string()).collect(),
+        ..FsdpConfig::default()
+    }
+}
+
+/// Names of the frozen parameters of `plan`.
+fn frozen_names(plan: &Plan) -> Vec<String> {
+    plan.training
+        .graph
+        .params
+        .iter()
+        .filter(|p| !p.requires_grad)
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+#[test]
+fn frozen_gpt_sharded_equals_unsharded_and_frozen_parameters_stay_put() {
+    let ref_plan = plan_with(&gpt(8), 1, &cfg(Strategy::NoShard));
+    let reference = train(&ref_plan, STEPS, ExecMode::Arena);
+    assert!(reference.losses.iter().all(|l| l.is_finite()));
+    let frozen = frozen_names(&ref_plan);
+    assert!(
+        frozen.len() > 12,
+        "block 0, block 1's attention, wpe: {frozen:?}"
+    );
+    let init = fsdpc_runtime::init_params(&ref_plan.training.graph, SEED).expect("init");
+    let initial = |name: &str| -> Vec<u32> {
+        let (id, _) = ref_plan
+            .training
+            .graph
+            .params
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.name == name)
+            .expect("parameter");
+        init[&fsdpc_ir::ParamId(id as u32)]
+            .to_f32()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    let mut runs = Vec::new();
+    for (world, strategy) in [
+        (2, Strategy::FullShard),
+        (4, Strategy::FullShard),
+        (8, Strategy::FullShard),
+        (2, Strategy::NoShard),
+    ] {
+        let p = plan_with(&gpt(8 / world), world, &cfg(strategy));
+        assert!(p
+            .units
+            .iter()
+            .any(|u| u.frozen_numel > 0 && u.trainable_numel() > 0));
+        let r = train(&p, STEPS, ExecMode::Arena);
+        let loss_rel = reference
+            .losses
+            .iter()
+            .zip(&r.losses)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0f32, f32::max);
+        let (abs, _) = max_param_diff(&reference, &r);
+        eprintln!(
+            "frozen gpt world {world} {strategy:?}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}"
+        );
+        assert!(
+            loss_rel <= LOSS_RTOL,
+            "world {world} {strategy:?}: losses {loss_rel:e}"
+        );
+        assert!(
+            abs <= PARAM_ATOL,
+            "world {world} {strategy:?}: parameters {abs:e}"
+        );
+        for (name, vals) in &r.final_params {
+            let now: Vec<u32> = vals.iter().map(|x| x.to_bits()).collect();
+            if frozen.contains(name) {
+                assert_eq!(now, initial(name), "world {world}: frozen {name} moved");
+            } else {
+                assert_ne!(
+                    now,
+                    initial(name),
+                    "world {world}: trainable {name} did not move"
+                );
+            }
+        }
+        runs.push(((world, strategy), r));
+    }
+    let find = |k| &runs.iter().find(|(x, _)| *x == k).expect("ran").1;
+    assert_eq!(
+        bits(find((2, Strategy::FullShard))),
+        bits(find((2, Strategy::NoShard))),
+        "full_shard and no_shard at world 2 must be bit-identical"
+    );
+}
+
+#[test]
+fn freezing_matches_the_unfrozen_run_where_nothing_is_frozen_yet() {
+    // The first step's loss does not depend on what is frozen (parameters
+    // are still initial): bit-identical to the unfrozen plan.
+    let frozen = train(
+        &plan_with(&gpt(4), 2, &cfg(Strategy::FullShard)),
+        1,
+        ExecMode::Arena,
+    );
+    let all = train(
+        &plan_with(&gpt(4), 2, &FsdpConfig::default()),
+        1,
+        ExecMode::Arena,
+    );
+    assert_eq!(frozen.losses[0].to_bits(), all.losses[0].to_bits());
+}
+
+#[test]
+fn frozen_gpt_debug_allocation_follows_the_plan() {
+    let p = plan_with(&gpt(4), 2, &cfg(Strategy::FullShard));
+    let r = train(&p, 2, ExecMode::DebugAlloc);
+    assert_eq!(r.debug_peak_bytes, Some(p.memory.peak_bytes));
+    let arena = train(&p, 2, ExecMode::Arena);
+    assert_eq!(bits(&r), bits(&arena), "debug mode computes the same");
+}
+
+#[test]
+fn frozen_gpt_measured_memory_within_plan() {
+    const BIG: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
+    for world in [2u32, 4] {
+        let p = plan_with(BIG, world, &cfg(Strategy::FullShard));
+        let opts = TrainOptions {
+            steps: 2,
+            seed: 3,
+            mode: ExecMode::Arena,
+            ..TrainOptions::default()
+        };
+        let r = fsdpc_runtime::train(&p, &opts, &mut |_| {}).expect("training runs");
+        let planned = p.memory.rank_bytes;
+        let measured = r.measured_peak_bytes.expect("counting allocator installed");
+        let unfrozen = plan_with(BIG, world, &FsdpConfig::default());
+        eprintln!(
+            "frozen {BIG} world {world}: measured {measured}, planned {planned} (unfrozen plan {})",
+            unfrozen.memory.rank_bytes
+        );
+        assert!(
+            measured <= planned,
+            "measured {measured} > planned {planned}"
+        );
+        assert!(
+            (planned - measured) as f64 <= 0.02 * planned as f64,
+            "plan overstates by more than 2%: measured {measured}, planned {planned}"
+        );
+        assert!(planned < unfrozen.memory.rank_bytes);
+    }
+}
+
+#[test]
+fn checkpoints_of_frozen_plans_are_refused() {
+    let p = plan_with(&gpt(4), 2, &cfg(Strategy::FullShard));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = TrainOptions {
+        steps: 2,
+        checkpoint: Some(fsdpc_runtime::train::CheckpointConfig {
+            dir: dir.path().join("ck"),
+            every: 1,
+        }),
+        ..TrainOptions::default()
+    };
+    let e = fsdpc_runtime::train(&p, &opts, &mut |_| {}).expect_err("refused");
+    assert!(
+        matches!(e, fsdpc_runtime::RuntimeError::FrozenCheckpoint { .. }),
+        "{e}"
+    );
+}
+
+fn fsdpc(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .expect("fsdpc runs")
+}
+
+#[test]
+fn cli_freezes_by_pattern_lists_names_for_a_typo_and_refuses_the_flag_with_a_plan() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("plan.json");
+    let plan_s = plan.to_str().expect("utf8");
+    let spec = gpt(4);
+    let o = fsdpc(&[
+        "compile",
+        &spec,
+        "--world",
+        "2",
+        "--freeze",
+        "transformer.h.0.*,*.wpe.weight",
+        "--freeze",
+        "transformer.h.1.attn.*",
+        "-o",
+        plan_s,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let loaded = Plan::from_json(&std::fs::read_to_string(&plan).expect("plan")).expect("loads");
+    assert_eq!(loaded.config.freeze.len(), 3);
+    assert!(loaded.units.iter().any(|u| u.frozen_numel > 0));
+    let o = fsdpc(&["inspect", plan_s]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("frozen parameters"), "{text}");
+    let o = fsdpc(&["train", plan_s, "--steps", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = fsdpc(&["train", plan_s, "--freeze", "transformer.h.0.*"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--freeze"), "{err}");
+    let o = fsdpc(&[
+        "compile", &spec, "--world", "2", "--freeze", "h.0.*", "-o", plan_s,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a typo is refused");
+    assert!(
+        err.contains("`h.0.*` matches no parameter") && err.contains("transformer.wte.weight"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
