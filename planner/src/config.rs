@@ -1,7 +1,7 @@
 //! The FSDP configuration a user chooses, and parsers for the CLI's strings.
 
 use crate::error::PlanError;
-use crate::plan::{BackwardPrefetch, CheckpointPolicy, Strategy, WrapPolicy};
+use crate::plan::{BackwardPrefetch, CheckpointPolicy, SharedParams, Strategy, WrapPolicy};
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +32,10 @@ pub struct FsdpConfig {
     /// no gradient memory, no reduction, no optimizer state for them.
     #[serde(default)]
     pub freeze: Vec<String>,
+    /// Where parameters read by several units live (`--shared-params`; see
+    /// `units`).
+    #[serde(default)]
+    pub shared_params: SharedParams,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -50,6 +54,7 @@ impl Default for FsdpConfig {
             activation_checkpointing: CheckpointPolicy::None,
             clip_grad_norm: None,
             freeze: Vec::new(),
+            shared_params: SharedParams::Root,
             check_fits: true,
         }
     }
@@ -136,6 +141,21 @@ impl CheckpointPolicy {
             ("kind", Some(k)) if !k.is_empty() => Ok(CheckpointPolicy::Kind(k.to_string())),
             ("paths", Some(p)) => module_paths(p).map(CheckpointPolicy::Paths).map_err(bad),
             _ => Err(bad(format!("allowed forms: {}", CheckpointPolicy::ALLOWED))),
+        }
+    }
+}
+
+impl SharedParams {
+    /// Parses `root` or `owner`.
+    pub fn parse(s: &str) -> Result<SharedParams, PlanError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "root" => Ok(SharedParams::Root),
+            "owner" => Ok(SharedParams::Owner),
+            _ => Err(PlanError::BadConfig {
+                what: "shared params",
+                value: s.to_string(),
+                reason: format!("allowed values: {}", SharedParams::ALLOWED),
+            }),
         }
     }
 }

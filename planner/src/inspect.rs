@@ -27,6 +27,8 @@ pub struct Summary {
     /// The `--freeze` patterns (empty: every parameter trainable).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<String>,
+    /// Where parameters read by several units live.
+    pub shared_params: SharedParams,
     /// Bytes per rank that frozen parameters would have taken as gradient
     /// shards (full_shard) and optimizer state, and that the plan does not
     /// allocate.
@@ -128,6 +130,7 @@ pub fn summary(plan: &Plan) -> Summary {
             .collect(),
         clip_grad_norm: plan.config.clip_grad_norm,
         freeze: plan.config.freeze.clone(),
+        shared_params: plan.config.shared_params,
         frozen_saved_bytes: frozen_saved_bytes(plan),
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
@@ -252,6 +255,12 @@ fn header(out: &mut String, s: &Summary) {
             s.checkpointed_units.len(),
             s.units.len().saturating_sub(1),
             s.checkpointed_units.join(", ")
+        );
+    }
+    if s.shared_params == SharedParams::Owner {
+        let _ = writeln!(
+            out,
+            "shared parameters owned by the unit of their module, gathered again where another unit reads them (--shared-params owner)"
         );
     }
     if let Some(x) = s.clip_grad_norm {

@@ -79,7 +79,7 @@ pub fn compile_unchecked(
     cfg.check()?;
     let program = freeze::apply(program, &cfg.freeze)?;
     let shard_factor = cfg.shard_factor(cluster.world);
-    let assign = units::assign_units(&program.graph, &cfg.wrap)?;
+    let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
     let checkpointed_units: Vec<UnitId> =
         checkpoint::selected_units(&assign, &cfg.activation_checkpointing)?
             .into_iter()
@@ -116,6 +116,7 @@ pub fn compile_unchecked(
             checkpointed_units,
             clip_grad_norm: cfg.clip_grad_norm,
             freeze: cfg.freeze.clone(),
+            shared_params: cfg.shared_params,
         },
         units,
         streams: Stream::ALL.to_vec(),
@@ -144,7 +145,7 @@ fn checkpointed(
         return Ok((program, assign));
     }
     let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing.clone())?;
-    let assign = units::assign_units(&program.graph, &cfg.wrap)?;
+    let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
     Ok((program, assign))
 }
 

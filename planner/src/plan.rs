@@ -123,6 +123,32 @@ pub enum WrapPolicy {
     Paths { paths: Vec<String> },
 }
 
+/// Where a parameter read by nodes of several units lives (see `units`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SharedParams {
+    /// The innermost unit containing every reader, normally the root:
+    /// gathered once for the whole step, held the whole step.
+    #[default]
+    Root,
+    /// The unit of the module that defines it: gathered again (an extra
+    /// all-gather window of that unit) wherever another unit reads it.
+    Owner,
+}
+
+impl SharedParams {
+    /// The values `SharedParams::parse` accepts.
+    pub const ALLOWED: &'static str = "root, owner";
+
+    /// `root` or `owner`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SharedParams::Root => "root",
+            SharedParams::Owner => "owner",
+        }
+    }
+}
+
 /// Which units re-run their forward in backward (activation checkpointing,
 /// PyTorch's `apply_activation_checkpointing` with a `check_fn`; see
 /// `checkpoint`). Only non-root units are ever checkpointed.
@@ -170,6 +196,13 @@ pub struct PlanConfig {
     /// parameters they froze have `requires_grad: false`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<String>,
+    /// Where parameters read by several units live (absent: `root`).
+    #[serde(default, skip_serializing_if = "is_root")]
+    pub shared_params: SharedParams,
+}
+
+fn is_root(s: &SharedParams) -> bool {
+    *s == SharedParams::Root
 }
 
 /// One FSDP unit: a flat parameter and the modules whose parameters it holds.

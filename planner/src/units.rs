@@ -5,12 +5,29 @@
 //! when no parameter is left for it, so that `UnitId(0)` always means "root".
 //! Units may nest (a size-based or path policy can wrap a module and one of its
 //! descendants); a node belongs to the innermost unit containing its module.
-//! A parameter belongs to the unit of its `Param` node's module, unless nodes
-//! of other units read it (a tied embedding and output projection): then it
-//! goes to the innermost unit that contains all of them, normally the root.
+//! A parameter belongs to the unit of its `Param` node's module. A parameter
+//! that nodes of other units read too (a tied embedding and output
+//! projection) is placed by `SharedParams` (`--shared-params`):
+//! - `root` (the default): the innermost unit that contains all its readers,
+//!   normally the root. The root is gathered once for the whole step, so
+//!   the shared parameter costs no extra all-gather, but its full size is
+//!   held for the whole step.
+//! - `owner`: the unit of its `Param` node's module, the module that
+//!   defines it (for the tied GPT embedding, `transformer.wte`, which is
+//!   also where its first reader, the token lookup, lives). Every other
+//!   unit's step that reads it opens a window of the owner (the schedule
+//!   gathers any unit whose parameter a step reads, and `schedule::shared`
+//!   splits the owner's window where other units run in between), so the
+//!   owner is gathered again around the head in forward: one more
+//!   all-gather of it per step, and it is not held through the blocks. Autodiff already sums the
+//!   gradient contributions of every use into one value, which the owner's
+//!   flat gradient receives once, before its one reduce-scatter.
+//!
+//! Parameters tied by `tied_to` (two storages a frontend found equal) still
+//! go to one unit containing both, under either rule.
 
 use crate::error::PlanError;
-use crate::plan::{UnitId, WrapPolicy};
+use crate::plan::{SharedParams, UnitId, WrapPolicy};
 use fsdpc_ir::{Graph, ModuleId, NodeId, Op, ParamId, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,8 +64,19 @@ impl UnitAssignment {
     }
 }
 
-/// Picks units with `policy` and assigns every parameter and node to one.
+/// Picks units with `policy` and assigns every parameter and node to one;
+/// shared parameters go to the root (`SharedParams::Root`).
 pub fn assign_units(graph: &Graph, policy: &WrapPolicy) -> Result<UnitAssignment, PlanError> {
+    assign_units_with(graph, policy, SharedParams::Root)
+}
+
+/// `assign_units` with the placement rule `shared` for parameters read by
+/// several units.
+pub fn assign_units_with(
+    graph: &Graph,
+    policy: &WrapPolicy,
+    shared: SharedParams,
+) -> Result<UnitAssignment, PlanError> {
     let tree = ModuleTree::new(graph)?;
     let mut roots: Vec<ModuleId> = match policy {
         WrapPolicy::Blocks => blocks(graph, &tree),
@@ -63,7 +91,7 @@ pub fn assign_units(graph: &Graph, policy: &WrapPolicy) -> Result<UnitAssignment
     let module_unit = tree.module_units(&roots);
     let unit_parent = unit_parents(&tree, &roots, &module_unit);
     let node_unit = node_units(graph, &module_unit);
-    let param_unit = param_units(graph, &unit_parent, &node_unit);
+    let param_unit = param_units(graph, &unit_parent, &node_unit, shared);
     let units = roots
         .iter()
         .enumerate()
@@ -294,9 +322,15 @@ fn node_units(graph: &Graph, module_unit: &[UnitId]) -> Vec<UnitId> {
     out
 }
 
-/// Each parameter's unit: the innermost unit containing its `Param` node and
-/// every node that reads it (and the parameter it is tied to).
-fn param_units(graph: &Graph, unit_parent: &[Option<UnitId>], node_unit: &[UnitId]) -> Vec<UnitId> {
+/// Each parameter's unit: with `Root`, the innermost unit containing its
+/// `Param` node and every node that reads it; with `Owner`, its `Param`
+/// node's unit. Either way also containing the parameter it is tied to.
+fn param_units(
+    graph: &Graph,
+    unit_parent: &[Option<UnitId>],
+    node_unit: &[UnitId],
+    shared: SharedParams,
+) -> Vec<UnitId> {
     let mut out = vec![UnitId(0); graph.params.len()];
     let mut seen: BTreeMap<usize, UnitId> = BTreeMap::new();
     for n in graph.node_ids() {
@@ -308,8 +342,10 @@ fn param_units(graph: &Graph, unit_parent: &[Option<UnitId>], node_unit: &[UnitI
             continue;
         }
         let mut u = node_unit[n.0 as usize];
-        for (reader, _) in graph.users(ValueId { node: n, slot: 0 }) {
-            u = common_unit(unit_parent, u, node_unit[reader.0 as usize]);
+        if shared == SharedParams::Root {
+            for (reader, _) in graph.users(ValueId { node: n, slot: 0 }) {
+                u = common_unit(unit_parent, u, node_unit[reader.0 as usize]);
+            }
         }
         let u = match seen.get(&p) {
             Some(&prev) => common_unit(unit_parent, prev, u),

@@ -87,6 +87,7 @@ pub(crate) fn plan_model(
         },
         clip_grad_norm: f.clip_grad_norm,
         freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
+        shared_params: fsdpc_planner::SharedParams::parse(&f.shared_params)?,
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };

@@ -97,6 +97,12 @@ pub struct PlanFlags {
     /// no gradient memory, no reduce-scatter, no optimizer state for them.
     #[arg(long, value_name = "PATTERN")]
     pub freeze: Vec<String>,
+    /// Where a parameter read by several units (a tied embedding and output
+    /// projection) lives: root (the unit containing all its readers, normally
+    /// the root: no extra all-gather, held the whole step) or owner (the unit
+    /// of the module defining it, gathered again where another unit reads it).
+    #[arg(long, value_name = "RULE", default_value = "root")]
+    pub shared_params: String,
     /// Plan even if the peak does not fit the preset's memory.
     #[arg(long)]
     pub no_fit_check: bool,

@@ -27,6 +27,7 @@
 mod facts;
 mod gather;
 mod reduce;
+mod shared;
 
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
@@ -173,6 +174,12 @@ impl<'a> Lowering<'a> {
             gather::windows(graph, &steps, &facts.reads_units)
         } else {
             Vec::new()
+        };
+        let windows = if input.cfg.shared_params == SharedParams::Owner {
+            let parent: Vec<Option<UnitId>> = input.assign.units.iter().map(|d| d.parent).collect();
+            shared::split_windows(windows, &facts.reads_units, &parent)
+        } else {
+            windows
         };
         let n_units = input.units.len();
         let n_windows = windows.len();
