@@ -6,14 +6,15 @@
 //! frozen; full_shard and no_shard at the same world agree bit for bit;
 //! frozen parameters end bit-identical to their initial values; and the
 //! measured memory stays within the plan (this binary installs the counting
-//! allocator, as `tests/memory.rs` does).
+//! allocator, as `tests/memory.rs` does); checkpoints of frozen plans
+//! resume bit-identically and re-shard.
 
 mod common;
 
 use common::{bits, max_param_diff, plan_with, train};
 use fsdpc_planner::{FsdpConfig, Plan, Strategy};
 use fsdpc_runtime::account::CountingAlloc;
-use fsdpc_runtime::{ExecMode, TrainOptions};
+use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -190,23 +191,83 @@ fn frozen_gpt_measured_memory_within_plan() {
     }
 }
 
-#[test]
-fn checkpoints_of_frozen_plans_are_refused() {
-    let p = plan_with(&gpt(4), 2, &cfg(Strategy::FullShard));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = TrainOptions {
-        steps: 2,
-        checkpoint: Some(fsdpc_runtime::train::CheckpointConfig {
-            dir: dir.path().join("ck"),
-            every: 1,
-        }),
+/// Trains 3 steps of `from` checkpointing into `dir`, resumes `to` up to
+/// step 6, and returns the resumed run and an uninterrupted run of `to`.
+fn checkpoint_and_resume(
+    from: &Plan,
+    to: &Plan,
+    dir: &std::path::Path,
+) -> (TrainReport, TrainReport) {
+    let opts = |steps| TrainOptions {
+        steps,
+        seed: 11,
         ..TrainOptions::default()
     };
-    let e = fsdpc_runtime::train(&p, &opts, &mut |_| {}).expect_err("refused");
-    assert!(
-        matches!(e, fsdpc_runtime::RuntimeError::FrozenCheckpoint { .. }),
-        "{e}"
+    let saving = TrainOptions {
+        checkpoint: Some(fsdpc_runtime::train::CheckpointConfig {
+            dir: dir.to_path_buf(),
+            every: 3,
+        }),
+        ..opts(3)
+    };
+    let first = fsdpc_runtime::train(from, &saving, &mut |_| {}).expect("first 3 steps");
+    // The checkpoint reads back every parameter as the run ended.
+    let ckpt = fsdpc_runtime::checkpoint::Checkpoint::open(dir).expect("opens");
+    for (name, vals) in &first.final_params {
+        let p = ckpt.params().find(|p| &p.name == name).expect("saved");
+        let got = ckpt.param_values(p).expect("reads");
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            vals.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{name} read back from the checkpoint"
+        );
+    }
+    let resuming = TrainOptions {
+        resume: Some(dir.to_path_buf()),
+        ..opts(6)
+    };
+    let rest = fsdpc_runtime::train(to, &resuming, &mut |_| {}).expect("resume");
+    let full = fsdpc_runtime::train(to, &opts(6), &mut |_| {}).expect("uninterrupted");
+    (rest, full)
+}
+
+#[test]
+fn frozen_checkpoints_resume_bit_identically_and_reshard() {
+    let f2 = plan_with(&gpt(4), 2, &cfg(Strategy::FullShard));
+    // Same plan: the saved segments are copied back.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rest, full) = checkpoint_and_resume(&f2, &f2, dir.path());
+    assert_eq!(bits(&rest).0, bits(&full).0[3..], "resumed losses at F = 2");
+    assert_eq!(bits(&rest).1, bits(&full).1, "final parameters at F = 2");
+    // full_shard -> no_shard at the same world re-shards both segments and
+    // the trainable state exactly.
+    let ns = plan_with(&gpt(4), 2, &cfg(Strategy::NoShard));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rest, full) = checkpoint_and_resume(&f2, &ns, dir.path());
+    assert_eq!(
+        bits(&rest).0,
+        bits(&full).0[3..],
+        "F = 2 -> no_shard losses"
     );
+    assert_eq!(bits(&rest).1, bits(&full).1, "F = 2 -> no_shard parameters");
+    // 4 ranks -> 2 ranks: the reduction order of the first steps differs.
+    let f4 = plan_with(&gpt(2), 4, &cfg(Strategy::FullShard));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rest, full) = checkpoint_and_resume(&f4, &f2, dir.path());
+    let loss_rel = full.losses[3..]
+        .iter()
+        .zip(&rest.losses)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+        .fold(0f32, f32::max);
+    let (abs, _) = max_param_diff(&full, &rest);
+    eprintln!("frozen checkpoint F = 4 -> 2: loss rel diff {loss_rel:e}, param abs diff {abs:e}");
+    assert!(loss_rel <= LOSS_RTOL && abs <= PARAM_ATOL);
+    // Unfrozen run resumed from a frozen checkpoint: the unfrozen
+    // parameters start with a fresh (zero) optimizer state.
+    let all = plan_with(&gpt(4), 2, &FsdpConfig::default());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rest, _) = checkpoint_and_resume(&f2, &all, dir.path());
+    assert!(rest.losses.iter().all(|l| l.is_finite()));
 }
 
 fn fsdpc(args: &[&str]) -> std::process::Output {

@@ -168,17 +168,6 @@ pub enum RuntimeError {
     /// Writing or reading a checkpoint.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// Checkpoints of a plan whose units hold frozen parameters: their
-    /// shards are `[trainable | frozen]` segments, which the checkpoint
-    /// format (one contiguous range of the flat parameter per file) does
-    /// not describe yet.
-    #[error("checkpoints (--checkpoint-dir, --resume) do not support frozen parameters yet; unit {unit} holds {frozen} frozen elements")]
-    FrozenCheckpoint {
-        /// The first unit with a frozen segment.
-        unit: u32,
-        /// Elements of its frozen segment (padded).
-        frozen: u64,
-    },
 }
 
 impl RuntimeError {

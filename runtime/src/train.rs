@@ -199,14 +199,6 @@ fn open_resume(
     if opts.checkpoint.as_ref().is_some_and(|c| c.every == 0) {
         return Err(RuntimeError::plan("checkpoint every 0 steps"));
     }
-    if opts.checkpoint.is_some() || opts.resume.is_some() {
-        if let Some(u) = plan.units.iter().find(|u| u.frozen_numel > 0) {
-            return Err(RuntimeError::FrozenCheckpoint {
-                unit: u.id.0,
-                frozen: u.frozen_numel,
-            });
-        }
-    }
     let resume = match &opts.resume {
         Some(dir) => Some(Checkpoint::open(dir)?),
         None => None,

@@ -70,8 +70,26 @@ pub struct UnitLayout {
     pub padded_numel: u64,
     /// Elements per rank.
     pub shard_numel: u64,
+    /// Elements of the frozen segment at the end (`Unit::frozen_numel`):
+    /// each rank file holds its part of the trainable segment then its part
+    /// of the frozen one, and optimizer state for the trainable part only.
+    /// Absent (0) in checkpoints of plans without frozen parameters.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frozen_numel: u64,
     /// Its parameters.
     pub params: Vec<ParamLayout>,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
+impl UnitLayout {
+    /// Elements of each rank's part of the trainable segment (what an
+    /// optimizer-state tensor holds), for shard factor `f`.
+    pub fn trainable_shard_numel(&self, f: u64) -> u64 {
+        self.padded_numel.saturating_sub(self.frozen_numel) / f.max(1)
+    }
 }
 
 /// One parameter inside a unit's flat parameter.
@@ -208,6 +226,7 @@ fn layout(plan: &Plan) -> Vec<UnitLayout> {
             id: u.id.0,
             padded_numel: u.padded_numel,
             shard_numel: u.shard_numel,
+            frozen_numel: u.frozen_numel,
             params: u
                 .params
                 .iter()

@@ -2,7 +2,12 @@
 //! checked against the manifest (present, size, blake3) before any value is
 //! used; a rank's buffers are then filled directly (same plan) or re-sharded
 //! (same model, other world, shard factor or strategy) by slicing the saved
-//! shards at the layout's offsets. Reading never writes or removes a file.
+//! shards at the layout's offsets. A unit with frozen parameters is two
+//! segments (see `fsdpc_planner::flat`): a rank file holds its part of the
+//! trainable segment then of the frozen one, and optimizer state for the
+//! trainable part only; state read for a parameter that was frozen when
+//! saved is zero (a fresh state, as when PyTorch unfreezes a parameter).
+//! Reading never writes or removes a file.
 
 use super::manifest::{self, Manifest, LATEST, MANIFEST};
 use super::CheckpointError;
@@ -130,19 +135,23 @@ impl Checkpoint {
                 .units
                 .get(u)
                 .ok_or_else(|| self.format("", "more units than the plan"))?;
-            let lo = pos as u64 * unit.shard_numel;
             let want = (unit.shard_numel * 4) as usize;
-            if params.len() != want || state.len() != self.manifest.state_slots {
+            let want_state = (unit.trainable_shard_numel() * 4) as usize;
+            // A unit without trainable elements has no state buffers.
+            let slots_ok =
+                state.len() == self.manifest.state_slots || (state.is_empty() && want_state == 0);
+            if params.len() != want || !slots_ok || state.iter().any(|s| s.len() != want_state) {
                 return Err(self.format(
                     MANIFEST,
                     &format!(
-                        "unit {u}: this rank has {} parameter bytes and {} state slots, the plan needs {want} and the checkpoint has {}",
+                        "unit {u}: this rank has {} parameter bytes and {} state slots, the plan needs {want} (state {want_state} each) and the checkpoint has {}",
                         params.len(),
                         state.len(),
                         self.manifest.state_slots
                     ),
                 ));
             }
+            let trainable_shard = unit.trainable_shard_numel();
             let parts = std::iter::once((Part::Params, &mut **params)).chain(
                 state
                     .iter_mut()
@@ -155,16 +164,26 @@ impl Checkpoint {
                     continue;
                 }
                 dst.fill(0);
-                for p in &unit.params {
-                    let (a, b) = (
-                        p.offset.max(lo),
-                        (p.offset + p.numel).min(lo + unit.shard_numel),
-                    );
-                    if a >= b {
-                        continue;
+                // Optimizer state covers the trainable segment only.
+                let ranges = unit
+                    .shard_ranges(pos as u64)
+                    .into_iter()
+                    .filter(|&(_, at, _)| part == Part::Params || at < trainable_shard);
+                for (lo, at, n) in ranges {
+                    for p in &unit.params {
+                        let (a, b) = (p.offset.max(lo), (p.offset + p.numel).min(lo + n));
+                        if a >= b {
+                            continue;
+                        }
+                        let range = ((a - lo + at) * 4) as usize..((b - lo + at) * 4) as usize;
+                        let out = dst.get_mut(range).ok_or_else(|| {
+                            self.format(
+                                MANIFEST,
+                                &format!("unit {u}: `{}` lies outside the shard", p.name),
+                            )
+                        })?;
+                        self.read_param(&p.name, a - p.offset, part, out)?;
                     }
-                    let out = &mut dst[((a - lo) * 4) as usize..((b - lo) * 4) as usize];
-                    self.read_param(&p.name, a - p.offset, part, out)?;
                 }
             }
         }
@@ -183,18 +202,71 @@ impl Checkpoint {
         let &(u, offset) = self.index.get(name).ok_or_else(|| {
             self.format("", &format!("parameter `{name}` is not in the checkpoint"))
         })?;
-        let sn = self.manifest.units[u].shard_numel;
+        let len = self.part_bytes(u, part);
         let mut flat = offset + first;
         let mut done = 0usize;
-        while done < out.len() {
-            let (file, at) = ((flat / sn.max(1)) as usize, flat % sn.max(1));
-            let n = (((sn - at) * 4) as usize).min(out.len() - done);
-            let src = self.tensor(file, u, part, (sn * 4) as usize)?;
-            out[done..done + n].copy_from_slice(&src[(at * 4) as usize..(at * 4) as usize + n]);
+        while done + 4 <= out.len() {
+            let Some((file, at, run)) = self.locate(u, flat, part) else {
+                if part == Part::Params {
+                    return Err(self.format(
+                        MANIFEST,
+                        &format!("`{name}` lies outside unit {u}'s layout"),
+                    ));
+                }
+                // No state was saved for a frozen element: a fresh state.
+                out[done..].fill(0);
+                return Ok(());
+            };
+            let n = ((run * 4) as usize).min(out.len() - done);
+            let src = self.tensor(file, u, part, len)?;
+            let s = (at * 4) as usize;
+            let bytes = src.get(s..s + n).ok_or_else(|| {
+                self.format(MANIFEST, &format!("`{name}` lies outside the saved shard"))
+            })?;
+            out[done..done + n].copy_from_slice(bytes);
             done += n;
             flat += (n / 4) as u64;
         }
         Ok(())
+    }
+
+    /// Bytes of unit `u`'s `part` tensor in each rank file: the shard for
+    /// the parameters, its trainable part for a state slot.
+    fn part_bytes(&self, u: usize, part: Part) -> usize {
+        let unit = &self.manifest.units[u];
+        let f = u64::from(self.manifest.shard_factor.max(1));
+        let n = match part {
+            Part::Params => unit.shard_numel,
+            Part::State(_) => unit.trainable_shard_numel(f),
+        };
+        (n * 4) as usize
+    }
+
+    /// Where flat element `x` of saved unit `u` lies for `part`: (file
+    /// position, element in that file's tensor, elements of the same run
+    /// from there). `None` for a state slot in the frozen segment, which
+    /// has no state.
+    fn locate(&self, u: usize, x: u64, part: Part) -> Option<(usize, u64, u64)> {
+        let unit = &self.manifest.units[u];
+        let f = u64::from(self.manifest.shard_factor.max(1));
+        let t = unit.padded_numel.saturating_sub(unit.frozen_numel);
+        let (seg, seg_len, shard_at) = if x < t {
+            (0, t, 0)
+        } else if part == Part::Params {
+            (t, unit.frozen_numel, t / f)
+        } else {
+            return None;
+        };
+        let per_rank = seg_len / f;
+        if per_rank == 0 {
+            return None;
+        }
+        let y = x - seg;
+        Some((
+            (y / per_rank) as usize,
+            shard_at + y % per_rank,
+            per_rank - y % per_rank,
+        ))
     }
 
     /// The bytes of unit `u`'s `part` in shard position `pos`'s file, which
@@ -256,6 +328,13 @@ fn check_shape(m: &Manifest, path: &Path) -> Result<(), CheckpointError> {
         )));
     }
     for u in &m.units {
+        let f = u64::from(m.shard_factor);
+        if u.frozen_numel > u.padded_numel || !u.frozen_numel.is_multiple_of(f) {
+            return Err(bad(format!(
+                "unit {}: frozen segment {} does not fit the layout",
+                u.id, u.frozen_numel
+            )));
+        }
         if u.shard_numel * u64::from(m.shard_factor) != u.padded_numel {
             return Err(bad(format!(
                 "unit {}: shards do not cover the flat parameter",
