@@ -6,7 +6,8 @@
 
 mod common;
 
-use fsdpc_planner::{BufferKind, CheckpointPolicy, FsdpConfig, Plan, Strategy};
+use fsdpc_ir::DType;
+use fsdpc_planner::{BufferKind, CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy};
 use std::time::Instant;
 
 fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
@@ -76,6 +77,49 @@ fn checkpoint_selection() {
             gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
             p.estimates.step_time_s
         );
+    }
+}
+
+/// gpt3-175b at world 128 and 512 (a100 preset, 8 per node, full_shard):
+/// per-rank peak and bytes all-gathered per step, f32 against bf16
+/// (`--mixed-precision bf16`).
+fn mixed_precision() {
+    for world in [128u32, 512] {
+        for (name, d) in [("f32", DType::F32), ("bf16", DType::Bf16)] {
+            let cfg = FsdpConfig {
+                check_fits: false,
+                param_dtype: d,
+                reduce_dtype: d,
+                buffer_dtype: d,
+                ..FsdpConfig::default()
+            };
+            let p = compile_with("gpt3-175b", world, &cfg).expect("gpt3-175b compiles");
+            let cluster = fsdpc_planner::Cluster::from_info(&p.cluster);
+            // Bytes one rank sends per step in collectives of a kind.
+            let sent = |kind: fn(&InstrOp) -> bool| -> u64 {
+                p.instructions
+                    .iter()
+                    .filter(|i| kind(&i.op))
+                    .map(|i| fsdpc_planner::cost::instr_cost(&p, &cluster, i).1)
+                    .sum()
+            };
+            let gathered: u64 = p
+                .instructions
+                .iter()
+                .filter_map(|i| match i.op {
+                    InstrOp::AllGather { dst, .. } => Some(p.buffers[dst.index()].bytes),
+                    _ => None,
+                })
+                .sum();
+            println!(
+                "gpt3-175b world {world} full_shard {name}: peak {:.2} GiB per rank, all-gathered {:.1} GiB per step (each rank sends {:.1} GiB), reduce-scatter sends {:.1} GiB, step {:.2} s simulated",
+                gib(p.memory.peak_bytes),
+                gib(gathered),
+                gib(sent(|op| matches!(op, InstrOp::AllGather { .. }))),
+                gib(sent(|op| matches!(op, InstrOp::ReduceScatter { .. }))),
+                p.estimates.step_time_s,
+            );
+        }
     }
 }
 
@@ -154,6 +198,7 @@ fn main() {
         }
     }
     checkpoint_selection();
+    mixed_precision();
     if let Some(rss) = common::peak_rss_bytes() {
         println!(
             "peak RSS of this benchmark process: {:.1} MiB",

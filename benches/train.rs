@@ -1,11 +1,14 @@
 //! Training throughput on CPU thread ranks: the 2-layer GPT of the README
 //! (hidden 128, 4 heads, vocab 1024, seq 128, batch 8 per rank, AdamW), 2 ranks,
-//! 1 matrix-product thread per rank, full_shard.
+//! 1 matrix-product thread per rank, full_shard; then in bf16 and fp16
+//! (`--mixed-precision`: half-precision storage, f32 arithmetic on widened
+//! copies).
 //!
 //! Run: `cargo bench --bench train`
 
 mod common;
 
+use fsdpc_ir::DType;
 use fsdpc_planner::{FsdpConfig, Strategy};
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
@@ -16,13 +19,18 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    for (world, strategy) in [
-        (2, Strategy::FullShard),
-        (2, Strategy::NoShard),
-        (1, Strategy::NoShard),
+    for (world, strategy, dtype) in [
+        (2, Strategy::FullShard, DType::F32),
+        (2, Strategy::NoShard, DType::F32),
+        (1, Strategy::NoShard, DType::F32),
+        (2, Strategy::FullShard, DType::Bf16),
+        (2, Strategy::FullShard, DType::F16),
     ] {
         let cfg = FsdpConfig {
             strategy,
+            param_dtype: dtype,
+            reduce_dtype: dtype,
+            buffer_dtype: dtype,
             ..FsdpConfig::default()
         };
         let plan = common::compile(SPEC, "cpu-local", world, world, &cfg).expect("plan");
@@ -46,7 +54,7 @@ fn main() {
             .copied()
             .unwrap_or(report.tokens_per_s);
         println!(
-            "{SPEC} world {world} {}: {:.0} tokens/s overall, {:.0} tokens/s median step (steps 5..{steps}), loss {:.3} -> {:.3}, plan peak {:.1} MiB per rank",
+            "{SPEC} world {world} {} {dtype}: {:.0} tokens/s overall, {:.0} tokens/s median step (steps 5..{steps}), loss {:.3} -> {:.3}, plan peak {:.1} MiB per rank",
             strategy.name(),
             report.tokens_per_s,
             median,

@@ -14,10 +14,17 @@ pub struct FsdpConfig {
     /// At most this many resharded units' gathered parameters alive at once
     /// (PyTorch's `limit_all_gathers`). Must be at least 1.
     pub limit_all_gathers: u32,
-    /// The dtype parameters are gathered and computed in (f32 for now).
+    /// The dtype parameters are gathered and computed in (see `precision`).
     pub param_dtype: DType,
-    /// The dtype gradients are reduced in (f32 for now).
+    /// The dtype gradients are reduced in: f32 or `param_dtype`.
     pub reduce_dtype: DType,
+    /// The dtype the model's constants (PyTorch's buffers) are cast to.
+    #[serde(default = "crate::precision::f32")]
+    pub buffer_dtype: DType,
+    /// The fp16 loss scaler's initial scale (`None`: 2^16, PyTorch's
+    /// `ShardedGradScaler` default); only with an fp16 policy.
+    #[serde(default)]
+    pub init_loss_scale: Option<f64>,
     /// Which units recompute their forward activations in backward instead
     /// of keeping them (trades compute for activation memory).
     #[serde(default)]
@@ -51,6 +58,8 @@ impl Default for FsdpConfig {
             limit_all_gathers: 2,
             param_dtype: DType::F32,
             reduce_dtype: DType::F32,
+            buffer_dtype: DType::F32,
+            init_loss_scale: None,
             activation_checkpointing: CheckpointPolicy::None,
             clip_grad_norm: None,
             freeze: Vec::new(),
@@ -88,15 +97,7 @@ impl FsdpConfig {
                 ));
             }
         }
-        for (what, d) in [
-            ("param_dtype", self.param_dtype),
-            ("reduce_dtype", self.reduce_dtype),
-        ] {
-            if d != DType::F32 {
-                return Err(bad(what, d.to_string(), "only f32 is supported for now"));
-            }
-        }
-        Ok(())
+        crate::precision::check(self)
     }
 }
 

@@ -90,25 +90,41 @@ pub fn ring_bytes(n: u32, bytes: u64) -> u64 {
     bytes / u64::from(n) * u64::from(n - 1)
 }
 
+/// Bytes a collective over buffer `b` moves in `dtype` (its elements at
+/// that dtype's size: a bf16 flat gradient reduced in f32 moves f32).
+fn wire_bytes(plan: &Plan, b: BufferId, dtype: fsdpc_ir::DType) -> u64 {
+    plan.buffers.get(b.index()).map_or(0, |buf| {
+        buf.bytes / buf.dtype.size().max(1) as u64 * dtype.size() as u64
+    })
+}
+
 /// Time of one instruction on its stream (0 for bookkeeping instructions),
 /// and the bytes it sends.
 pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
     let bytes_of = |b: &BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
     match &ins.op {
-        InstrOp::AllGather { dst, .. } | InstrOp::ReduceScatter { src: dst, .. } => {
+        InstrOp::AllGather { dst, dtype, .. }
+        | InstrOp::ReduceScatter {
+            src: dst, dtype, ..
+        } => {
             let (n, inter) = group_shape(plan, Group::Shard);
-            let bytes = bytes_of(dst);
+            let bytes = wire_bytes(plan, *dst, *dtype);
             (ring_time(n, bytes, inter, cluster), ring_bytes(n, bytes))
         }
-        InstrOp::AllReduce { buffer, group, .. } => {
+        InstrOp::AllReduce {
+            buffer,
+            group,
+            dtype,
+            ..
+        } => {
             let (n, inter) = group_shape(plan, *group);
-            let bytes = bytes_of(buffer);
+            let bytes = wire_bytes(plan, *buffer, *dtype);
             (
                 2.0 * ring_time(n, bytes, inter, cluster),
                 2 * ring_bytes(n, bytes),
             )
         }
-        InstrOp::NormAllReduce { buffer, group } => {
+        InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
             // A scalar cannot be split into n ring chunks: each of the
             // 2 (n - 1) ring steps sends the whole scalar.
             let (n, inter) = group_shape(plan, *group);

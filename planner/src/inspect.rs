@@ -34,6 +34,9 @@ pub struct Summary {
     /// allocate.
     #[serde(skip_serializing_if = "is_zero")]
     pub frozen_saved_bytes: u64,
+    /// The mixed-precision policy (absent: everything f32).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionSummary>,
     pub peak_bytes_per_rank: u64,
     /// Instruction index of the peak.
     pub peak_at: u32,
@@ -96,6 +99,31 @@ fn frozen_saved_bytes(plan: &Plan) -> u64 {
         .sum()
 }
 
+/// A mixed-precision policy as `inspect` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PrecisionSummary {
+    pub param_dtype: fsdpc_ir::DType,
+    pub reduce_dtype: fsdpc_ir::DType,
+    pub buffer_dtype: fsdpc_ir::DType,
+    /// The fp16 dynamic loss scaler (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScaler>,
+}
+
+fn precision_summary(plan: &Plan) -> Option<PrecisionSummary> {
+    let c = &plan.config;
+    let f32 = fsdpc_ir::DType::F32;
+    if (c.param_dtype, c.reduce_dtype, c.buffer_dtype) == (f32, f32, f32) {
+        return None;
+    }
+    Some(PrecisionSummary {
+        param_dtype: c.param_dtype,
+        reduce_dtype: c.reduce_dtype,
+        buffer_dtype: c.buffer_dtype,
+        loss_scaler: c.loss_scaler.clone(),
+    })
+}
+
 /// The summary of `plan`.
 pub fn summary(plan: &Plan) -> Summary {
     let count = |f: fn(&InstrOp) -> bool| plan.instructions.iter().filter(|i| f(&i.op)).count();
@@ -132,6 +160,7 @@ pub fn summary(plan: &Plan) -> Summary {
         freeze: plan.config.freeze.clone(),
         shared_params: plan.config.shared_params,
         frozen_saved_bytes: frozen_saved_bytes(plan),
+        precision: precision_summary(plan),
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
         arena_bytes: plan.memory.arena_bytes,
@@ -146,7 +175,9 @@ pub fn summary(plan: &Plan) -> Summary {
         all_reduces: count(|op| {
             matches!(
                 op,
-                InstrOp::AllReduce { .. } | InstrOp::NormAllReduce { .. }
+                InstrOp::AllReduce { .. }
+                    | InstrOp::NormAllReduce { .. }
+                    | InstrOp::FoundInfAllReduce { .. }
             )
         }),
         instructions: plan.instructions.len(),
@@ -274,6 +305,9 @@ fn header(out: &mut String, s: &Summary) {
             "clip gradients to total L2 norm {x} before each optimizer step ({how})"
         );
     }
+    if let Some(p) = &s.precision {
+        precision_lines(out, p);
+    }
     let streams: Vec<String> = s
         .instructions_per_stream
         .iter()
@@ -287,6 +321,29 @@ fn header(out: &mut String, s: &Summary) {
         s.buffers,
         s.events
     );
+}
+
+/// The policy: what is computed, communicated and kept in which dtype.
+fn precision_lines(out: &mut String, p: &PrecisionSummary) {
+    let _ = writeln!(
+        out,
+        "precision parameters gathered and computed in {} ({} bytes per element on the wire and in memory), \
+         gradients reduced in {}, constants in {}; f32 master shards, gradient shards and optimizer state; \
+         the loss in f32",
+        p.param_dtype,
+        p.param_dtype.size(),
+        p.reduce_dtype,
+        p.buffer_dtype
+    );
+    if let Some(l) = &p.loss_scaler {
+        let _ = writeln!(
+            out,
+            "loss scaler dynamic: backward seeded with the scale (initially {}), gradients unscaled before \
+             clipping and the optimizer; an inf/NaN on any rank (one flag, all-reduced) skips the step and \
+             multiplies the scale by {}; {} good steps in a row multiply it by {}",
+            l.init_scale, l.backoff_factor, l.growth_interval, l.growth_factor
+        );
+    }
 }
 
 fn wrap_text(w: &WrapPolicy) -> String {

@@ -6,7 +6,9 @@
 //!
 //! 0. `freeze::apply`: the `--freeze` patterns' parameters frozen in the
 //!    training program (no gradient; backward nodes only they needed
-//!    removed);
+//!    removed); then `precision::apply`: the program retyped to the
+//!    mixed-precision policy (parameters, activations and gradients in
+//!    `param_dtype`, the loss in f32);
 //! 1. `units::assign_units`: FSDP units from the module tree (wrap policy);
 //!    then `checkpoint::apply`: activation checkpointing rewrites the program
 //!    (checkpointed units recompute their forward in backward), and units
@@ -16,7 +18,9 @@
 //!    reductions, optimizer steps, events);
 //!    then `workspace::plan_workspaces`: each kernel's scratch, one
 //!    `Workspace` buffer per stream that runs kernels, and the bound of
-//!    what the matrix-product library allocates on its own;
+//!    what the matrix-product library allocates on its own (before it,
+//!    `clip::insert` and, for fp16, `scaler::insert` rewrite the optimizer
+//!    tail);
 //! 4. `memory::plan_memory`: lifetimes, arena offsets, fences, exact peak;
 //! 5. `simulate::estimate`: cost model and discrete-event simulation.
 //!
@@ -36,6 +40,8 @@ pub mod hb;
 pub mod inspect;
 pub mod memory;
 pub mod plan;
+pub mod precision;
+pub mod scaler;
 pub mod schedule;
 pub mod simulate;
 pub mod trace;
@@ -43,6 +49,7 @@ pub mod units;
 pub mod validate;
 mod validate_fsdp;
 mod validate_layout;
+mod validate_precision;
 pub mod workspace;
 
 pub use cluster::{Cluster, Hardware};
@@ -79,6 +86,7 @@ pub fn compile_unchecked(
     cfg.check()?;
     let program = freeze::apply(program, &cfg.freeze)?;
     let shard_factor = cfg.shard_factor(cluster.world);
+    let program = precision::apply(program, cfg)?;
     let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
     let checkpointed_units: Vec<UnitId> =
         checkpoint::selected_units(&assign, &cfg.activation_checkpointing)?
@@ -96,6 +104,15 @@ pub fn compile_unchecked(
     if let Some(max_norm) = cfg.clip_grad_norm {
         clip::insert(&mut sched, max_norm, shard_factor > 1)?;
     }
+    let loss_scaler =
+        precision::needs_scaler(cfg).then(|| scaler::torch_defaults(cfg.init_loss_scale));
+    if let Some(s) = &loss_scaler {
+        let groups = scaler::Groups {
+            shard: shard_factor,
+            replicate: cluster.world / shard_factor.max(1),
+        };
+        scaler::insert(&mut sched, &program, s, groups)?;
+    }
     let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
     let mut memory = memory::plan_memory(&mut sched);
     memory.heap_bytes = heap_bytes;
@@ -112,6 +129,8 @@ pub fn compile_unchecked(
             limit_all_gathers: cfg.limit_all_gathers,
             param_dtype: cfg.param_dtype,
             reduce_dtype: cfg.reduce_dtype,
+            buffer_dtype: cfg.buffer_dtype,
+            loss_scaler,
             activation_checkpointing: cfg.activation_checkpointing.clone(),
             checkpointed_units,
             clip_grad_norm: cfg.clip_grad_norm,

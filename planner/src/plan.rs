@@ -181,6 +181,13 @@ pub struct PlanConfig {
     pub limit_all_gathers: u32,
     pub param_dtype: DType,
     pub reduce_dtype: DType,
+    /// The dtype constants are cast to (absent in plans written before
+    /// mixed precision existed: f32).
+    #[serde(default = "crate::precision::f32")]
+    pub buffer_dtype: DType,
+    /// The dynamic loss scaler of an fp16 policy (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScaler>,
     /// Absent in plans written before checkpointing existed: `none`.
     #[serde(default)]
     pub activation_checkpointing: CheckpointPolicy,
@@ -203,6 +210,19 @@ pub struct PlanConfig {
 
 fn is_root(s: &SharedParams) -> bool {
     *s == SharedParams::Root
+}
+
+/// A dynamic loss scaler (PyTorch's `ShardedGradScaler`): the loss
+/// gradient is seeded with `scale`; after a step whose gradients held an
+/// inf or NaN on any rank the step is skipped and the scale multiplied by
+/// `backoff_factor`, after `growth_interval` good steps in a row by
+/// `growth_factor`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossScaler {
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u32,
 }
 
 /// One FSDP unit: a flat parameter and the modules whose parameters it holds.
@@ -352,6 +372,12 @@ pub enum BufferKind {
     /// The f32 sum of squares of every gradient shard (persistent, one
     /// scalar), all-reduced into the squared global norm for clipping.
     GradNorm,
+    /// The fp16 loss scaler's state (persistent, two f32: the scale and the
+    /// count of good steps since it last changed).
+    LossScale,
+    /// The fp16 loss scaler's inf/NaN flag (persistent, one f32 scalar:
+    /// nonzero when a gradient of this step was not finite on some rank).
+    FoundInf,
     /// A stream's kernel scratch (persistent): each kernel of the stream
     /// uses its first `workspace_bytes` (attention tiles, normalisation
     /// rows, f32 copies of half-precision operands).
@@ -462,12 +488,47 @@ pub enum InstrOp {
     /// Update `params` (fp32 shard) from `grads` (reduced shard) with the
     /// program's optimizer, using the state buffers. `grads` and the state
     /// cover the shard's trainable part, its first elements
-    /// (`Unit::trainable_shard_numel`); the frozen part is not touched.
+    /// (`Unit::trainable_shard_numel`); the frozen part is not touched. With
+    /// `skip_if` (a `FoundInf` flag), not on a step where that flag is
+    /// nonzero.
     OptimizerStep {
         unit: UnitId,
         params: BufferId,
         grads: BufferId,
         state: Vec<BufferId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        skip_if: Option<BufferId>,
+    },
+    /// Loss scaling, step 0 (instead of the kernel of the constant that
+    /// seeds backward, `d loss = 1`): write the current scale, element 0 of
+    /// the `LossScale` buffer `scale`, into `dst` in the seed's dtype.
+    ScaleSeed {
+        node: NodeId,
+        scale: BufferId,
+        dst: Slot,
+    },
+    /// Loss scaling, step 1: multiply every element of `grads` by
+    /// `1 / scale` (f32 arithmetic, in list order) and set the `FoundInf`
+    /// scalar `found_inf` to 1 if any element was inf or NaN, else 0.
+    UnscaleGrads {
+        grads: Vec<BufferId>,
+        scale: BufferId,
+        found_inf: BufferId,
+    },
+    /// Loss scaling, step 2: sum the `FoundInf` scalar over `group` in rank
+    /// order, so every rank skips the step when any found an inf or NaN.
+    FoundInfAllReduce { buffer: BufferId, group: Group },
+    /// Loss scaling, step 3 (after the optimizer steps): when `found_inf`
+    /// is nonzero multiply the scale by `backoff_factor` and reset the good
+    /// steps; else count a good step, and after `growth_interval` of them
+    /// multiply the scale by `growth_factor` and reset the count
+    /// (PyTorch's `_amp_update_scale_`).
+    UpdateScale {
+        scale: BufferId,
+        found_inf: BufferId,
+        growth_factor: f64,
+        backoff_factor: f64,
+        growth_interval: u32,
     },
     /// Gradient clipping, step 1: write into `dst` (a `GradNorm` scalar)
     /// the sum of squares of every element of the buffers `grads`, in list
@@ -550,20 +611,29 @@ impl InstrOp {
     pub fn reads(&self) -> Vec<BufferId> {
         match self {
             InstrOp::AllGather { src, .. } | InstrOp::ReduceScatter { src, .. } => vec![*src],
-            InstrOp::AllReduce { buffer, .. } | InstrOp::NormAllReduce { buffer, .. } => {
-                vec![*buffer]
-            }
+            InstrOp::AllReduce { buffer, .. }
+            | InstrOp::NormAllReduce { buffer, .. }
+            | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],
             InstrOp::GradNormSq { grads, .. } => grads.clone(),
+            InstrOp::ScaleSeed { scale, .. } => vec![*scale],
+            InstrOp::UnscaleGrads { grads, scale, .. } => {
+                grads.iter().copied().chain([*scale]).collect()
+            }
+            InstrOp::UpdateScale {
+                scale, found_inf, ..
+            } => vec![*scale, *found_inf],
             InstrOp::ClipGrads { norm, grads, .. } => vec![*norm, *grads],
             InstrOp::Kernel { inputs, .. } => inputs.iter().map(|s| s.buffer).collect(),
             InstrOp::OptimizerStep {
                 params,
                 grads,
                 state,
+                skip_if,
                 ..
             } => [*params, *grads]
                 .into_iter()
                 .chain(state.iter().copied())
+                .chain(*skip_if)
                 .collect(),
             InstrOp::LoadInput { .. }
             | InstrOp::Free { .. }
@@ -576,10 +646,15 @@ impl InstrOp {
     pub fn writes(&self) -> Vec<BufferId> {
         match self {
             InstrOp::AllGather { dst, .. } | InstrOp::ReduceScatter { dst, .. } => vec![*dst],
-            InstrOp::AllReduce { buffer, .. } | InstrOp::NormAllReduce { buffer, .. } => {
-                vec![*buffer]
-            }
+            InstrOp::AllReduce { buffer, .. }
+            | InstrOp::NormAllReduce { buffer, .. }
+            | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],
             InstrOp::GradNormSq { dst, .. } => vec![*dst],
+            InstrOp::ScaleSeed { dst, .. } => vec![dst.buffer],
+            InstrOp::UnscaleGrads {
+                grads, found_inf, ..
+            } => grads.iter().copied().chain([*found_inf]).collect(),
+            InstrOp::UpdateScale { scale, .. } => vec![*scale],
             InstrOp::ClipGrads { grads, .. } => vec![*grads],
             InstrOp::LoadInput { dst, .. } => vec![dst.buffer],
             InstrOp::Kernel { outputs, .. } => outputs.iter().map(|s| s.buffer).collect(),
@@ -598,6 +673,7 @@ impl InstrOp {
                 | InstrOp::ReduceScatter { .. }
                 | InstrOp::AllReduce { .. }
                 | InstrOp::NormAllReduce { .. }
+                | InstrOp::FoundInfAllReduce { .. }
         )
     }
 }
@@ -612,6 +688,8 @@ impl BufferKind {
                 | BufferKind::OptimizerState
                 | BufferKind::Loss
                 | BufferKind::GradNorm
+                | BufferKind::LossScale
+                | BufferKind::FoundInf
                 | BufferKind::Workspace
         )
     }

@@ -125,6 +125,8 @@ pub enum PlanViolation {
     OptimizerReadsUnreduced { instr: u32, unit: UnitId },
     #[error("instruction {instr}: gradient clipping: {reason}")]
     Clipping { instr: u32, reason: String },
+    #[error("mixed precision (instruction {instr:?}): {reason}")]
+    Precision { instr: Option<u32>, reason: String },
     #[error("instruction {instr}: {reason}")]
     CollectiveOrder {
         instr: u32,
@@ -184,6 +186,7 @@ impl Plan {
             f.collectives();
             f.arena(&clocks);
             crate::validate_layout::check(self, &mut c.out);
+            crate::validate_precision::check(self, &clocks, &mut c.out);
         }
         if c.out.is_empty() {
             Ok(())

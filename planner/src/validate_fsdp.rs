@@ -56,9 +56,11 @@ impl FsdpChecks<'_> {
     /// Units holding at least one gradient, with those (param, byte offset).
     fn grad_units(&self) -> Vec<(UnitId, Vec<(fsdpc_ir::ParamId, u64)>)> {
         let mut at: HashMap<fsdpc_ir::ParamId, (UnitId, u64)> = HashMap::new();
+        // Gradients are in the parameters' dtype (see `precision`).
+        let es = self.plan.config.param_dtype.size() as u64;
         for u in &self.plan.units {
             for fp in &u.params {
-                at.insert(fp.param, (u.id, fp.offset * 4));
+                at.insert(fp.param, (u.id, fp.offset * es));
             }
         }
         let mut by_unit: std::collections::BTreeMap<UnitId, Vec<_>> = Default::default();

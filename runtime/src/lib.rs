@@ -41,4 +41,4 @@ pub use error::{CommError, KernelError, RuntimeError};
 pub use eval::{eval_graph, init_params};
 pub use exec::ExecMode;
 pub use tensor::{HostTensor, TensorMut, TensorRef};
-pub use train::{train, train_with_data, StepReport, TrainOptions, TrainReport};
+pub use train::{train, train_with_data, StepReport, StepScalars, TrainOptions, TrainReport};

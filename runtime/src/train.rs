@@ -99,6 +99,23 @@ pub struct StepReport {
     /// With gradient clipping: the total gradient norm before clipping
     /// (what PyTorch's `clip_grad_norm_` returns), equal on every rank.
     pub grad_norm: Option<f32>,
+    /// With the fp16 loss scaler: the scale after this step's update.
+    pub loss_scale: Option<f32>,
+    /// With the fp16 loss scaler: whether this step was skipped (a
+    /// gradient was inf or NaN on some rank; the parameters did not move).
+    pub skipped: bool,
+}
+
+/// What a rank reports after a step besides its loss (equal on every
+/// rank): the pre-clip gradient norm, and the loss scale after the step
+/// with whether the step was skipped.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct StepScalars {
+    /// With gradient clipping: the total gradient norm before clipping.
+    pub grad_norm: Option<f32>,
+    /// With the fp16 loss scaler: the scale after the step's update, and
+    /// whether the step was skipped.
+    pub loss_scale: Option<(f32, bool)>,
 }
 
 /// A finished training run.
@@ -109,6 +126,11 @@ pub struct TrainReport {
     /// With gradient clipping: every step's total gradient norm before
     /// clipping (rank 0's; every rank holds the same). Empty otherwise.
     pub grad_norms: Vec<f32>,
+    /// With the fp16 loss scaler: every step's loss scale after its update
+    /// (rank 0's; every rank holds the same). Empty otherwise.
+    pub loss_scales: Vec<f32>,
+    /// With the fp16 loss scaler: the steps that were skipped.
+    pub skipped_steps: Vec<u64>,
     /// Full parameters by original name, in unit and layout order (empty
     /// unless `TrainOptions::keep_params`).
     pub final_params: Vec<(String, Vec<f32>)>,
@@ -135,7 +157,7 @@ enum Msg {
         rank: usize,
         step: u64,
         loss: f32,
-        grad_norm: Option<f32>,
+        scalars: StepScalars,
         measured: Option<u64>,
     },
     Done {
@@ -342,12 +364,12 @@ fn execute(
                     resume,
                     saver: Saver::Thread(&tx),
                 };
-                let mut report = |step, loss, grad_norm, measured| {
+                let mut report = |step, loss, scalars, measured| {
                     let _ = tx.send(Msg::Step {
                         rank,
                         step,
                         loss,
-                        grad_norm,
+                        scalars,
                         measured,
                     });
                     Ok(())
@@ -387,7 +409,14 @@ fn execute(
         }
         got
     });
-    let ((losses, grad_norms), saved) = losses;
+    let (log, saved) = losses;
+    let StepLog {
+        losses,
+        grad_norms,
+        loss_scales,
+        skipped_steps,
+        ..
+    } = log;
     // A failed checkpoint stopped the ranks: its error is the cause.
     saved?;
     let outs = pick_error(outs, &shm)?;
@@ -404,6 +433,8 @@ fn execute(
     Ok(TrainReport {
         losses,
         grad_norms,
+        loss_scales,
+        skipped_steps,
         final_params,
         measured_peak_bytes: outs.iter().filter_map(|o| o.measured).max(),
         planned_peak_bytes: plan.memory.rank_bytes,
@@ -474,7 +505,7 @@ pub fn train_rank(
     };
     let mut log = StepLog::new(plan, n);
     let start = Instant::now();
-    let mut report = |step: u64, loss: f32, grad_norm: Option<f32>, measured: Option<u64>| {
+    let mut report = |step: u64, loss: f32, scalars: StepScalars, measured: Option<u64>| {
         let mut all_losses = vec![0u8; 4 * n];
         losses_comm
             .all_gather(
@@ -492,7 +523,7 @@ pub fn train_rank(
         let rank_losses = all_losses
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-        log.record(step, rank_losses, grad_norm, measured, on_step);
+        log.record(step, rank_losses, scalars, measured, on_step);
         Ok(())
     };
     let out = ctx.run(arena.as_mut(), &mut report)?;
@@ -508,6 +539,8 @@ pub fn train_rank(
         tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
         losses: log.losses,
         grad_norms: log.grad_norms,
+        loss_scales: log.loss_scales,
+        skipped_steps: log.skipped_steps,
         final_params,
         measured_peak_bytes: out.measured,
         planned_peak_bytes: plan.memory.rank_bytes,
@@ -598,7 +631,7 @@ fn first_step(resume: Option<&Checkpoint>) -> u64 {
 }
 
 /// One rank's loss, pre-clip gradient norm and measured peak after a step.
-type RankStep = (f32, Option<f32>, Option<u64>);
+type RankStep = (f32, StepScalars, Option<u64>);
 
 /// What `collect` needs besides the messages.
 struct Collect<'a> {
@@ -609,9 +642,9 @@ struct Collect<'a> {
     shm: &'a ShmWorld,
 }
 
-/// The losses and pre-clip gradient norms of every step, and the first
+/// The per-step record (losses, pre-clip gradient norms, loss scales), and the first
 /// failure to complete a checkpoint.
-type Collected = ((Vec<f32>, Vec<f32>), Result<(), RuntimeError>);
+type Collected = (StepLog, Result<(), RuntimeError>);
 
 /// Receives step reports in order, checkpoint files (completing each
 /// checkpoint once every shard position wrote its file) and every rank's
@@ -649,11 +682,11 @@ fn collect(
                 rank,
                 step,
                 loss,
-                grad_norm,
+                scalars,
                 measured,
             } => {
                 pending.entry(step).or_insert_with(|| vec![None; world])[rank] =
-                    Some((loss, grad_norm, measured))
+                    Some((loss, scalars, measured))
             }
             Msg::Done { rank, out } => outs[rank] = Some(out),
             Msg::Saved { step, file } => {
@@ -678,11 +711,11 @@ fn collect(
             let step = c.first_step + log.losses.len() as u64;
             pending.remove(&step);
             let measured = vals.iter().filter_map(|v| v.2).max();
-            let grad_norm = vals.first().and_then(|v| v.1);
-            log.record(step, vals.iter().map(|v| v.0), grad_norm, measured, on_step);
+            let scalars = vals.first().map(|v| v.1).unwrap_or_default();
+            log.record(step, vals.iter().map(|v| v.0), scalars, measured, on_step);
         }
     }
-    (((log.losses, log.grad_norms), saved), outs)
+    ((log, saved), outs)
 }
 
 /// The per-step record both launchers keep: every step's global loss and
@@ -696,6 +729,8 @@ struct StepLog {
     peak: Option<u64>,
     losses: Vec<f32>,
     grad_norms: Vec<f32>,
+    loss_scales: Vec<f32>,
+    skipped_steps: Vec<u64>,
 }
 
 impl StepLog {
@@ -707,6 +742,8 @@ impl StepLog {
             peak: None,
             losses: Vec::new(),
             grad_norms: Vec::new(),
+            loss_scales: Vec::new(),
+            skipped_steps: Vec::new(),
         }
     }
 
@@ -716,10 +753,14 @@ impl StepLog {
         &mut self,
         step: u64,
         rank_losses: impl ExactSizeIterator<Item = f32>,
-        grad_norm: Option<f32>,
+        scalars: StepScalars,
         measured: Option<u64>,
         on_step: &mut dyn FnMut(&StepReport),
     ) {
+        let StepScalars {
+            grad_norm,
+            loss_scale,
+        } = scalars;
         let n = rank_losses.len() as f32;
         let loss = rank_losses.fold(0.0f32, |a, b| a + b) / n;
         self.peak = self.peak.max(measured);
@@ -727,6 +768,11 @@ impl StepLog {
         self.last = Instant::now();
         self.losses.push(loss);
         self.grad_norms.extend(grad_norm);
+        self.loss_scales.extend(loss_scale.map(|s| s.0));
+        let skipped = loss_scale.is_some_and(|s| s.1);
+        if skipped {
+            self.skipped_steps.push(step);
+        }
         on_step(&StepReport {
             step,
             loss,
@@ -735,6 +781,8 @@ impl StepLog {
             planned_peak_bytes: self.planned,
             elapsed,
             grad_norm,
+            loss_scale: loss_scale.map(|s| s.0),
+            skipped,
         });
     }
 }
@@ -870,7 +918,7 @@ fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, Ru
 
 /// Everything one rank thread uses.
 /// Reports one rank's loss, pre-clip gradient norm and measured peak after a step.
-type Report<'r> = dyn FnMut(u64, f32, Option<f32>, Option<u64>) -> Result<(), RuntimeError> + 'r;
+type Report<'r> = dyn FnMut(u64, f32, StepScalars, Option<u64>) -> Result<(), RuntimeError> + 'r;
 
 /// Everything one rank uses, whichever launcher started it.
 struct RankCtx<'a> {
@@ -930,6 +978,7 @@ impl RankCtx<'_> {
             Some(c) => self.load(c, &mem)?,
             None => self.init_shards(&mem)?,
         }
+        env.init_loss_scale(&mem)?;
         // The step window: from here to the last step, every allocation of
         // this thread and its stream threads counts as the rank's, on top
         // of its arena (allocated under the same tag).
@@ -960,9 +1009,12 @@ impl RankCtx<'_> {
     ) -> Result<(), RuntimeError> {
         let mut report = |step: u64, mem: &Memory| -> Result<(), RuntimeError> {
             let loss = env.read_loss(mem)?;
-            let grad_norm = env.read_grad_norm(mem)?;
+            let scalars = StepScalars {
+                grad_norm: env.read_grad_norm(mem)?,
+                loss_scale: env.read_loss_scale(mem)?,
+            };
             let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
-            sink(step, loss, grad_norm, measured)?;
+            sink(step, loss, scalars, measured)?;
             if let Some(f) = &self.opts.fault {
                 f.inject(self.world, self.rank, step)?;
             }

@@ -91,12 +91,34 @@ pub(crate) fn plan_model(
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };
+    let cfg = with_precision(cfg, f)?;
     let info = ModelInfo {
         tokens_per_rank_step: model.tokens_per_rank_step(),
         params: model.program.graph.param_numel(),
         name: model.name,
     };
     Ok(fsdpc_planner::compile(model.program, info, &cluster, &cfg)?)
+}
+
+/// `cfg` with the precision policy of the flags: `--mixed-precision` for
+/// all three dtypes, each overridden by its own flag.
+fn with_precision(mut cfg: FsdpConfig, f: &PlanFlags) -> Result<FsdpConfig, CliError> {
+    use fsdpc_planner::precision::{parse_dtype, parse_mixed};
+    if let Some(m) = &f.mixed_precision {
+        let d = parse_mixed(m)?;
+        (cfg.param_dtype, cfg.reduce_dtype, cfg.buffer_dtype) = (d, d, d);
+    }
+    if let Some(d) = &f.param_dtype {
+        cfg.param_dtype = parse_dtype("param dtype", d)?;
+    }
+    if let Some(d) = &f.reduce_dtype {
+        cfg.reduce_dtype = parse_dtype("reduce dtype", d)?;
+    }
+    if let Some(d) = &f.buffer_dtype {
+        cfg.buffer_dtype = parse_dtype("buffer dtype", d)?;
+    }
+    cfg.init_loss_scale = f.init_loss_scale;
+    Ok(cfg)
 }
 
 /// The optimizer the flags ask for, its hyperparameters checked: a value

@@ -103,6 +103,26 @@ pub struct PlanFlags {
     /// of the module defining it, gathered again where another unit reads it).
     #[arg(long, value_name = "RULE", default_value = "root")]
     pub shared_params: String,
+    /// Mixed precision, the common policy: parameters gathered and computed,
+    /// gradients reduced and constants held in bf16 or fp16 (f32 master
+    /// shards and optimizer state always; fp16 adds a dynamic loss scaler).
+    #[arg(long, value_name = "bf16|fp16")]
+    pub mixed_precision: Option<String>,
+    /// The dtype parameters are gathered and computed in (f32|bf16|fp16);
+    /// overrides --mixed-precision.
+    #[arg(long, value_name = "DTYPE")]
+    pub param_dtype: Option<String>,
+    /// The dtype gradients are reduced in (f32 or the param dtype);
+    /// overrides --mixed-precision.
+    #[arg(long, value_name = "DTYPE")]
+    pub reduce_dtype: Option<String>,
+    /// The dtype the model's constants (buffers) are cast to; overrides
+    /// --mixed-precision.
+    #[arg(long, value_name = "DTYPE")]
+    pub buffer_dtype: Option<String>,
+    /// The fp16 loss scaler's initial scale (default 65536).
+    #[arg(long, value_name = "SCALE")]
+    pub init_loss_scale: Option<f64>,
     /// Plan even if the peak does not fit the preset's memory.
     #[arg(long)]
     pub no_fit_check: bool,

@@ -34,7 +34,9 @@ pub struct TrainArgs {
     pub data: Option<PathBuf>,
     /// Write one JSON object per step (step, loss, tokens_per_s,
     /// measured_peak_bytes, planned_peak_bytes; with --clip-grad-norm also
-    /// grad_norm, the total gradient norm before clipping).
+    /// grad_norm, the total gradient norm before clipping; with an fp16
+    /// policy also loss_scale, the scale after the step, and skipped, whether
+    /// an inf/NaN gradient on some rank skipped the step).
     #[arg(long)]
     pub metrics: Option<PathBuf>,
     /// Seed for initialisation and data.
@@ -243,6 +245,10 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             });
             if let Some(n) = r.grad_norm {
                 line["grad_norm"] = serde_json::json!(n);
+            }
+            if let Some(s) = r.loss_scale {
+                line["loss_scale"] = serde_json::json!(s);
+                line["skipped"] = serde_json::json!(r.skipped);
             }
             // A metrics write failure must not kill a training run; the
             // first one is reported at the end.

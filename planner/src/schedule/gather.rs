@@ -135,7 +135,7 @@ impl Lowering<'_> {
     fn emit_gather(&mut self, w: usize) {
         let u = self.windows[w].unit;
         let unit = &self.input.units[u.index()];
-        let bytes = unit.padded_numel * 4;
+        let bytes = unit.padded_numel * self.input.cfg.param_dtype.size() as u64;
         if let Some(event) = self.limiter_wait[w].and_then(|o| self.free_event[o]) {
             self.push(Stream::Unshard, InstrOp::Wait { event });
         }

@@ -15,8 +15,8 @@
 //!   materialised (a `Kernel` of the `Constant` node, which copies its
 //!   literal into an activation buffer) just before its first reader.
 //! - A parameter value is read from its unit's gathered flat parameter (the
-//!   `ShardParams` buffer under `no_shard`) at byte offset
-//!   `4 * flat offset`. A parameter gradient is written straight into its
+//!   `ShardParams` buffer under f32 `no_shard`) at byte offset
+//!   `param_dtype size * flat offset`. A parameter gradient is written straight into its
 //!   unit's `FlatGrads` buffer at the same offset; the loss into the
 //!   persistent `Loss` buffer; every other value into its own `Activation`
 //!   buffer, freed on the compute stream right after its last reader (or
@@ -74,6 +74,14 @@ impl Step {
 /// Where an instruction group goes relative to step `s`: `3s` before it,
 /// `3s + 1` right after its kernel, `3s + 2` after its frees.
 type Pos = usize;
+
+/// Whether parameters are read from gathered flat parameters: always when
+/// sharded, and under no_shard when they are read in a half dtype (the
+/// `AllGather` over a group of one rank is then the cast of the f32 shard,
+/// as PyTorch's no_shard mixed precision keeps a low-precision copy).
+fn gathers(cfg: &FsdpConfig) -> bool {
+    cfg.strategy != Strategy::NoShard || cfg.param_dtype != DType::F32
+}
 
 /// Lowers the program to instructions.
 pub fn lower(input: &LowerInput) -> Result<Schedule, PlanError> {
@@ -169,7 +177,7 @@ struct Lowering<'a> {
 impl<'a> Lowering<'a> {
     fn new(input: &'a LowerInput<'a>, steps: Vec<Step>, facts: Facts) -> Lowering<'a> {
         let graph = &input.program.graph;
-        let sharded = input.cfg.strategy == Strategy::FullShard;
+        let sharded = gathers(input.cfg);
         let windows = if sharded {
             gather::windows(graph, &steps, &facts.reads_units)
         } else {
@@ -388,7 +396,7 @@ impl<'a> Lowering<'a> {
         };
         let u = *self.input.assign.param_unit.get(p).ok_or_else(missing)?;
         let offset = self.facts.param_offset[p];
-        let buffer = if self.sharded() {
+        let buffer = if gathers(self.input.cfg) {
             let w = self.current[u.index()].ok_or_else(missing)?;
             self.gathered[w].ok_or_else(missing)?.0
         } else {

@@ -19,14 +19,10 @@ impl Lowering<'_> {
         if let Some(b) = self.flat_grads[u.index()] {
             return b;
         }
-        let bytes = self.input.units[u.index()].trainable_numel() * 4;
-        let b = self.new_buffer(
-            BufferKind::FlatGrads,
-            Some(u),
-            None,
-            self.input.cfg.reduce_dtype,
-            bytes,
-        );
+        // Gradients are computed in the parameters' dtype (see `precision`).
+        let dtype = self.input.cfg.param_dtype;
+        let bytes = self.input.units[u.index()].trainable_numel() * dtype.size() as u64;
+        let b = self.new_buffer(BufferKind::FlatGrads, Some(u), None, dtype, bytes);
         self.flat_grads[u.index()] = Some(b);
         b
     }
@@ -97,6 +93,7 @@ impl Lowering<'_> {
                     params,
                     grads,
                     state,
+                    skip_if: None,
                 },
             );
             if !self.sharded() {

@@ -8,6 +8,14 @@
 //! (`x / d as f32`). Reduce-scatter and all-reduce use the same order, so a
 //! reduce-scatter over N ranks and an all-reduce over the same N ranks give
 //! bit-identical values.
+//!
+//! Mixed dtypes (mixed precision): each member's elements are read in their
+//! own dtype and widened exactly to f32, summed in that order in f32,
+//! divided, and the result is rounded once into the receive buffer's dtype
+//! (bf16/f16 round to nearest). A reduction whose instruction names a half
+//! `reduce_dtype` but lands in an f32 gradient shard is rounded to that
+//! dtype afterwards by the executor, so it delivers the same values as one
+//! landing in a half buffer.
 
 pub mod mpi;
 pub mod shm;

@@ -359,16 +359,22 @@ mod imp {
                     ),
                 ));
             }
-            let sends: Vec<Option<&[u8]>> = (0..n)
-                .map(|q| (q != self.pos).then_some(send.bytes))
-                .collect();
-            // Every member sends in its own dtype, the same on every member
-            // (the plan is SPMD).
-            let parts = self.exchange_parts("all_gather", &sends, send.bytes.len());
+            // The shard is cast to the receive dtype before it is sent (a
+            // bf16 gather of an f32 shard moves half the bytes), the same on
+            // every member (the plan is SPMD).
+            let cast: Option<Vec<u8>> = (send.dtype != recv.dtype).then(|| {
+                let mut v = vec![0u8; s * recv.dtype.size()];
+                convert(send.bytes, send.dtype, &mut v, recv.dtype);
+                v
+            });
+            let wire = cast.as_deref().unwrap_or(send.bytes);
+            let sends: Vec<Option<&[u8]>> =
+                (0..n).map(|q| (q != self.pos).then_some(wire)).collect();
+            let parts = self.exchange_parts("all_gather", &sends, wire.len());
             let out = s * recv.dtype.size();
             for (q, dst) in recv.bytes.chunks_exact_mut(out.max(1)).enumerate().take(n) {
-                let src = if q == self.pos { send.bytes } else { &parts[q] };
-                convert(src, send.dtype, dst, recv.dtype);
+                let src = if q == self.pos { wire } else { &parts[q] };
+                dst.copy_from_slice(src);
             }
             Ok(())
         }

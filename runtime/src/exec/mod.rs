@@ -19,6 +19,8 @@ pub(crate) mod events;
 pub(crate) mod memory;
 pub(crate) mod prepare;
 pub(crate) mod rank;
+pub(crate) mod scaler;
+pub(crate) mod widen;
 
 /// How a rank executes the plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]

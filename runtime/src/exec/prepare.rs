@@ -57,7 +57,11 @@ pub enum Step<'p> {
         params: BufferId,
         grads: BufferId,
         state: &'p [BufferId],
+        /// Skip the update when this `FoundInf` flag is nonzero.
+        skip_if: Option<BufferId>,
     },
+    /// A loss-scaler instruction (`scaler`).
+    Scaler(super::scaler::ScalerStep<'p>),
     /// Sum of squares of `grads` (f32 buffers) into the f32 scalar `dst`.
     GradNormSq {
         grads: &'p [BufferId],
@@ -175,7 +179,7 @@ fn check_buffers(plan: &Plan) -> Result<(), RuntimeError> {
 }
 
 /// The region of `len` bytes at `slot`, checked against its buffer.
-fn region(plan: &Plan, slot: Slot, len: u64) -> Result<Region, String> {
+pub(super) fn region(plan: &Plan, slot: Slot, len: u64) -> Result<Region, String> {
     let b = plan
         .buffers
         .get(slot.buffer.index())
@@ -208,6 +212,14 @@ fn event(plan: &Plan, i: usize, e: u32) -> Result<usize, RuntimeError> {
         ));
     }
     Ok(e as usize)
+}
+
+/// A `FoundInf` buffer: one f32 scalar.
+fn flag(plan: &Plan, i: usize, b: BufferId) -> Result<BufferId, RuntimeError> {
+    match plan.buffers.get(b.index()) {
+        Some(buf) if buf.kind == BufferKind::FoundInf && buf.bytes == 4 => Ok(b),
+        _ => Err(err(i, format!("buffer {b} is not a 4-byte found-inf flag"))),
+    }
 }
 
 /// A `GradNorm` buffer: one f32 scalar.
@@ -307,6 +319,7 @@ fn resolve<'p>(
             params,
             grads,
             state,
+            skip_if,
             ..
         } => {
             let all: Vec<BufferId> = [*params, *grads]
@@ -324,6 +337,10 @@ fn resolve<'p>(
                 params: *params,
                 grads: *grads,
                 state,
+                skip_if: match skip_if {
+                    Some(b) => Some(flag(plan, i, *b)?),
+                    None => None,
+                },
             }
         }
         InstrOp::GradNormSq { grads, dst } => {
@@ -357,6 +374,13 @@ fn resolve<'p>(
                 max_norm: *max_norm,
             }
         }
+        InstrOp::ScaleSeed { .. }
+        | InstrOp::UnscaleGrads { .. }
+        | InstrOp::FoundInfAllReduce { .. }
+        | InstrOp::UpdateScale { .. } => match super::scaler::resolve(plan, graph, i, op)? {
+            Some(s) => Step::Scaler(s),
+            None => return Err(err(i, "not a loss-scaler instruction".into())),
+        },
         InstrOp::Free { buffer: b } => Step::Free(buffer(plan, i, *b)?),
         InstrOp::Record { event: e } => Step::Record(event(plan, i, e.0)?),
         InstrOp::Wait { event: e } => Step::Wait(event(plan, i, e.0)?),
@@ -491,14 +515,19 @@ fn optimizer_sizes(
     grads: BufferId,
     state: &[BufferId],
 ) -> Result<(), RuntimeError> {
-    let bytes = |b: BufferId| plan.buffers[b.index()].bytes;
-    let g = bytes(grads);
-    if g > bytes(params) || state.iter().any(|&s| bytes(s) != g) {
+    // In elements: a half-precision gradient (no_shard mixed precision)
+    // updates an f32 shard.
+    let elems = |b: BufferId| {
+        let b = &plan.buffers[b.index()];
+        b.bytes / b.dtype.size() as u64
+    };
+    let g = elems(grads);
+    if g > elems(params) || state.iter().any(|&s| elems(s) != g) {
         return Err(err(
             i,
             format!(
-                "optimizer step: gradient buffer {grads} ({g} bytes) must match every state buffer and not exceed the parameter shard {params} ({} bytes)",
-                bytes(params)
+                "optimizer step: gradient buffer {grads} ({g} elements) must match every state buffer and not exceed the parameter shard {params} ({} elements)",
+                elems(params)
             ),
         ));
     }

@@ -4,6 +4,7 @@
 use super::events::Events;
 use super::memory::Memory;
 use super::prepare::{kind, Prepared, Step};
+use super::widen;
 use crate::account::RankTag;
 use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
 use crate::comm::{Buf, BufMut, Communicator, World};
@@ -11,7 +12,7 @@ use crate::data::{Batch, DataSource};
 use crate::error::{CommError, RuntimeError};
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::DType;
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, Stream};
+use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Stream};
 use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,7 +88,7 @@ impl<'a> RankEnv<'a> {
         })
     }
 
-    fn comm(&self, s: Stream, g: Group) -> &dyn Communicator {
+    pub(super) fn comm(&self, s: Stream, g: Group) -> &dyn Communicator {
         // Every (stream, group) pair was created in `new`.
         self.comms
             .iter()
@@ -179,7 +180,8 @@ impl<'a> RankEnv<'a> {
                     let (send, recv) = self.send_recv(mem, *src, *dst)?;
                     self.comm(stream, Group::Shard)
                         .reduce_scatter(send, recv, self.world.size() as u32)
-                        .map_err(ce)
+                        .map_err(ce)?;
+                    self.round_reduced(mem, i, *dst)
                 }
                 Step::AllReduce {
                     unit,
@@ -208,14 +210,20 @@ impl<'a> RankEnv<'a> {
                 }
                 Step::Kernel { .. } => self.kernel(mem, i, step),
                 Step::Optimizer {
+                    skip_if: Some(flag),
+                    ..
+                } if self.f32s(mem, *flag)?[0] != 0.0 => Ok(()),
+                Step::Optimizer {
                     params,
                     grads,
                     state,
+                    ..
                 } => self.optimizer(mem, step, *params, *grads, state),
+                Step::Scaler(s) => self.scaler(mem, stream, s),
                 Step::GradNormSq { grads, dst } => {
                     let mut sum = 0f64;
                     for g in grads.iter() {
-                        sum += crate::optim::sum_squares(self.f32s(mem, *g)?);
+                        self.with_f32(mem, *g, |_, xs| sum += crate::optim::sum_squares(xs))?;
                     }
                     self.f32s(mem, *dst)?[0] = sum as f32;
                     Ok(())
@@ -233,8 +241,9 @@ impl<'a> RankEnv<'a> {
                     max_norm,
                 } => {
                     let sq = self.f32s(mem, *norm)?[0];
-                    crate::optim::clip_by_norm(self.f32s(mem, *grads)?, sq, *max_norm);
-                    Ok(())
+                    self.with_f32(mem, *grads, |_, xs| {
+                        crate::optim::clip_by_norm(xs, sq, *max_norm)
+                    })
                 }
                 Step::Free(_) => Ok(()),
                 Step::Record(e) => {
@@ -244,6 +253,39 @@ impl<'a> RankEnv<'a> {
                 Step::Wait(e) => self.events.wait(*e, self.rank, self.world),
             }
         }
+    }
+
+    /// After a reduce-scatter into a wider buffer (f32 gradient shard), rounds
+    /// the result to the instruction's reduction dtype: the value a reduction
+    /// in that dtype delivers (the sum itself runs in f32, in rank order,
+    /// and is rounded once; see `comm`).
+    unsafe fn round_reduced(
+        &self,
+        mem: &Memory,
+        i: usize,
+        dst: BufferId,
+    ) -> Result<(), RuntimeError> {
+        let InstrOp::ReduceScatter { dtype, .. } = self.prep.plan.instructions[i].op else {
+            return Ok(());
+        };
+        if dtype == self.dtype(dst) {
+            return Ok(());
+        }
+        self.with_f32(mem, dst, |_, xs| widen::round_to(xs, dtype))
+    }
+
+    /// Runs `f` on float buffer `b` as f32 (see `widen::with_f32`).
+    ///
+    /// # Safety
+    /// As for `Memory::view_mut`.
+    pub(super) unsafe fn with_f32(
+        &self,
+        mem: &Memory,
+        b: BufferId,
+        f: impl FnMut(usize, &mut [f32]),
+    ) -> Result<(), RuntimeError> {
+        widen::with_f32(mem.view_mut(mem.whole(b))?, self.dtype(b), f)
+            .map_err(|e| RuntimeError::plan(format!("buffer {b}: {e}")))
     }
 
     /// Zeroes the regions of a flat gradient no trainable parameter covers.
@@ -313,7 +355,11 @@ impl<'a> RankEnv<'a> {
     /// # Safety
     /// As for `Memory::view_mut`.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn f32s<'m>(&self, mem: &'m Memory, b: BufferId) -> Result<&'m mut [f32], RuntimeError> {
+    pub(super) unsafe fn f32s<'m>(
+        &self,
+        mem: &'m Memory,
+        b: BufferId,
+    ) -> Result<&'m mut [f32], RuntimeError> {
         if self.dtype(b) != DType::F32 {
             return Err(RuntimeError::plan(format!(
                 "buffer {b} must be f32, it is {}",
@@ -346,6 +392,9 @@ impl<'a> RankEnv<'a> {
         for b in state {
             st.push(f32s(*b)?);
         }
+        if self.dtype(grads) != DType::F32 {
+            return self.optimizer_half(mem, step, f32s(params)?, grads, st);
+        }
         // The gradient covers the trainable part of the shard, its first
         // elements (`Unit::trainable_shard_numel`; sizes checked by `prepare`).
         let g = f32s(grads)?;
@@ -365,6 +414,42 @@ impl<'a> RankEnv<'a> {
                 op: "optimizer".into(),
                 reason: e.0,
             })
+    }
+
+    /// The optimizer step on a half-precision gradient (no_shard mixed
+    /// precision updates its f32 parameters from the all-reduced bf16/f16
+    /// flat gradient): the gradient is widened chunk by chunk and each chunk
+    /// updates the same elements of the parameters and state. The update is
+    /// element by element, so this equals one call on the widened gradient.
+    unsafe fn optimizer_half(
+        &self,
+        mem: &Memory,
+        step: u64,
+        params: &mut [f32],
+        grads: BufferId,
+        mut state: Vec<&mut [f32]>,
+    ) -> Result<(), RuntimeError> {
+        let mut result = Ok(());
+        let n = params.len();
+        self.with_f32(mem, grads, |off, g| {
+            let end = (off + g.len()).min(n);
+            if result.is_err() || off >= end {
+                return;
+            }
+            let args = OptimizerArgs {
+                optimizer: &self.prep.plan.training.optimizer,
+                step,
+                params: &mut params[off..end],
+                grads: &g[..end - off],
+                state: state.iter_mut().map(|s| &mut s[off..end]).collect(),
+            };
+            result = self.backend.optimizer_step(args);
+        })?;
+        result.map_err(|e| RuntimeError::Kernel {
+            node: format!("optimizer step of gradient buffer {grads}"),
+            op: "optimizer".into(),
+            reason: e.0,
+        })
     }
 
     /// Runs one stream's instructions of a step, in list order.
