@@ -18,7 +18,7 @@
 //!   buffer; the frees keep their place after the step.
 
 use crate::error::PlanError;
-use crate::plan::{Buffer, BufferKind, Group, Instr, InstrOp, Stream};
+use crate::plan::{Buffer, BufferKind, Group, Instr, InstrOp, Location, Stream};
 use crate::schedule::Schedule;
 use fsdpc_ir::DType;
 
@@ -73,6 +73,7 @@ pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), 
         start: 0,
         end: None,
         stream: None,
+        location: Location::Device,
     });
     let out = &mut sched.instructions;
     let compute = |op| Instr {

@@ -23,6 +23,37 @@ pub struct Hardware {
     pub inter_bw: f64,
     /// Latency of one inter-node collective step, seconds.
     pub inter_latency_s: f64,
+    /// Per-rank host <-> device copy bandwidth, bytes/s, one direction
+    /// (`cpu_offload`'s copies; absent in older plans: `PCIE4_X16_BW`).
+    #[serde(default = "pcie4_x16")]
+    pub host_bw: f64,
+    /// Per-rank host memory bandwidth, bytes/s: what the optimizer step on
+    /// host shards runs at (`cpu_offload`; assumed memory-bound, as the
+    /// element-wise Adam/SGD update is; absent in older plans:
+    /// `HOST_MEM_BW`).
+    #[serde(default = "host_mem")]
+    pub host_mem_bw: f64,
+}
+
+/// PCIe 4.0 x16: 32 GB/s raw per direction, about 25 GB/s achieved by
+/// pinned-memory copies (`cudaMemcpyAsync`), the A100 hosts' link.
+pub const PCIE4_X16_BW: f64 = 25e9;
+
+/// PCIe 5.0 x16: 64 GB/s raw per direction, about 50 GB/s achieved, the
+/// H100 hosts' link.
+pub const PCIE5_X16_BW: f64 = 50e9;
+
+/// Host memory bandwidth per rank of an 8-GPU node: two sockets of eight
+/// DDR4-3200 channels (2 x 204.8 GB/s) shared by 8 ranks is 51 GB/s each at
+/// peak; about half of it is what a streaming CPU optimizer achieves.
+pub const HOST_MEM_BW: f64 = 25e9;
+
+fn pcie4_x16() -> f64 {
+    PCIE4_X16_BW
+}
+
+fn host_mem() -> f64 {
+    HOST_MEM_BW
 }
 
 impl Hardware {
@@ -158,6 +189,8 @@ fn a100_roce() -> Hardware {
         intra_latency_s: 8e-6,
         inter_bw: 25e9,
         inter_latency_s: 20e-6,
+        host_bw: PCIE4_X16_BW,
+        host_mem_bw: HOST_MEM_BW,
     }
 }
 
@@ -173,6 +206,8 @@ fn h100_ib() -> Hardware {
         intra_latency_s: 6e-6,
         inter_bw: 50e9,
         inter_latency_s: 10e-6,
+        host_bw: PCIE5_X16_BW,
+        host_mem_bw: HOST_MEM_BW,
     }
 }
 
@@ -188,5 +223,9 @@ fn cpu_local(ranks_per_node: u32) -> Hardware {
         intra_latency_s: 5e-6,
         inter_bw: 5e9 / share,
         inter_latency_s: 5e-6,
+        // "Host" and "device" are two arenas in the same memory: a copy
+        // and the optimizer run at memory speed.
+        host_bw: 10e9 / share,
+        host_mem_bw: 10e9 / share,
     }
 }

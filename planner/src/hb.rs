@@ -1,9 +1,12 @@
-//! Happens-before between instructions on the three streams, by vector
+//! Happens-before between instructions on the plan's streams, by vector
 //! clocks. Instruction `a` happens before `b` when `b`'s stream has, by the
 //! time it runs `b`, seen `a`'s stream reach `a` (same stream earlier in the
 //! list, or through a chain of `Record`/`Wait`).
 
 use crate::plan::{Instr, InstrOp, Stream};
+
+/// Number of streams (`Stream::ALL`): one clock entry each.
+const N: usize = Stream::ALL.len();
 
 /// One vector clock per instruction.
 #[derive(Clone, Debug)]
@@ -11,7 +14,7 @@ pub struct Clocks {
     /// Position of each instruction on its own stream, from 1.
     seq: Vec<u32>,
     /// What each instruction has seen of every stream.
-    vc: Vec<[u32; 3]>,
+    vc: Vec<[u32; N]>,
     stream: Vec<usize>,
 }
 
@@ -20,8 +23,8 @@ impl Clocks {
     /// earlier in the list (or is out of range) adds no ordering; the
     /// validator reports it.
     pub fn new(instrs: &[Instr], events: u32) -> Clocks {
-        let mut now = [[0u32; 3]; 3];
-        let mut event: Vec<Option<[u32; 3]>> = vec![None; events as usize];
+        let mut now = [[0u32; N]; N];
+        let mut event: Vec<Option<[u32; N]>> = vec![None; events as usize];
         let mut seq = Vec::with_capacity(instrs.len());
         let mut vc = Vec::with_capacity(instrs.len());
         let mut stream = Vec::with_capacity(instrs.len());
@@ -31,7 +34,7 @@ impl Clocks {
             match ins.op {
                 InstrOp::Wait { event: e } => {
                     if let Some(Some(c)) = event.get(e.index()) {
-                        for k in 0..3 {
+                        for k in 0..N {
                             now[s][k] = now[s][k].max(c[k]);
                         }
                     }

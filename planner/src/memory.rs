@@ -1,5 +1,12 @@
-//! Pass 4, memory: buffer lifetimes, offsets in one per-rank arena, the
-//! fences that make arena reuse safe across streams, and the exact peak.
+//! Pass 4, memory: buffer lifetimes, offsets in the per-rank arenas, the
+//! fences that make arena reuse safe across streams, and the exact peaks.
+//!
+//! Each `Location` has its own arena: the device arena holds every buffer
+//! without `cpu_offload`; with it, the host arena holds the shards and
+//! optimizer state (all persistent), packed end to end from offset 0, and
+//! everything below is about the device arena. `peak_bytes`,
+//! `arena_bytes` and `breakdown` count the device only; `host_peak_bytes`
+//! and `host_arena_bytes` the host.
 //!
 //! Definitions (the runtime's debug mode measures the same thing): a buffer
 //! is live at instruction index `i` when `start <= i <= end`, where `start`
@@ -31,9 +38,25 @@ pub const ALIGN: u64 = 64;
 pub fn plan_memory(s: &mut Schedule) -> MemorySummary {
     set_lifetimes(&mut s.buffers, &s.instructions);
     let arena_bytes = choose_offsets(s);
+    let host_arena_bytes = host_offsets(&mut s.buffers);
     insert_fences(s);
     set_lifetimes(&mut s.buffers, &s.instructions);
-    summarize(&s.buffers, s.instructions.len(), arena_bytes)
+    let mut summary = summarize(&s.buffers, s.instructions.len(), arena_bytes);
+    summary.host_arena_bytes = host_arena_bytes;
+    summary.rank_bytes += host_arena_bytes;
+    summary
+}
+
+/// Packs the host buffers end to end (each aligned) from offset 0 of the
+/// host arena; returns its size. Host buffers are persistent, so nothing
+/// could share their bytes.
+fn host_offsets(buffers: &mut [Buffer]) -> u64 {
+    let mut end = 0u64;
+    for b in buffers.iter_mut().filter(|b| b.location == Location::Host) {
+        b.offset = align(end);
+        end = b.offset + b.bytes;
+    }
+    end
 }
 
 /// Sets each buffer's `start` (first write; 0 for persistent buffers) and
@@ -80,6 +103,21 @@ fn is_comm(b: &Buffer) -> bool {
     matches!(b.kind, BufferKind::GatheredParams | BufferKind::FlatGrads)
 }
 
+/// `cpu_offload`'s staged shards: each kind always packed in a region of
+/// its own. Each kind is written and freed in an order its streams already
+/// keep (a parameter copy waits for the previous gather, which frees the
+/// last staged parameters; gradient shards are written and freed on the
+/// reduce stream), so reusing only their own kind's bytes needs no fence;
+/// sharing bytes with the rest would make gathers wait for reductions and
+/// compute for both.
+fn staged_region(b: &Buffer) -> Option<u8> {
+    match b.kind {
+        BufferKind::StagedParams => Some(0),
+        BufferKind::StagedGrads => Some(1),
+        _ => None,
+    }
+}
+
 /// Packs the arena twice: mixed (every transient buffer may reuse any
 /// other's bytes) and segregated (communication buffers in their own region,
 /// so they never reuse activation bytes or the reverse); keeps the
@@ -104,19 +142,30 @@ fn choose_offsets(s: &mut Schedule) -> u64 {
 
 /// Assigns arena offsets; returns the arena size. With `segregate`,
 /// communication buffers are packed first and the others above them.
+/// Host buffers are left to `host_offsets`.
 fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
     let mut base = 0u64;
-    for b in buffers.iter_mut().filter(|b| b.persistent()) {
+    let device = |b: &Buffer| b.location == Location::Device;
+    for b in buffers.iter_mut().filter(|b| b.persistent() && device(b)) {
         b.offset = base;
         base += align(b.bytes);
     }
     let mut order: Vec<usize> = (0..buffers.len())
-        .filter(|&i| !buffers[i].persistent())
+        .filter(|&i| !buffers[i].persistent() && device(&buffers[i]))
         .collect();
+    // Regions bottom up: staged parameters, staged gradients; then
+    // everything else, or with `segregate` communication buffers and then
+    // the rest.
+    let class = |b: &Buffer| -> u8 {
+        match staged_region(b) {
+            Some(r) => r,
+            None if segregate && !is_comm(b) => 3,
+            None => 2,
+        }
+    };
     order.sort_by_key(|&i| {
-        let class = segregate && !is_comm(&buffers[i]);
         (
-            class,
+            class(&buffers[i]),
             std::cmp::Reverse(buffers[i].bytes),
             buffers[i].start,
             i,
@@ -125,10 +174,10 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
     // Placed buffers as (offset, end offset, start, end), sorted by offset.
     let mut placed: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(order.len());
     let mut arena = base;
-    let mut in_comm = true;
+    let mut region = 0u8;
     for i in order {
-        if segregate && in_comm && !is_comm(&buffers[i]) {
-            in_comm = false;
+        if class(&buffers[i]) != region {
+            region = class(&buffers[i]);
             base = align(arena);
         }
         let size = align(buffers[i].bytes);
@@ -157,7 +206,7 @@ fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize)> {
     let mut order: Vec<&Buffer> = s
         .buffers
         .iter()
-        .filter(|b| !b.persistent() && b.bytes > 0)
+        .filter(|b| !b.persistent() && b.bytes > 0 && b.location == Location::Device)
         .collect();
     order.sort_by_key(|b| (b.offset, b.id));
     let mut out = Vec::new();
@@ -238,8 +287,16 @@ pub fn live_bytes(buffers: &[Buffer], n_instrs: usize) -> Vec<u64> {
     live
 }
 
-/// The peak and its breakdown by buffer kind.
-pub fn summarize(buffers: &[Buffer], n_instrs: usize, arena_bytes: u64) -> MemorySummary {
+/// The device peak and its breakdown by buffer kind, and the host peak
+/// (`host_arena_bytes` is left 0, `rank_bytes` is `arena_bytes`: the
+/// memory pass adds the host arena and the caller the heap).
+pub fn summarize(all: &[Buffer], n_instrs: usize, arena_bytes: u64) -> MemorySummary {
+    let (buffers, host): (Vec<Buffer>, Vec<Buffer>) = all
+        .iter()
+        .cloned()
+        .partition(|b| b.location == Location::Device);
+    let host_peak_bytes = live_bytes(&host, n_instrs).into_iter().max().unwrap_or(0);
+    let buffers = &buffers[..];
     let live = live_bytes(buffers, n_instrs);
     let (peak_at, peak_bytes) =
         live.iter().copied().enumerate().fold(
@@ -266,5 +323,7 @@ pub fn summarize(buffers: &[Buffer], n_instrs: usize, arena_bytes: u64) -> Memor
         workspace_bytes,
         heap_bytes: 0,
         rank_bytes: arena_bytes,
+        host_peak_bytes,
+        host_arena_bytes: 0,
     }
 }

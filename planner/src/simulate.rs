@@ -1,4 +1,4 @@
-//! A discrete-event simulation of the three streams: each instruction starts
+//! A discrete-event simulation of the plan's streams: each instruction starts
 //! when its stream is free and the events it waits on have been recorded;
 //! gives the step time, the communication the compute stream waits on, and
 //! the memory-over-time curve.
@@ -25,7 +25,7 @@ pub struct Timeline {
 
 /// Simulates one step of `plan` on `cluster`.
 pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
-    let mut t = [0f64; 3];
+    let mut t = [0f64; Stream::ALL.len()];
     let mut event = vec![0f64; plan.events as usize];
     let mut tl = Timeline::default();
     for ins in &plan.instructions {

@@ -18,7 +18,7 @@
 //!
 //! The planner never runs a kernel: these are sizes, stated from the types.
 
-use crate::plan::{Buffer, BufferId, BufferKind, InstrOp, Stream};
+use crate::plan::{Buffer, BufferId, BufferKind, InstrOp, Location, Stream};
 use crate::schedule::Schedule;
 use fsdpc_ir::{DType, Graph, Op, TensorType};
 
@@ -132,7 +132,7 @@ fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (u64, 
 /// arena: its slab (`GEMM_SLAB_BYTES`) and the largest kernel's packing
 /// (`gemm_heap`), or zero when no kernel multiplies matrices.
 pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
-    let mut per_stream = [0u64; 3];
+    let mut per_stream = [0u64; Stream::ALL.len()];
     let mut pack = 0u64;
     for ins in &mut s.instructions {
         if let InstrOp::Kernel {
@@ -173,6 +173,7 @@ pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
             start: 0,
             end: None,
             stream: Some(stream),
+            location: Location::Device,
         });
     }
     if pack == 0 {

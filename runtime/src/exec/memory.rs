@@ -1,25 +1,31 @@
-//! A rank's memory: the plan's arena (every buffer at its planned offset), or
-//! in debug mode one allocation per buffer made just before its first write
-//! and dropped at its `Free`, with the live bytes and their peak measured.
+//! A rank's memory: the plan's arenas (every buffer at its planned offset in
+//! the arena of its `Location`: the device arena, and under `cpu_offload` a
+//! separate host arena), or in debug mode one allocation per buffer made
+//! just before its first write and dropped at its `Free`, with the live
+//! device bytes and their peak measured.
 //!
 //! This is the one place that hands out slices of rank memory.
 
 use super::prepare::Region;
 use crate::error::RuntimeError;
-use fsdpc_planner::plan::{BufferId, Plan};
+use fsdpc_planner::plan::{BufferId, Location, Plan};
 
-/// A rank's arena: 8-byte aligned, zero-initialised, owned by the caller of
-/// the executor so it outlives every rank thread (other ranks' collectives
-/// may read it until they have all returned).
+/// A rank's arenas, device and host (two allocations): 8-byte aligned,
+/// zero-initialised, owned by the caller of the executor so they outlive
+/// every rank thread (other ranks' collectives may read them until they
+/// have all returned).
 pub struct Arena {
     words: Vec<u64>,
+    host: Vec<u64>,
 }
 
 impl Arena {
-    /// An arena of `bytes` bytes.
-    pub fn new(bytes: u64) -> Arena {
+    /// The arenas `plan` needs: `memory.arena_bytes` on the device and
+    /// `memory.host_arena_bytes` on the host.
+    pub fn for_plan(plan: &Plan) -> Arena {
         Arena {
-            words: vec![0u64; (bytes as usize).div_ceil(8)],
+            words: vec![0u64; (plan.memory.arena_bytes as usize).div_ceil(8)],
+            host: vec![0u64; (plan.memory.host_arena_bytes as usize).div_ceil(8)],
         }
     }
 }
@@ -31,6 +37,8 @@ pub struct Memory {
     lens: Vec<usize>,
     /// Debug mode: the separate allocations.
     owned: Vec<Option<Vec<u64>>>,
+    /// Debug mode: whether a buffer counts towards `live` (device buffers).
+    counted: Vec<bool>,
     live: u64,
     peak: u64,
 }
@@ -42,19 +50,25 @@ unsafe impl Send for Memory {}
 unsafe impl Sync for Memory {}
 
 impl Memory {
-    /// Every buffer at its offset in `arena` (checked by `prepare`).
+    /// Every buffer at its offset in the arena of its location (checked by
+    /// `prepare`).
     pub fn arena(plan: &Plan, arena: &mut Arena) -> Memory {
-        let base = arena.words.as_mut_ptr() as *mut u8;
+        let device = arena.words.as_mut_ptr() as *mut u8;
+        let host = arena.host.as_mut_ptr() as *mut u8;
         let ptrs = plan
             .buffers
             .iter()
-            .map(|b| base.wrapping_add(b.offset as usize))
+            .map(|b| match b.location {
+                Location::Device => device.wrapping_add(b.offset as usize),
+                Location::Host => host.wrapping_add(b.offset as usize),
+            })
             .collect();
         let lens = plan.buffers.iter().map(|b| b.bytes as usize).collect();
         Memory {
             ptrs,
             lens,
             owned: Vec::new(),
+            counted: Vec::new(),
             live: plan.memory.arena_bytes,
             peak: plan.memory.arena_bytes,
         }
@@ -68,28 +82,37 @@ impl Memory {
             ptrs: vec![std::ptr::null_mut(); n],
             lens,
             owned: vec![None; n],
+            counted: plan
+                .buffers
+                .iter()
+                .map(|b| b.location == Location::Device)
+                .collect(),
             live: 0,
             peak: 0,
         }
     }
 
     /// Debug mode: allocates buffer `b` zeroed (replacing any earlier
-    /// allocation) and updates the live bytes and their peak.
+    /// allocation) and updates the live device bytes and their peak.
     pub fn alloc(&mut self, b: BufferId) {
         self.free(b);
         let len = self.lens[b.index()];
         let mut v = vec![0u64; len.div_ceil(8)];
         self.ptrs[b.index()] = v.as_mut_ptr() as *mut u8;
         self.owned[b.index()] = Some(v);
-        self.live += len as u64;
-        self.peak = self.peak.max(self.live);
+        if self.counted[b.index()] {
+            self.live += len as u64;
+            self.peak = self.peak.max(self.live);
+        }
     }
 
     /// Debug mode: drops buffer `b` (a no-op in arena mode).
     pub fn free(&mut self, b: BufferId) {
         if let Some(slot) = self.owned.get_mut(b.index()) {
             if slot.take().is_some() {
-                self.live -= self.lens[b.index()] as u64;
+                if self.counted[b.index()] {
+                    self.live -= self.lens[b.index()] as u64;
+                }
                 self.ptrs[b.index()] = std::ptr::null_mut();
             }
         }
