@@ -270,6 +270,72 @@ fn frozen_checkpoints_resume_bit_identically_and_reshard() {
     assert!(rest.losses.iter().all(|l| l.is_finite()));
 }
 
+fn lora_gpt(batch: u32) -> String {
+    format!("gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,lora=4,batch={batch}")
+}
+
+#[test]
+fn lora_gpt_trains_only_its_adapters_like_one_unsharded_rank() {
+    // Rank 4 adapters on c_attn (32 -> 96) and c_proj (32 -> 32), 2 blocks.
+    let base = fsdpc_frontends::zoo::build(&gpt(8)).expect("gpt");
+    let lora = fsdpc_frontends::zoo::build(&lora_gpt(8)).expect("lora gpt");
+    assert_eq!(
+        lora.graph.param_numel() - base.graph.param_numel(),
+        2 * (4 * (32 + 96) + 4 * (32 + 32))
+    );
+    let no_freeze = |strategy| FsdpConfig {
+        strategy,
+        ..FsdpConfig::default()
+    };
+    let ref_plan = plan_with(&lora_gpt(8), 1, &no_freeze(Strategy::NoShard));
+    let reference = train(&ref_plan, STEPS, ExecMode::Arena);
+    let init = fsdpc_runtime::init_params(&ref_plan.training.graph, SEED).expect("init");
+    let specs = &ref_plan.training.graph.params;
+    for world in [2u32, 4] {
+        let p = plan_with(&lora_gpt(8 / world), world, &no_freeze(Strategy::FullShard));
+        for u in &p.units[1..] {
+            assert!(
+                u.frozen_numel > 0 && u.trainable_numel() > 0,
+                "block units mix"
+            );
+        }
+        assert_eq!(p.units[0].trainable_numel(), 0, "the root holds no adapter");
+        let r = train(&p, STEPS, ExecMode::Arena);
+        let loss_rel = reference
+            .losses
+            .iter()
+            .zip(&r.losses)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0f32, f32::max);
+        let (abs, _) = max_param_diff(&reference, &r);
+        eprintln!(
+            "lora gpt world {world}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}"
+        );
+        assert!(loss_rel <= LOSS_RTOL && abs <= PARAM_ATOL, "world {world}");
+        for (name, vals) in &r.final_params {
+            let (i, spec) = specs
+                .iter()
+                .enumerate()
+                .find(|(_, s)| &s.name == name)
+                .expect("parameter");
+            let start = init[&fsdpc_ir::ParamId(i as u32)].to_f32();
+            let moved = vals
+                .iter()
+                .zip(&start)
+                .any(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                moved, spec.requires_grad,
+                "{name}: trains iff it is an adapter"
+            );
+            assert_eq!(spec.requires_grad, name.contains(".lora_"), "{name}");
+        }
+    }
+    assert!(
+        reference.losses[STEPS as usize - 1] < reference.losses[0],
+        "adapters learn"
+    );
+}
+
 fn fsdpc(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
         .args(args)

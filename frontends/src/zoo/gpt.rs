@@ -3,6 +3,14 @@
 //! and a GELU MLP, learned position embeddings, and an output projection tied
 //! to the token embedding. Module paths and parameter names follow Hugging
 //! Face (`transformer.h.3.attn.c_attn.weight`).
+//!
+//! `lora=R` adds LoRA adapters (Hu et al. 2021) of rank R to each block's
+//! attention projections `c_attn` and `c_proj`: `y = x W + b + (x A) B`
+//! with `A: [fan_in, R]` drawn from Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))
+//! (PEFT's Kaiming-uniform bound), `B: [R, fan_out]` zero (so the model
+//! starts as the base model) and scaling alpha / R = 1 (alpha = R). Every
+//! other parameter is frozen (`requires_grad: false`), so an adapter and its
+//! frozen base share a module, and an FSDP unit.
 
 use super::builder::{binary, matmul, Builder};
 use super::spec::{required, Spec};
@@ -52,6 +60,9 @@ pub struct GptConfig {
     pub tie: bool,
     /// GELU form.
     pub gelu: Gelu,
+    /// LoRA rank of the attention adapters (0: none; the base is frozen
+    /// when it is not 0).
+    pub lora: usize,
 }
 
 /// The keys a `gpt` spec accepts.
@@ -67,6 +78,7 @@ pub(crate) const KEYS: &[&str] = &[
     "dropout",
     "tie",
     "gelu",
+    "lora",
 ];
 
 impl GptConfig {
@@ -90,6 +102,7 @@ impl GptConfig {
             dropout: 0.0,
             tie: true,
             gelu: Gelu::Tanh,
+            lora: 0,
         }
     }
 
@@ -110,6 +123,7 @@ impl GptConfig {
         let dropout = spec.probability("dropout")?;
         let tie = spec.flag("tie")?;
         let gelu = spec.choice("gelu", &["tanh", "erf"])?;
+        let lora = spec.size("lora")?;
         spec.finish(KEYS)?;
         let seq = required(spec, "seq", seq, base.map(|b| b.seq), need)?;
         let cfg = GptConfig {
@@ -132,6 +146,7 @@ impl GptConfig {
                 Some(_) => Gelu::Tanh,
                 None => base.map_or(Gelu::Tanh, |b| b.gelu),
             },
+            lora: lora.or(base.map(|b| b.lora)).unwrap_or(0),
         };
         cfg.check(spec)?;
         Ok(cfg)
@@ -166,7 +181,9 @@ impl GptConfig {
         let block =
             4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h);
         let head = if self.tie { 0 } else { v * h };
-        v * h + p * h + self.layers as u64 * block + 2 * h + head
+        // Adapters of c_attn (h -> 3h) and c_proj (h -> h).
+        let lora = self.lora as u64 * ((h + 3 * h) + (h + h));
+        v * h + p * h + self.layers as u64 * (block + lora) + 2 * h + head
     }
 }
 
@@ -187,6 +204,11 @@ pub(crate) fn build(name: &str, cfg: &GptConfig) -> Result<ZooModel, FrontendErr
     x = b.layer_norm(x, "transformer.ln_f", cfg.hidden, LN_EPS)?;
     let loss = lm_head_and_loss(&mut b, cfg, x, wte, labels)?;
     b.g.outputs = vec![loss];
+    if cfg.lora > 0 {
+        for p in &mut b.g.params {
+            p.requires_grad = p.name.ends_with(LORA_A) || p.name.ends_with(LORA_B);
+        }
+    }
     Ok(ZooModel {
         name: name.to_string(),
         graph: b.g,
@@ -265,6 +287,7 @@ fn attention(b: &mut Builder, cfg: &GptConfig, x: ValueId, path: &str) -> Result
         3 * cfg.hidden,
         STD,
     )?;
+    let qkv = lora(b, cfg, x, qkv, &format!("{path}.c_attn"), 3 * cfg.hidden)?;
     let mut split = Vec::with_capacity(3);
     for (i, leaf) in ["q", "k", "v"].into_iter().enumerate() {
         split.push(heads_first(b, cfg, m, qkv, i, leaf)?);
@@ -286,14 +309,50 @@ fn attention(b: &mut Builder, cfg: &GptConfig, x: ValueId, path: &str) -> Result
         reshape(&[cfg.batch, cfg.seq, cfg.hidden]),
         &[y],
     )?;
-    let y = b.linear(
+    let z = b.linear(
         y,
         &format!("{path}.c_proj"),
         cfg.hidden,
         cfg.hidden,
         proj_std(cfg),
     )?;
-    b.dropout(y, m, "resid_dropout", cfg.dropout)
+    let z = lora(b, cfg, y, z, &format!("{path}.c_proj"), cfg.hidden)?;
+    b.dropout(z, m, "resid_dropout", cfg.dropout)
+}
+
+/// Leaf names of the LoRA adapter parameters.
+const LORA_A: &str = "lora_A";
+const LORA_B: &str = "lora_B";
+
+/// `y + (x @ A) @ B` in the Linear module at `path` when `cfg.lora > 0`
+/// (see the module header); `y` itself otherwise. `x` is the Linear's
+/// input `[batch, seq, hidden]`.
+fn lora(
+    b: &mut Builder,
+    cfg: &GptConfig,
+    x: ValueId,
+    y: ValueId,
+    path: &str,
+    fan_out: usize,
+) -> Result<ValueId, IrError> {
+    if cfg.lora == 0 {
+        return Ok(y);
+    }
+    let m = b.module(path, "Linear");
+    let bound = 1.0 / (cfg.hidden as f64).sqrt();
+    let a = b.param(
+        m,
+        LORA_A,
+        &[cfg.hidden, cfg.lora],
+        Init::Uniform {
+            low: -bound,
+            high: bound,
+        },
+    );
+    let w_b = b.param(m, LORA_B, &[cfg.lora, fan_out], Init::Zeros);
+    let down = b.op(m, "lora_down", matmul(false), &[x, a])?;
+    let up = b.op(m, "lora_up", matmul(false), &[down, w_b])?;
+    b.op(m, "lora_add", binary(BinaryFn::Add), &[y, up])
 }
 
 /// Part `i` (q, k or v) of `qkv: [b, s, 3h]` as `[b, heads, s, head_dim]`.
