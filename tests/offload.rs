@@ -8,7 +8,7 @@
 //! and optimizer-state bytes from the device to the host; the verifier
 //! refuses a plan whose kernel or collective reads host memory, or whose
 //! copies are out of order; `inspect` shows both peaks (snapshot); the CLI
-//! flag and its refusals.
+//! flag and its refusals; checkpoints resume bit-identically.
 
 mod common;
 
@@ -386,6 +386,13 @@ fn verifier_refuses_host_reads_and_unordered_copies() {
     bad.buffers[shard.index()].location = Location::Device;
     assert!(!violations(&bad).is_empty());
 
+    // An offloaded plan survives its JSON round trip (locations, host
+    // figures, the offload stream).
+    let back = Plan::from_json(&good.to_json_pretty().expect("serialises")).expect("loads");
+    assert_eq!(back.buffers, good.buffers);
+    assert_eq!(back.memory, good.memory);
+    assert!(back.streams.contains(&Stream::Offload));
+
     // A plan written before offload existed (no location, no host fields)
     // still loads, everything on the device.
     let plain = plan_with(&gpt(2), 2, &cfg(Strategy::FullShard, None, false));
@@ -492,5 +499,50 @@ fn cli_flag_and_its_refusal_with_a_plan() {
         err.contains("cpu_offload") && !err.contains("panicked"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Checkpoints read and write the shards where they live: an offloaded run
+/// checkpointed at step 3 and resumed to step 6 is bit-identical to six
+/// steps in one go (and to the run without offload).
+#[test]
+fn offloaded_checkpoint_resumes_bit_identical() {
+    use fsdpc_runtime::train::CheckpointConfig;
+    use fsdpc_runtime::TrainOptions;
+    let p = plan_with(&gpt(4), 2, &cfg(Strategy::FullShard, None, true));
+    let plain = plan_with(&gpt(4), 2, &cfg(Strategy::FullShard, None, false));
+    let opts = |steps| TrainOptions {
+        steps,
+        seed: 11,
+        ..TrainOptions::default()
+    };
+    let run = |plan: &Plan, o: &TrainOptions| {
+        fsdpc_runtime::train(plan, o, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let full = run(&p, &opts(6));
+    assert_eq!(bits(&full), bits(&run(&plain, &opts(6))));
+    let dir = std::env::temp_dir().join(format!("fsdpc-offload-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = run(
+        &p,
+        &TrainOptions {
+            checkpoint: Some(CheckpointConfig {
+                dir: dir.clone(),
+                every: 3,
+            }),
+            ..opts(3)
+        },
+    );
+    let rest = run(
+        &p,
+        &TrainOptions {
+            resume: Some(dir.clone()),
+            ..opts(6)
+        },
+    );
+    let (full_loss, full_params) = bits(&full);
+    assert_eq!(bits(&first).0, full_loss[..3]);
+    assert_eq!(bits(&rest).0, full_loss[3..]);
+    assert_eq!(bits(&rest).1, full_params);
     let _ = std::fs::remove_dir_all(&dir);
 }
