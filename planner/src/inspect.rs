@@ -385,10 +385,15 @@ fn frozen_table(out: &mut String, s: &Summary) {
         return;
     }
     let total: u64 = s.units.iter().map(|u| u.flat_numel).sum();
+    // Frozen by `--freeze`, or by the model itself (a LoRA zoo spec).
+    let how = if s.freeze.is_empty() {
+        "requires_grad false in the model".to_string()
+    } else {
+        format!("--freeze {}", s.freeze.join(","))
+    };
     let _ = writeln!(
         out,
-        "\nfrozen parameters (--freeze {}): {} of {} elements; no gradient, reduce-scatter or optimizer state for them, {} per rank not allocated",
-        s.freeze.join(","),
+        "\nfrozen parameters ({how}): {} of {} elements; no gradient, reduce-scatter or optimizer state for them, {} per rank not allocated",
         human_count(frozen),
         human_count(total),
         human_bytes(s.frozen_saved_bytes)
