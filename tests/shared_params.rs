@@ -4,11 +4,12 @@
 //! around the head in forward and backward, its gradient summed from both
 //! uses before its one reduce-scatter; training at full_shard F = 2, 4
 //! equals one unsharded rank within the tolerances of `tests/equivalence.rs`
-//! and equals the `root` placement bit for bit at the same world.
+//! and equals the `root` placement bit for bit at the same world; the same
+//! holds for the tied initializer of the ONNX GPT-2 fixture.
 
 mod common;
 
-use common::{bits, max_param_diff, plan_with, train};
+use common::{max_param_diff, plan_with, train};
 use fsdpc_planner::{FsdpConfig, InstrOp, Plan, SharedParams, Strategy, WrapPolicy};
 use fsdpc_runtime::ExecMode;
 
@@ -140,7 +141,6 @@ fn owner_placement_trains_like_one_unsharded_rank() {
             "world {world}: owner and root placement give the same losses"
         );
         assert_eq!(a, b, "world {world}: and the same parameters");
-        let _ = bits;
     }
 }
 
@@ -199,4 +199,61 @@ fn cli_takes_shared_params_and_inspect_names_it() {
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("root, owner"), "{err}");
+}
+
+/// The ONNX GPT-2 fixture (TorchScript export) shares one initializer
+/// between the token lookup and the head: `owner` moves it into the
+/// embedding's unit and trains bit-identically to `root`.
+#[test]
+fn onnx_gpt2_tied_initializer_is_owned_by_the_embedding_unit() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/onnx/gpt2_torchscript_eval.onnx"
+    );
+    let opts = fsdpc_frontends::LoadOptions {
+        dims: [("batch".to_string(), 2), ("seq".to_string(), 8)].into(),
+        ..fsdpc_frontends::LoadOptions::default()
+    };
+    let cluster = fsdpc_planner::Cluster::preset("cpu-local", 2, 2).expect("preset");
+    let plan = |shared| {
+        let m = fsdpc_frontends::load(path, &opts).expect("fixture loads");
+        let info = fsdpc_planner::ModelInfo {
+            tokens_per_rank_step: m.tokens_per_rank_step(),
+            params: m.program.graph.param_numel(),
+            name: m.name,
+        };
+        let cfg = FsdpConfig {
+            wrap: WrapPolicy::Paths {
+                paths: vec![
+                    "model.transformer.wte".into(),
+                    "model.transformer.h.0".into(),
+                    "model.transformer.h.1".into(),
+                ],
+            },
+            shared_params: shared,
+            ..FsdpConfig::default()
+        };
+        fsdpc_planner::compile(m.program, info, &cluster, &cfg).expect("plan compiles")
+    };
+    let owner = plan(SharedParams::Owner);
+    let root = plan(SharedParams::Root);
+    let wte = |p: &Plan| {
+        p.units
+            .iter()
+            .position(|u| {
+                u.params
+                    .iter()
+                    .any(|x| x.name == "model.transformer.wte.weight")
+            })
+            .expect("laid out")
+    };
+    assert_eq!(owner.units[wte(&owner)].module, "model.transformer.wte");
+    assert_eq!(wte(&root), 0);
+    assert!(gathers_of(&owner, wte(&owner)) >= 2);
+    let a = train(&owner, 3, ExecMode::Arena);
+    let b = train(&root, 3, ExecMode::Arena);
+    assert_eq!(
+        a.losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        b.losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>()
+    );
 }
