@@ -359,6 +359,12 @@ pub enum BufferKind {
     GatheredParams,
     /// A unit's full (unsharded) flat gradient, before reduction.
     FlatGrads,
+    /// `cpu_offload`: a unit's parameter shard copied from the host for its
+    /// all-gather (the gather's source), freed after the gather.
+    StagedParams,
+    /// `cpu_offload`: a unit's reduced gradient shard on the device (the
+    /// reduction's destination), freed after its copy to the host.
+    StagedGrads,
     /// A rank's shard of a unit's reduced gradient (persistent).
     ShardGrads,
     /// Optimizer state for a unit's shard (persistent): one buffer per slot.
@@ -405,6 +411,31 @@ pub struct Buffer {
     /// The stream whose kernels use a `Workspace` buffer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<Stream>,
+    /// Which memory holds it (absent: the device). `offset` is in that
+    /// location's arena.
+    #[serde(default, skip_serializing_if = "Location::is_device")]
+    pub location: Location,
+}
+
+/// Where a buffer lives: each location is one arena of its own.
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Location {
+    /// Accelerator memory: what kernels and collectives read and write.
+    #[default]
+    Device,
+    /// Host memory (`cpu_offload`): reached by kernels and collectives only
+    /// through a `Copy`; the optimizer runs on it.
+    Host,
+}
+
+impl Location {
+    /// True for `Device` (the serde default).
+    pub fn is_device(&self) -> bool {
+        *self == Location::Device
+    }
 }
 
 impl Buffer {
@@ -580,10 +611,20 @@ pub struct MemorySummary {
     /// product panel plus its per-thread L2 slab (`workspace::gemm_heap`).
     #[serde(default)]
     pub heap_bytes: u64,
-    /// `arena_bytes + heap_bytes`: the most a rank holds during a step, the
-    /// figure the runtime's measured peak is compared with.
+    /// `arena_bytes + host_arena_bytes + heap_bytes`: the most a rank holds
+    /// during a step, the figure the runtime's measured peak is compared
+    /// with.
     #[serde(default)]
     pub rank_bytes: u64,
+    /// `cpu_offload`: the maximum of live host bytes (parameter and
+    /// gradient shards, optimizer state; all persistent). `peak_bytes`,
+    /// `arena_bytes` and `breakdown` count the device only. 0 without
+    /// offload.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_peak_bytes: u64,
+    /// `cpu_offload`: size of the host arena (>= `host_peak_bytes`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_arena_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]

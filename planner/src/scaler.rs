@@ -23,7 +23,7 @@
 
 use crate::error::PlanError;
 use crate::plan::{
-    Buffer, BufferId, BufferKind, EventId, Group, Instr, InstrOp, LossScaler, Stream,
+    Buffer, BufferId, BufferKind, EventId, Group, Instr, InstrOp, Location, LossScaler, Stream,
 };
 use crate::schedule::Schedule;
 use fsdpc_ir::{DType, Op, Phase, TrainingProgram};
@@ -144,6 +144,7 @@ fn new_scalar(sched: &mut Schedule, kind: BufferKind, bytes: u64) -> BufferId {
         start: 0,
         end: None,
         stream: None,
+        location: Location::Device,
     });
     id
 }

@@ -338,7 +338,7 @@ fn execute(
             .map(|rank| {
                 // The arena is what the rank holds: it counts as the rank's.
                 let _tag = tag_of(rank).map(RankTag::enter);
-                Arena::new(plan.memory.arena_bytes)
+                Arena::for_plan(plan)
             })
             .collect(),
         ExecMode::DebugAlloc => Vec::new(),
@@ -488,7 +488,7 @@ pub fn train_rank(
     let mut arena = match opts.mode {
         ExecMode::Arena => {
             let _tag = tag.map(RankTag::enter);
-            Some(Arena::new(plan.memory.arena_bytes))
+            Some(Arena::for_plan(plan))
         }
         ExecMode::DebugAlloc => None,
     };
@@ -1284,8 +1284,8 @@ fn check_fits_host(plan: &Plan, mode: ExecMode) -> Result<(), RuntimeError> {
         )));
     }
     let per_rank = match mode {
-        ExecMode::Arena => plan.memory.arena_bytes,
-        ExecMode::DebugAlloc => plan.memory.peak_bytes,
+        ExecMode::Arena => plan.memory.arena_bytes + plan.memory.host_arena_bytes,
+        ExecMode::DebugAlloc => plan.memory.peak_bytes + plan.memory.host_peak_bytes,
     };
     let need = per_rank.saturating_mul(world as u64);
     match host_memory_bytes() {

@@ -243,6 +243,7 @@ impl<'a> Lowering<'a> {
             start: 0,
             end: None,
             stream: None,
+            location: Location::Device,
         });
         id
     }
