@@ -150,6 +150,47 @@ fn full_shard_to_no_shard_is_bit_identical() {
     assert_eq!((loss, param), (0.0, 0.0));
 }
 
+/// `gpt` at world 4 planned hybrid: 2 replica groups of F = 2.
+fn hybrid_plan() -> Plan {
+    common::plan_with(
+        &gpt(4),
+        4,
+        &fsdpc_planner::FsdpConfig {
+            strategy: Strategy::HybridShard,
+            shard_factor: Some(2),
+            ..Default::default()
+        },
+    )
+}
+
+/// Hybrid sharding saves the first replica group's shards (F = 2 files)
+/// and resumes bit-identically; its checkpoint resumes under full_shard at
+/// world 4 (re-sharded from F = 2 to F = 4) and back, within the
+/// re-shard tolerance.
+#[test]
+fn hybrid_checkpoints_resume_and_reshard() {
+    let h = hybrid_plan();
+    assert_eq!(h.config.shard_factor, 2);
+    let full = ok(&h, &opts(6));
+    let dir = tmp();
+    checkpoint_at_3(&h, dir.path());
+    let rest = resume(&h, dir.path()).unwrap_or_else(|e| panic!("resume fails: {e}"));
+    let (full_loss, full_params) = bits(&full);
+    let (b, params) = bits(&rest);
+    assert_eq!(b, full_loss[3..], "resumed hybrid steps 3..6");
+    assert_eq!(params, full_params, "final hybrid parameters");
+    check_reshard(
+        &h,
+        &gpt_plan(4, Strategy::FullShard),
+        "hybrid 2x2 -> full_shard 4",
+    );
+    check_reshard(
+        &gpt_plan(4, Strategy::FullShard),
+        &h,
+        "full_shard 4 -> hybrid 2x2",
+    );
+}
+
 /// A checkpoint of 3 steps at world 2, its step directory and the bytes of
 /// every file in it.
 fn saved() -> (tempfile::TempDir, PathBuf, Plan) {

@@ -139,3 +139,44 @@ fn mlp_with_sgd() {
         &sgd,
     );
 }
+
+/// The strategies that keep parameters gathered longer or replicate shards
+/// (ZeRO-2, hybrid 2 x 2, a slice kept over 2 ranks): the plan still states
+/// what the ranks hold.
+#[test]
+fn gpt_other_strategies_world_4() {
+    use fsdpc_planner::ReshardAfterForward;
+    for c in [
+        cfg(Strategy::ShardGradOp, CheckpointPolicy::None),
+        FsdpConfig {
+            shard_factor: Some(2),
+            ..cfg(Strategy::HybridShard, CheckpointPolicy::None)
+        },
+        FsdpConfig {
+            reshard_after_forward: Some(ReshardAfterForward::To(2)),
+            ..cfg(Strategy::FullShard, CheckpointPolicy::None)
+        },
+    ] {
+        check(GPT, 4, &c, &adamw());
+    }
+}
+
+/// Gradient accumulation: 2 micro-batches reduced each (partial shards
+/// added into the gradient shard) and with `no_sync` (every flat gradient
+/// held across the micro-batches).
+#[test]
+fn gpt_gradient_accumulation_world_2() {
+    for no_sync in [false, true] {
+        let c = FsdpConfig {
+            grad_accum: 2,
+            no_sync,
+            ..cfg(Strategy::FullShard, CheckpointPolicy::None)
+        };
+        check(
+            "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=2",
+            2,
+            &c,
+            &adamw(),
+        );
+    }
+}

@@ -83,6 +83,16 @@ fn no_shard_processes_match_thread_ranks() {
     check(2, &["--strategy", "no_shard"]);
 }
 
+/// Collectives over sub-groups of the MPI world match the thread ranks bit
+/// for bit: hybrid sharding (2 groups of 2: shard groups and replica
+/// groups), and full sharding over 4 with a slice kept over 2 ranks after
+/// forward (backward's gathers over pairs).
+#[test]
+fn hybrid_processes_match_thread_ranks() {
+    check(4, &["--strategy", "hybrid_shard", "--shard-factor", "2"]);
+    check(4, &["--shard-factor", "4", "--reshard-after-forward", "2"]);
+}
+
 #[test]
 fn a_plan_for_another_world_is_refused_naming_both() {
     let out = mpirun(2)

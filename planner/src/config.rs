@@ -1,7 +1,9 @@
 //! The FSDP configuration a user chooses, and parsers for the CLI's strings.
 
 use crate::error::PlanError;
-use crate::plan::{BackwardPrefetch, CheckpointPolicy, SharedParams, Strategy, WrapPolicy};
+use crate::plan::{
+    BackwardPrefetch, CheckpointPolicy, ReshardAfterForward, SharedParams, Strategy, WrapPolicy,
+};
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
 
@@ -9,6 +11,32 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FsdpConfig {
     pub strategy: Strategy,
+    /// F, the ranks one flat parameter is sharded over (`--shard-factor`);
+    /// `None`: the strategy's default (the world; one node for the hybrid
+    /// strategies; 1 for no_shard). Must divide the world.
+    #[serde(default)]
+    pub shard_factor: Option<u32>,
+    /// What non-root units do with gathered parameters after forward;
+    /// `None`: the strategy's default (`Full` for full_shard and
+    /// hybrid_shard, `Keep` for the ZeRO-2 strategies).
+    #[serde(default)]
+    pub reshard_after_forward: Option<ReshardAfterForward>,
+    /// Issue each forward gather before compute reaches its unit (`true`)
+    /// or at first use (`false`).
+    #[serde(default = "yes")]
+    pub forward_prefetch: bool,
+    /// How many windows ahead gathers are issued, forward and backward
+    /// (at least 1; the rate limiter still bounds how many are alive).
+    #[serde(default = "one")]
+    pub prefetch_depth: u32,
+    /// Micro-batches per optimizer step (`--grad-accum K`, at least 1).
+    #[serde(default = "one")]
+    pub grad_accum: u32,
+    /// With `grad_accum > 1`, accumulate unsharded gradients and reduce once
+    /// per step (`--no-sync`, PyTorch's `no_sync()`), instead of
+    /// reduce-scattering every micro-batch.
+    #[serde(default)]
+    pub no_sync: bool,
     pub wrap: WrapPolicy,
     pub backward_prefetch: BackwardPrefetch,
     /// At most this many resharded units' gathered parameters alive at once
@@ -43,6 +71,13 @@ pub struct FsdpConfig {
     /// `units`).
     #[serde(default)]
     pub shared_params: SharedParams,
+    /// Keep parameter and gradient shards and optimizer state in host
+    /// memory, copied to and from the device on the offload stream; the
+    /// optimizer runs on the host (`--cpu-offload`, PyTorch's
+    /// `CPUOffload(offload_params=True)`; see `schedule::offload`).
+    /// Needs a sharded strategy.
+    #[serde(default)]
+    pub cpu_offload: bool,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -53,6 +88,12 @@ impl Default for FsdpConfig {
     fn default() -> FsdpConfig {
         FsdpConfig {
             strategy: Strategy::FullShard,
+            shard_factor: None,
+            reshard_after_forward: None,
+            forward_prefetch: true,
+            prefetch_depth: 1,
+            grad_accum: 1,
+            no_sync: false,
             wrap: WrapPolicy::Blocks,
             backward_prefetch: BackwardPrefetch::Pre,
             limit_all_gathers: 2,
@@ -64,17 +105,69 @@ impl Default for FsdpConfig {
             clip_grad_norm: None,
             freeze: Vec::new(),
             shared_params: SharedParams::Root,
+            cpu_offload: false,
             check_fits: true,
         }
     }
 }
 
 impl FsdpConfig {
-    /// The sharding factor F for `world` ranks.
-    pub fn shard_factor(&self, world: u32) -> u32 {
-        match self.strategy {
-            Strategy::FullShard => world,
+    /// The sharding factor F for `world` ranks, `ranks_per_node` to a node:
+    /// the user's, or the strategy's default. An F that does not divide the
+    /// world (or is not 1 under no_shard) is `PlanError::BadConfig`.
+    pub fn shard_factor(&self, world: u32, ranks_per_node: u32) -> Result<u32, PlanError> {
+        let world = world.max(1);
+        let default = match self.strategy {
             Strategy::NoShard => 1,
+            s if s.is_hybrid() => ranks_per_node.clamp(1, world),
+            _ => world,
+        };
+        let f = self.shard_factor.unwrap_or(default);
+        let bad = |reason: String| PlanError::BadConfig {
+            what: "shard_factor",
+            value: f.to_string(),
+            reason,
+        };
+        if self.strategy == Strategy::NoShard && f != 1 {
+            return Err(bad("no_shard replicates every parameter: F is 1".into()));
+        }
+        if f == 0 || !world.is_multiple_of(f) {
+            let divisors: Vec<String> = (1..=world)
+                .filter(|d| world.is_multiple_of(*d))
+                .map(|d| d.to_string())
+                .collect();
+            return Err(bad(format!(
+                "must divide the world of {world} ranks: one of {}",
+                divisors.join(", ")
+            )));
+        }
+        Ok(f)
+    }
+
+    /// What non-root units do after forward for sharding factor `f`: the
+    /// user's setting or the strategy's, with `To(1)` read as `Keep` and
+    /// `To(f)` as `Full`. An n that does not divide F is
+    /// `PlanError::BadConfig`.
+    pub fn reshard(&self, f: u32) -> Result<ReshardAfterForward, PlanError> {
+        let default = if self.strategy.reshards_after_forward() {
+            ReshardAfterForward::Full
+        } else {
+            ReshardAfterForward::Keep
+        };
+        if f <= 1 {
+            return Ok(ReshardAfterForward::Keep);
+        }
+        match self.reshard_after_forward.unwrap_or(default) {
+            ReshardAfterForward::To(1) => Ok(ReshardAfterForward::Keep),
+            ReshardAfterForward::To(n) if n == f => Ok(ReshardAfterForward::Full),
+            ReshardAfterForward::To(n) if n == 0 || !f.is_multiple_of(n) => {
+                Err(PlanError::BadConfig {
+                    what: "reshard_after_forward",
+                    value: n.to_string(),
+                    reason: format!("must divide the shard factor {f}"),
+                })
+            }
+            r => Ok(r),
         }
     }
 
@@ -88,6 +181,19 @@ impl FsdpConfig {
         if self.limit_all_gathers == 0 {
             return Err(bad("limit_all_gathers", "0".into(), "must be at least 1"));
         }
+        if self.prefetch_depth == 0 {
+            return Err(bad("prefetch_depth", "0".into(), "must be at least 1"));
+        }
+        if self.grad_accum == 0 {
+            return Err(bad("grad_accum", "0".into(), "must be at least 1"));
+        }
+        if self.no_sync && self.grad_accum <= 1 {
+            return Err(bad(
+                "no_sync",
+                "true".into(),
+                "skips gradient reduction between micro-batches: give grad_accum > 1",
+            ));
+        }
         if let Some(x) = self.clip_grad_norm {
             if !(x.is_finite() && x > 0.0) {
                 return Err(bad(
@@ -96,6 +202,13 @@ impl FsdpConfig {
                     "must be a finite number greater than 0",
                 ));
             }
+        }
+        if self.cpu_offload && self.strategy == Strategy::NoShard {
+            return Err(bad(
+                "cpu_offload",
+                "true".into(),
+                "needs a sharded strategy (no_shard's kernels read the parameters in place)",
+            ));
         }
         crate::precision::check(self)
     }
@@ -163,18 +276,54 @@ impl SharedParams {
 
 impl Strategy {
     /// The values `Strategy::parse` accepts.
-    pub const ALLOWED: &'static str = "full_shard, no_shard";
+    pub const ALLOWED: &'static str =
+        "full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2, no_shard";
 
-    /// Parses `full_shard` or `no_shard` (PyTorch's upper-case names too).
+    /// Parses a strategy by its PyTorch name (`full_shard`, `FULL_SHARD`,
+    /// `ShardingStrategy.HYBRID_SHARD`, `_hybrid_shard_zero2`).
     pub fn parse(s: &str) -> Result<Strategy, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "full_shard" => Ok(Strategy::FullShard),
-            "no_shard" => Ok(Strategy::NoShard),
-            _ => Err(PlanError::BadConfig {
+        let name = s.trim().to_ascii_lowercase();
+        let name = name.strip_prefix("shardingstrategy.").unwrap_or(&name);
+        let name = name.trim_start_matches('_');
+        Strategy::ALL
+            .into_iter()
+            .find(|st| st.name() == name)
+            .ok_or_else(|| PlanError::BadConfig {
                 what: "strategy",
                 value: s.to_string(),
                 reason: format!("allowed values: {}", Strategy::ALLOWED),
-            }),
+            })
+    }
+}
+
+impl ReshardAfterForward {
+    /// The values `ReshardAfterForward::parse` accepts.
+    pub const ALLOWED: &'static str = "true, false, or a number of ranks n dividing F";
+
+    /// Parses `true`, `false` or a whole number n >= 1 (FSDP2's forms).
+    pub fn parse(s: &str) -> Result<ReshardAfterForward, PlanError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "true" => Ok(ReshardAfterForward::Full),
+            "false" => Ok(ReshardAfterForward::Keep),
+            n => n
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .map(ReshardAfterForward::To)
+                .ok_or_else(|| PlanError::BadConfig {
+                    what: "reshard_after_forward",
+                    value: s.to_string(),
+                    reason: format!("allowed values: {}", ReshardAfterForward::ALLOWED),
+                }),
+        }
+    }
+
+    /// The setting as `parse` accepts it.
+    pub fn name(self) -> String {
+        match self {
+            ReshardAfterForward::Full => "true".into(),
+            ReshardAfterForward::Keep => "false".into(),
+            ReshardAfterForward::To(n) => n.to_string(),
         }
     }
 }
@@ -248,4 +397,12 @@ fn module_paths(list: &str) -> Result<Vec<String>, String> {
         return Err("give at least one module path".into());
     }
     Ok(paths)
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
 }

@@ -1,9 +1,13 @@
 //! The cost model: kernel time by roofline, collective time by the
-//! alpha-beta model of ring algorithms.
+//! alpha-beta model of ring algorithms. Under `cpu_offload` a host <-> device
+//! copy moves its bytes at `Hardware::host_bw`, and the optimizer tail over
+//! host shards (optimizer steps, clipping) runs at host memory speed
+//! (`Hardware::host_mem_bw`; it is memory-bound).
 
 use crate::cluster::Cluster;
 use crate::plan::*;
 use fsdpc_ir::Graph;
+use serde::Serialize;
 
 /// Floating-point operations of one kernel (forward or backward), by the
 /// IR's per-op FLOP rules.
@@ -58,6 +62,13 @@ pub fn group_shape(plan: &Plan, group: Group) -> (u32, bool) {
             world / f,
             world / f > 1 && f.saturating_mul(world / f) > rpn,
         ),
+        Group::Reshard => {
+            let n = match plan.config.reshard_after_forward {
+                ReshardAfterForward::To(n) => n.clamp(1, f),
+                _ => f,
+            };
+            (n, n > rpn)
+        }
     }
 }
 
@@ -102,12 +113,22 @@ fn wire_bytes(plan: &Plan, b: BufferId, dtype: fsdpc_ir::DType) -> u64 {
 /// and the bytes it sends.
 pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
     let bytes_of = |b: &BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
+    // Memory bandwidth where buffer `b` lives.
+    let bw_at = |b: &BufferId| match plan.buffers.get(b.index()).map(|b| b.location) {
+        Some(Location::Host) => cluster.hardware.host_mem_bw.max(1.0),
+        _ => cluster.hardware.mem_bw.max(1.0),
+    };
     match &ins.op {
-        InstrOp::AllGather { dst, dtype, .. }
+        InstrOp::AllGather {
+            dst, group, dtype, ..
+        }
         | InstrOp::ReduceScatter {
-            src: dst, dtype, ..
+            src: dst,
+            group,
+            dtype,
+            ..
         } => {
-            let (n, inter) = group_shape(plan, Group::Shard);
+            let (n, inter) = group_shape(plan, *group);
             let bytes = wire_bytes(plan, *dst, *dtype);
             (ring_time(n, bytes, inter, cluster), ring_bytes(n, bytes))
         }
@@ -124,7 +145,8 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
                 2 * ring_bytes(n, bytes),
             )
         }
-        InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
+        InstrOp::NormAllReduce { buffer, group }
+        | InstrOp::FoundInfAllReduce { buffer, group } => {
             // A scalar cannot be split into n ring chunks: each of the
             // 2 (n - 1) ring steps sends the whole scalar.
             let (n, inter) = group_shape(plan, *group);
@@ -135,13 +157,24 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
             )
         }
         InstrOp::GradNormSq { grads, .. } => {
-            let b: u64 = grads.iter().map(bytes_of).sum();
+            let t = grads.iter().map(|g| bytes_of(g) as f64 / bw_at(g)).sum();
+            (t, 0)
+        }
+        InstrOp::Copy { src, .. } => (bytes_of(src) as f64 / cluster.hardware.host_bw.max(1.0), 0),
+        InstrOp::Accumulate { dst, .. } => {
+            // Reads both operands, writes one.
+            let b = 3 * bytes_of(dst);
+            (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
+        }
+        InstrOp::Reshard { dst, .. } => {
+            // Reads and writes the kept slice.
+            let b = 2 * bytes_of(dst);
             (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
         }
         InstrOp::ClipGrads { grads, .. } => {
             // Reads and writes the gradient shard.
             let b = 2 * bytes_of(grads);
-            (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
+            (b as f64 / bw_at(grads), 0)
         }
         InstrOp::Kernel { node, .. } if plan.training.graph.contains(*node) => {
             let g = &plan.training.graph;
@@ -160,8 +193,57 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         InstrOp::OptimizerStep { params, state, .. } => {
             // Reads params, grads and state, writes params and state.
             let b = bytes_of(params) * (3 + 2 * state.len() as u64);
-            (b as f64 / cluster.hardware.mem_bw.max(1.0), 0)
+            (b as f64 / bw_at(params), 0)
         }
         _ => (0.0, 0),
     }
+}
+
+/// One kind of collective over one kind of group, summed over a step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Traffic {
+    /// `all_gather`, `reduce_scatter` or `all_reduce`.
+    pub op: &'static str,
+    pub group: Group,
+    /// Ranks in each such group.
+    pub ranks: u32,
+    /// Whether the group spans nodes (`group_shape`).
+    pub inter_node: bool,
+    /// Collectives of this kind per step.
+    pub count: usize,
+    /// Bytes each rank sends in them per step (ring algorithms).
+    pub bytes_sent: u64,
+}
+
+/// The plan's collectives per step, by operation and group, in first-use
+/// order: how many bytes a rank sends inside a node and across nodes.
+pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
+    let mut out: Vec<Traffic> = Vec::new();
+    for ins in &plan.instructions {
+        let (op, group) = match ins.op {
+            InstrOp::AllGather { group, .. } => ("all_gather", group),
+            InstrOp::ReduceScatter { group, .. } => ("reduce_scatter", group),
+            InstrOp::AllReduce { group, .. }
+            | InstrOp::NormAllReduce { group, .. }
+            | InstrOp::FoundInfAllReduce { group, .. } => ("all_reduce", group),
+            _ => continue,
+        };
+        let (ranks, inter_node) = group_shape(plan, group);
+        let (_, bytes) = instr_cost(plan, cluster, ins);
+        match out.iter_mut().find(|t| t.op == op && t.group == group) {
+            Some(t) => {
+                t.count += 1;
+                t.bytes_sent += bytes;
+            }
+            None => out.push(Traffic {
+                op,
+                group,
+                ranks,
+                inter_node,
+                count: 1,
+                bytes_sent: bytes,
+            }),
+        }
+    }
+    out
 }

@@ -45,7 +45,7 @@ fn suggestion(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> String {
     }
     let base = match cfg.strategy {
         Strategy::NoShard => measured.first().map(|(_, p)| p),
-        Strategy::FullShard => Some(plan),
+        _ => Some(plan),
     };
     let Some(base) = base else {
         return smallest_world(plan, cluster, plan.config.strategy.name());

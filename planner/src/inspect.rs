@@ -15,6 +15,14 @@ pub struct Summary {
     pub ranks_per_node: u32,
     pub strategy: String,
     pub shard_factor: u32,
+    /// What non-root units do with gathered parameters after forward.
+    pub reshard_after_forward: ReshardAfterForward,
+    pub forward_prefetch: bool,
+    pub prefetch_depth: u32,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: u32,
+    /// Whether gradients are reduced once per step (`no_sync`).
+    pub no_sync: bool,
     pub wrap: WrapPolicy,
     pub backward_prefetch: BackwardPrefetch,
     pub limit_all_gathers: u32,
@@ -24,6 +32,9 @@ pub struct Summary {
     /// The total gradient norm gradients are clipped to (absent: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm: Option<f64>,
+    /// The mixed-precision policy (absent: everything f32).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionSummary>,
     /// The `--freeze` patterns (empty: every parameter trainable).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<String>,
@@ -34,9 +45,6 @@ pub struct Summary {
     /// allocate.
     #[serde(skip_serializing_if = "is_zero")]
     pub frozen_saved_bytes: u64,
-    /// The mixed-precision policy (absent: everything f32).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub precision: Option<PrecisionSummary>,
     pub peak_bytes_per_rank: u64,
     /// Instruction index of the peak.
     pub peak_at: u32,
@@ -48,8 +56,31 @@ pub struct Summary {
     pub heap_bytes: u64,
     /// Arena plus that heap: the most a rank holds during a step.
     pub rank_bytes: u64,
+    /// Shards and optimizer state in host memory (`cpu_offload`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cpu_offload: bool,
+    /// Peak of host memory per rank (`cpu_offload`; 0 without).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_peak_bytes: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_arena_bytes: u64,
+    /// Host bytes by buffer kind (all host buffers are persistent).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub host_breakdown: Vec<(BufferKind, u64)>,
+    /// Bytes copied host -> device and device -> host per rank and step.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub copied_to_device_bytes: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub copied_to_host_bytes: u64,
+    /// The host <-> device bandwidth the estimates charge copies at.
+    pub host_bw: f64,
     pub units: Vec<UnitSummary>,
     pub comm_bytes_per_step: u64,
+    /// Collectives by operation and group: count and bytes sent per rank
+    /// per step, inside a node or across nodes.
+    pub traffic: Vec<crate::cost::Traffic>,
+    /// Bytes a rank sends per step in groups that span nodes.
+    pub inter_node_bytes: u64,
     pub all_gathers: usize,
     pub reduce_scatters: usize,
     pub all_reduces: usize,
@@ -127,8 +158,11 @@ fn precision_summary(plan: &Plan) -> Option<PrecisionSummary> {
 /// The summary of `plan`.
 pub fn summary(plan: &Plan) -> Summary {
     let count = |f: fn(&InstrOp) -> bool| plan.instructions.iter().filter(|i| f(&i.op)).count();
+    // The offload stream is listed only when the plan offloads, so other
+    // plans read as before.
     let per_stream = Stream::ALL
         .iter()
+        .filter(|&&s| s != Stream::Offload || plan.config.cpu_offload)
         .map(|&s| {
             (
                 s,
@@ -137,6 +171,7 @@ pub fn summary(plan: &Plan) -> Summary {
         })
         .collect();
     let e = &plan.estimates;
+    let traffic = crate::cost::traffic(plan, &crate::cluster::Cluster::from_info(&plan.cluster));
     Summary {
         model: plan.model.name.clone(),
         params: plan.model.params,
@@ -145,6 +180,11 @@ pub fn summary(plan: &Plan) -> Summary {
         ranks_per_node: plan.cluster.ranks_per_node,
         strategy: plan.config.strategy.name().to_string(),
         shard_factor: plan.config.shard_factor,
+        reshard_after_forward: plan.config.reshard_after_forward,
+        forward_prefetch: plan.config.forward_prefetch,
+        prefetch_depth: plan.config.prefetch_depth,
+        grad_accum: plan.config.grad_accum,
+        no_sync: plan.config.no_sync,
         wrap: plan.config.wrap.clone(),
         backward_prefetch: plan.config.backward_prefetch,
         limit_all_gathers: plan.config.limit_all_gathers,
@@ -157,10 +197,10 @@ pub fn summary(plan: &Plan) -> Summary {
             .map(|u| u.module.clone())
             .collect(),
         clip_grad_norm: plan.config.clip_grad_norm,
+        precision: precision_summary(plan),
         freeze: plan.config.freeze.clone(),
         shared_params: plan.config.shared_params,
         frozen_saved_bytes: frozen_saved_bytes(plan),
-        precision: precision_summary(plan),
         peak_bytes_per_rank: plan.memory.peak_bytes,
         peak_at: plan.memory.peak_at,
         arena_bytes: plan.memory.arena_bytes,
@@ -168,8 +208,21 @@ pub fn summary(plan: &Plan) -> Summary {
         breakdown: plan.memory.breakdown.clone(),
         heap_bytes: plan.memory.heap_bytes,
         rank_bytes: plan.memory.rank_bytes,
+        cpu_offload: plan.config.cpu_offload,
+        host_peak_bytes: plan.memory.host_peak_bytes,
+        host_arena_bytes: plan.memory.host_arena_bytes,
+        host_breakdown: host_breakdown(plan),
+        copied_to_device_bytes: copied_bytes(plan, Location::Device),
+        copied_to_host_bytes: copied_bytes(plan, Location::Host),
+        host_bw: plan.cluster.hardware.host_bw,
         units: plan.units.iter().map(unit_summary).collect(),
         comm_bytes_per_step: e.comm_bytes_per_step,
+        inter_node_bytes: traffic
+            .iter()
+            .filter(|t| t.inter_node)
+            .map(|t| t.bytes_sent)
+            .sum(),
+        traffic,
         all_gathers: count(|op| matches!(op, InstrOp::AllGather { .. })),
         reduce_scatters: count(|op| matches!(op, InstrOp::ReduceScatter { .. })),
         all_reduces: count(|op| {
@@ -253,6 +306,28 @@ pub fn render_text(plan: &Plan) -> String {
     out
 }
 
+/// Host bytes by buffer kind.
+fn host_breakdown(plan: &Plan) -> Vec<(BufferKind, u64)> {
+    let mut by_kind: std::collections::BTreeMap<BufferKind, u64> = Default::default();
+    for b in plan.buffers.iter().filter(|b| b.location == Location::Host) {
+        *by_kind.entry(b.kind).or_default() += b.bytes;
+    }
+    by_kind.into_iter().collect()
+}
+
+/// Bytes the plan's copies move into `to` per step.
+fn copied_bytes(plan: &Plan, to: Location) -> u64 {
+    plan.instructions
+        .iter()
+        .filter_map(|i| match i.op {
+            InstrOp::Copy { dst, .. } => plan.buffers.get(dst.index()),
+            _ => None,
+        })
+        .filter(|b| b.location == to)
+        .map(|b| b.bytes)
+        .sum()
+}
+
 fn header(out: &mut String, s: &Summary) {
     let _ = writeln!(
         out,
@@ -277,6 +352,52 @@ fn header(out: &mut String, s: &Summary) {
         format!("{:?}", s.backward_prefetch).to_lowercase(),
         s.limit_all_gathers
     );
+    let groups = s.world / s.shard_factor.max(1);
+    if groups > 1 && s.shard_factor > 1 {
+        let _ = writeln!(
+            out,
+            "hybrid    {groups} replica groups of F = {} ranks: gradient shards all-reduced across the groups",
+            s.shard_factor
+        );
+    }
+    // Shown only when not the defaults, so other plans read as before.
+    let reshard = match s.reshard_after_forward {
+        ReshardAfterForward::Full => None,
+        ReshardAfterForward::Keep if s.shard_factor > 1 => {
+            Some("gathered parameters kept from forward to backward".to_string())
+        }
+        ReshardAfterForward::Keep => None,
+        ReshardAfterForward::To(n) => Some(format!(
+            "each rank keeps a 1/{n} slice after forward; backward gathers over {n} ranks"
+        )),
+    };
+    if let Some(r) = reshard {
+        let _ = writeln!(out, "reshard   after forward: {r}");
+    }
+    if s.grad_accum > 1 {
+        let how = if s.no_sync {
+            "unsharded gradients accumulated across them and reduced once per step (no_sync): fewer bytes reduced, every unit's flat gradient held until the last micro-batch"
+        } else {
+            "gradients reduced every micro-batch and added into the gradient shard: K times the bytes reduced, one flat gradient at a time"
+        };
+        let _ = writeln!(
+            out,
+            "accumulate {} micro-batches per optimizer step, {how}",
+            s.grad_accum
+        );
+    }
+    if !s.forward_prefetch || s.prefetch_depth != 1 {
+        let _ = writeln!(
+            out,
+            "prefetch  forward {}, depth {}",
+            if s.forward_prefetch {
+                "on"
+            } else {
+                "off (at first use)"
+            },
+            s.prefetch_depth
+        );
+    }
     // Shown only when on, so tables of plans without it read as before.
     if !s.checkpointed_units.is_empty() {
         let _ = writeln!(
@@ -307,6 +428,15 @@ fn header(out: &mut String, s: &Summary) {
     }
     if let Some(p) = &s.precision {
         precision_lines(out, p);
+    }
+    if s.cpu_offload {
+        let _ = writeln!(
+            out,
+            "offload   shards and optimizer state in host memory, optimizer on the host; per step {} in before the all-gathers, {} out after the reductions (offload stream, {:.1} GB/s)",
+            human_bytes(s.copied_to_device_bytes),
+            human_bytes(s.copied_to_host_bytes),
+            s.host_bw / 1e9
+        );
     }
     let streams: Vec<String> = s
         .instructions_per_stream
@@ -393,7 +523,8 @@ fn frozen_table(out: &mut String, s: &Summary) {
     };
     let _ = writeln!(
         out,
-        "\nfrozen parameters ({how}): {} of {} elements; no gradient, reduce-scatter or optimizer state for them, {} per rank not allocated",
+        "
+frozen parameters ({how}): {} of {} elements; no gradient, reduce-scatter or optimizer state for them, {} per rank not allocated",
         human_count(frozen),
         human_count(total),
         human_bytes(s.frozen_saved_bytes)
@@ -424,7 +555,8 @@ fn memory_table(out: &mut String, s: &Summary) {
     };
     let _ = writeln!(
         out,
-        "\nmemory per rank: peak {} at instruction {} (arena {}, capacity {}: {})",
+        "\n{}memory per rank: peak {} at instruction {} (arena {}, capacity {}: {})",
+        if s.cpu_offload { "device " } else { "" },
         human_bytes(s.peak_bytes_per_rank),
         s.peak_at,
         human_bytes(s.arena_bytes),
@@ -441,9 +573,35 @@ fn memory_table(out: &mut String, s: &Summary) {
     }
     let _ = writeln!(
         out,
-        "  {:<16} {:>12}  (matmul packing, outside the arena)\nrank holds at most {} (arena + heap)",
+        "  {:<16} {:>12}  (matmul packing, outside the arena)",
         "Heap",
         human_bytes(s.heap_bytes),
+    );
+    if !s.cpu_offload {
+        let _ = writeln!(
+            out,
+            "rank holds at most {} (arena + heap)",
+            human_bytes(s.rank_bytes)
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "host memory per rank: peak {} (host arena {})",
+        human_bytes(s.host_peak_bytes),
+        human_bytes(s.host_arena_bytes)
+    );
+    for (kind, bytes) in &s.host_breakdown {
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>12}",
+            format!("{kind:?}"),
+            human_bytes(*bytes)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "rank holds at most {} (device arena + host arena + heap)",
         human_bytes(s.rank_bytes)
     );
 }
@@ -456,6 +614,27 @@ fn estimates(out: &mut String, s: &Summary) {
         s.all_gathers,
         s.reduce_scatters,
         s.all_reduces
+    );
+    for t in &s.traffic {
+        let _ = writeln!(
+            out,
+            "  {:<15} {:<10} {:>4} ranks {:<10} x{:<5} {:>12}",
+            t.op,
+            format!("{:?}", t.group).to_lowercase(),
+            t.ranks,
+            if t.inter_node {
+                "inter-node"
+            } else {
+                "intra-node"
+            },
+            t.count,
+            human_bytes(t.bytes_sent)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  across nodes: {} per rank and step",
+        human_bytes(s.inter_node_bytes)
     );
     let _ = writeln!(
         out,

@@ -49,6 +49,7 @@ pub mod units;
 pub mod validate;
 mod validate_fsdp;
 mod validate_layout;
+pub mod validate_offload;
 mod validate_precision;
 pub mod workspace;
 
@@ -84,8 +85,9 @@ pub fn compile_unchecked(
     cfg: &FsdpConfig,
 ) -> Result<Plan, PlanError> {
     cfg.check()?;
+    let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;
+    let reshard = cfg.reshard(shard_factor)?;
     let program = freeze::apply(program, &cfg.freeze)?;
-    let shard_factor = cfg.shard_factor(cluster.world);
     let program = precision::apply(program, cfg)?;
     let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
     let checkpointed_units: Vec<UnitId> =
@@ -100,6 +102,8 @@ pub fn compile_unchecked(
         units: &units,
         cfg,
         world: cluster.world,
+        shard_factor,
+        reshard,
     })?;
     if let Some(max_norm) = cfg.clip_grad_norm {
         clip::insert(&mut sched, max_norm, shard_factor > 1)?;
@@ -116,10 +120,14 @@ pub fn compile_unchecked(
     let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
     let mut memory = memory::plan_memory(&mut sched);
     memory.heap_bytes = heap_bytes;
-    memory.rank_bytes = memory.arena_bytes + heap_bytes;
+    memory.rank_bytes = memory.arena_bytes + memory.host_arena_bytes + heap_bytes;
     let mut plan = Plan {
         schema: SCHEMA.to_string(),
-        model,
+        // Each rank processes `grad_accum` micro-batches per step.
+        model: ModelInfo {
+            tokens_per_rank_step: model.tokens_per_rank_step * u64::from(cfg.grad_accum),
+            ..model
+        },
         cluster: cluster.info(),
         config: PlanConfig {
             strategy: cfg.strategy,
@@ -134,11 +142,22 @@ pub fn compile_unchecked(
             activation_checkpointing: cfg.activation_checkpointing.clone(),
             checkpointed_units,
             clip_grad_norm: cfg.clip_grad_norm,
+            reshard_after_forward: reshard,
+            forward_prefetch: cfg.forward_prefetch,
+            prefetch_depth: cfg.prefetch_depth,
+            grad_accum: cfg.grad_accum,
+            no_sync: cfg.no_sync && cfg.grad_accum > 1,
             freeze: cfg.freeze.clone(),
             shared_params: cfg.shared_params,
+            cpu_offload: cfg.cpu_offload,
         },
         units,
-        streams: Stream::ALL.to_vec(),
+        // The offload stream only where it is used, so other plans read as
+        // before.
+        streams: Stream::ALL
+            .into_iter()
+            .filter(|&s| s != Stream::Offload || cfg.cpu_offload)
+            .collect(),
         buffers: sched.buffers,
         events: sched.events,
         loss: sched.loss,

@@ -80,22 +80,99 @@ pub struct ClusterInfo {
     pub hardware: crate::cluster::Hardware,
 }
 
+/// PyTorch FSDP's sharding strategies. Every sharded strategy shards over
+/// groups of F ranks (`PlanConfig::shard_factor`); where F < world the
+/// groups are replicas of each other and each gradient shard is also
+/// all-reduced across them (hybrid sharding).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
-    /// ZeRO-3: F = world; parameters, gradients and optimizer state sharded.
+    /// ZeRO-3: parameters, gradients and optimizer state sharded; gathered
+    /// parameters freed after forward and gathered again for backward.
+    /// F defaults to the world.
     FullShard,
+    /// ZeRO-2: as `FullShard`, but gathered parameters are kept from forward
+    /// to backward (one all-gather per unit per step). F defaults to the world.
+    ShardGradOp,
+    /// `FullShard` inside each group of F ranks (F defaults to one node),
+    /// replicated across the groups.
+    HybridShard,
+    /// `ShardGradOp` inside each group of F ranks (F defaults to one node),
+    /// replicated across the groups.
+    HybridShardZero2,
     /// DDP: F = 1; gradients all-reduced.
     NoShard,
 }
 
 impl Strategy {
+    pub const ALL: [Strategy; 5] = [
+        Strategy::FullShard,
+        Strategy::ShardGradOp,
+        Strategy::HybridShard,
+        Strategy::HybridShardZero2,
+        Strategy::NoShard,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Strategy::FullShard => "full_shard",
+            Strategy::ShardGradOp => "shard_grad_op",
+            Strategy::HybridShard => "hybrid_shard",
+            Strategy::HybridShardZero2 => "hybrid_shard_zero2",
             Strategy::NoShard => "no_shard",
         }
     }
+
+    /// Whether gathered parameters are freed after forward by default
+    /// (PyTorch's `reshard_after_forward`).
+    pub fn reshards_after_forward(self) -> bool {
+        matches!(self, Strategy::FullShard | Strategy::HybridShard)
+    }
+
+    /// Whether F defaults to the ranks of one node rather than the world.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Strategy::HybridShard | Strategy::HybridShardZero2)
+    }
+}
+
+/// Where a parameter read by modules of two units (a tied embedding and
+/// output projection) is owned (see `units`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SharedParams {
+    /// In the root unit, gathered for the whole step.
+    #[default]
+    Root,
+    /// In the unit of its first reader; gathered again wherever another
+    /// unit reads it, its gradient summed from every use.
+    Owner,
+}
+
+impl SharedParams {
+    /// The values `SharedParams::parse` accepts.
+    pub const ALLOWED: &'static str = "root, owner";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SharedParams::Root => "root",
+            SharedParams::Owner => "owner",
+        }
+    }
+}
+
+/// What a non-root unit does with its gathered parameters after forward
+/// (FSDP2's `reshard_after_forward`; the root unit always keeps them).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReshardAfterForward {
+    /// Free them; backward gathers again over the shard group (`true`).
+    Full,
+    /// Keep them until the unit's backward is done (`false`; ZeRO-2).
+    Keep,
+    /// Keep this rank's 1/n slice (n divides F) and free the rest; backward
+    /// gathers over the n ranks of `Group::Reshard` (FSDP2's integer form,
+    /// ZeRO++ hpZ: with n ranks per node, backward's gather stays in a node).
+    To(u32),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -121,32 +198,6 @@ pub enum WrapPolicy {
     Size { min_numel: u64 },
     /// These module paths.
     Paths { paths: Vec<String> },
-}
-
-/// Where a parameter read by nodes of several units lives (see `units`).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SharedParams {
-    /// The innermost unit containing every reader, normally the root:
-    /// gathered once for the whole step, held the whole step.
-    #[default]
-    Root,
-    /// The unit of the module that defines it: gathered again (an extra
-    /// all-gather window of that unit) wherever another unit reads it.
-    Owner,
-}
-
-impl SharedParams {
-    /// The values `SharedParams::parse` accepts.
-    pub const ALLOWED: &'static str = "root, owner";
-
-    /// `root` or `owner`.
-    pub fn name(self) -> &'static str {
-        match self {
-            SharedParams::Root => "root",
-            SharedParams::Owner => "owner",
-        }
-    }
 }
 
 /// Which units re-run their forward in backward (activation checkpointing,
@@ -203,13 +254,46 @@ pub struct PlanConfig {
     /// parameters they froze have `requires_grad: false`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<String>,
-    /// Where parameters read by several units live (absent: `root`).
-    #[serde(default, skip_serializing_if = "is_root")]
+    /// Where parameters shared across units are owned (absent: the root).
+    #[serde(default)]
     pub shared_params: SharedParams,
+    /// What non-root units do after forward (absent in older plans: what the
+    /// strategy does by default).
+    #[serde(default = "reshard_full")]
+    pub reshard_after_forward: ReshardAfterForward,
+    /// Whether a forward gather is issued before compute reaches its unit
+    /// (absent in older plans: yes).
+    #[serde(default = "yes")]
+    pub forward_prefetch: bool,
+    /// How many windows ahead a gather is issued (absent: 1).
+    #[serde(default = "one")]
+    pub prefetch_depth: u32,
+    /// Micro-batches per optimizer step (absent: 1). The step's loss is the
+    /// `Loss` buffer (their sum) divided by it.
+    #[serde(default = "one")]
+    pub grad_accum: u32,
+    /// With `grad_accum > 1`: unsharded gradients accumulate across the
+    /// micro-batches and are reduced once (PyTorch's `no_sync()`), instead
+    /// of reduce-scattering every micro-batch into the gradient shard.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_sync: bool,
+    /// Parameter and gradient shards and optimizer state in host memory,
+    /// copied on the offload stream; the optimizer runs on the host
+    /// (PyTorch's `CPUOffload(offload_params=True)`; absent: no).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cpu_offload: bool,
 }
 
-fn is_root(s: &SharedParams) -> bool {
-    *s == SharedParams::Root
+fn reshard_full() -> ReshardAfterForward {
+    ReshardAfterForward::Full
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A dynamic loss scaler (PyTorch's `ShardedGradScaler`): the loss
@@ -340,10 +424,19 @@ pub enum Stream {
     Unshard,
     /// Reduce-scatters and all-reduces of gradients.
     Reduce,
+    /// Copies from host to device memory (`cpu_offload`): parameter shards
+    /// in before their all-gather. (Gradient shards go out on `Reduce`,
+    /// after their reduction.)
+    Offload,
 }
 
 impl Stream {
-    pub const ALL: [Stream; 3] = [Stream::Compute, Stream::Unshard, Stream::Reduce];
+    pub const ALL: [Stream; 4] = [
+        Stream::Compute,
+        Stream::Unshard,
+        Stream::Reduce,
+        Stream::Offload,
+    ];
     pub fn index(self) -> usize {
         self as usize
     }
@@ -357,6 +450,9 @@ pub enum BufferKind {
     ShardParams,
     /// A unit's full flat parameter after the all-gather.
     GatheredParams,
+    /// A rank's 1/n slice of a unit's flat parameter kept from forward to
+    /// backward (`ReshardAfterForward::To(n)`), in the gather dtype.
+    ReshardedParams,
     /// A unit's full (unsharded) flat gradient, before reduction.
     FlatGrads,
     /// `cpu_offload`: a unit's parameter shard copied from the host for its
@@ -367,6 +463,9 @@ pub enum BufferKind {
     StagedGrads,
     /// A rank's shard of a unit's reduced gradient (persistent).
     ShardGrads,
+    /// Gradient accumulation: one micro-batch's reduced gradient shard,
+    /// added into `ShardGrads`.
+    PartialGrads,
     /// Optimizer state for a unit's shard (persistent): one buffer per slot.
     OptimizerState,
     /// Forward activations and backward intermediate values.
@@ -462,6 +561,17 @@ pub enum Group {
     Shard,
     /// The world / F ranks that hold the same shard: ranks `r % F + k * F`.
     Replicate,
+    /// Under `ReshardAfterForward::To(n)`: the n consecutive ranks of rank
+    /// r's shard group that r is among, `b + (p / n) * n .. b + (p / n + 1) * n`
+    /// where `b = (r / F) * F` and `p = r % F`.
+    Reshard,
+}
+
+impl Group {
+    /// The shard group, the default of collectives that name no group.
+    pub fn shard() -> Group {
+        Group::Shard
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -474,23 +584,38 @@ pub struct Instr {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum InstrOp {
-    /// Gather a unit's shards (`src`, in the shard group) into its full flat
+    /// Gather the members' `src` (their shards over `group`: the shard
+    /// group, or `Reshard` from a resharded slice) into the unit's full flat
     /// parameter `dst`, cast to `dtype` first.
     AllGather {
         unit: UnitId,
         src: BufferId,
         dst: BufferId,
         dtype: DType,
+        #[serde(default = "Group::shard")]
+        group: Group,
     },
-    /// Sum the unit's full flat gradient `src` over the shard group, divide by
-    /// the world size, and keep this rank's shard in `dst`. Regions of `src`
-    /// not written by a gradient kernel (padding, frozen parameters) count as
-    /// zero.
+    /// Sum the unit's full flat gradient `src` over `group` (the shard
+    /// group), divide by the world size times `PlanConfig::grad_accum`, and
+    /// keep this rank's shard in `dst`. Regions of `src` not written by a gradient kernel (padding,
+    /// frozen parameters) count as zero.
     ReduceScatter {
         unit: UnitId,
         src: BufferId,
         dst: BufferId,
         dtype: DType,
+        #[serde(default = "Group::shard")]
+        group: Group,
+    },
+    /// Keep this rank's slice of the gathered flat parameter `src` in `dst`:
+    /// with n members of `group` (`Reshard`) and this rank at position p,
+    /// the elements `p * len .. (p + 1) * len`, `len` being `dst`'s.
+    /// Issued after a unit's forward under `ReshardAfterForward::To(n)`.
+    Reshard {
+        unit: UnitId,
+        src: BufferId,
+        dst: BufferId,
+        group: Group,
     },
     /// Sum `buffer` over `group` in place and divide by `divide_by`.
     AllReduce {
@@ -500,11 +625,15 @@ pub enum InstrOp {
         divide_by: u32,
         dtype: DType,
     },
-    /// Copy the data input of this name into `dst` (this rank's samples).
+    /// Copy the data input of this name into `dst`: this rank's samples of
+    /// micro-batch `micro_batch` (samples `(micro_batch * world + rank) *
+    /// b ..` of the step's global batch, `b` samples per rank).
     LoadInput {
         node: NodeId,
         name: String,
         dst: Slot,
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        micro_batch: u32,
     },
     /// Run the kernel of graph node `node`, with the first `workspace_bytes`
     /// of its stream's `Workspace` buffer as scratch.
@@ -515,13 +644,24 @@ pub enum InstrOp {
         outputs: Vec<Slot>,
         #[serde(default, skip_serializing_if = "is_zero")]
         workspace_bytes: u64,
+        /// The micro-batch the kernel computes on (its samples are those of
+        /// `LoadInput` with the same index: random masks follow them).
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        micro_batch: u32,
+    },
+    /// Gradient accumulation: add `src` into `dst` element by element (same
+    /// size and dtype; summed in f32, rounded once to the dtype).
+    Accumulate {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unit: Option<UnitId>,
+        src: BufferId,
+        dst: BufferId,
     },
     /// Update `params` (fp32 shard) from `grads` (reduced shard) with the
-    /// program's optimizer, using the state buffers. `grads` and the state
-    /// cover the shard's trainable part, its first elements
-    /// (`Unit::trainable_shard_numel`); the frozen part is not touched. With
-    /// `skip_if` (a `FoundInf` flag), not on a step where that flag is
-    /// nonzero.
+    /// program's optimizer, using the state buffers; with `skip_if` (a
+    /// `FoundInf` flag), not on a step where that flag is nonzero. `grads`
+    /// and the state cover the shard's trainable part, its first elements
+    /// (`Unit::trainable_shard_numel`); the frozen part is not touched.
     OptimizerStep {
         unit: UnitId,
         params: BufferId,
@@ -579,6 +719,15 @@ pub enum InstrOp {
     },
     /// The buffer's memory may be reused after this point.
     Free { buffer: BufferId },
+    /// `cpu_offload`: copy all of `src` into `dst` (same size, one in host
+    /// memory and the other on the device): a unit's parameter shard in
+    /// before its all-gather (offload stream), its reduced gradient shard
+    /// out before its optimizer step (reduce stream).
+    Copy {
+        unit: UnitId,
+        src: BufferId,
+        dst: BufferId,
+    },
     /// Mark the completion of everything issued so far on this stream.
     Record { event: EventId },
     /// Block this stream until the event has been recorded.
@@ -587,6 +736,14 @@ pub enum InstrOp {
 
 fn is_zero(x: &u64) -> bool {
     *x == 0
+}
+
+fn is_zero_u32(x: &u32) -> bool {
+    *x == 0
+}
+
+fn is_false(x: &bool) -> bool {
+    !*x
 }
 
 /// Per-rank memory: the arena (every buffer, kernel workspaces included) and
@@ -651,11 +808,15 @@ impl InstrOp {
     /// both `reads` and `writes`).
     pub fn reads(&self) -> Vec<BufferId> {
         match self {
-            InstrOp::AllGather { src, .. } | InstrOp::ReduceScatter { src, .. } => vec![*src],
+            InstrOp::AllGather { src, .. }
+            | InstrOp::ReduceScatter { src, .. }
+            | InstrOp::Reshard { src, .. }
+            | InstrOp::Copy { src, .. } => vec![*src],
             InstrOp::AllReduce { buffer, .. }
             | InstrOp::NormAllReduce { buffer, .. }
             | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],
             InstrOp::GradNormSq { grads, .. } => grads.clone(),
+            InstrOp::Accumulate { src, dst, .. } => vec![*src, *dst],
             InstrOp::ScaleSeed { scale, .. } => vec![*scale],
             InstrOp::UnscaleGrads { grads, scale, .. } => {
                 grads.iter().copied().chain([*scale]).collect()
@@ -686,11 +847,14 @@ impl InstrOp {
     /// The buffers this instruction writes.
     pub fn writes(&self) -> Vec<BufferId> {
         match self {
-            InstrOp::AllGather { dst, .. } | InstrOp::ReduceScatter { dst, .. } => vec![*dst],
+            InstrOp::AllGather { dst, .. }
+            | InstrOp::ReduceScatter { dst, .. }
+            | InstrOp::Reshard { dst, .. }
+            | InstrOp::Copy { dst, .. } => vec![*dst],
             InstrOp::AllReduce { buffer, .. }
             | InstrOp::NormAllReduce { buffer, .. }
             | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],
-            InstrOp::GradNormSq { dst, .. } => vec![*dst],
+            InstrOp::GradNormSq { dst, .. } | InstrOp::Accumulate { dst, .. } => vec![*dst],
             InstrOp::ScaleSeed { dst, .. } => vec![dst.buffer],
             InstrOp::UnscaleGrads {
                 grads, found_inf, ..

@@ -64,6 +64,15 @@ fn slice_name(plan: &Plan, op: &InstrOp) -> String {
         InstrOp::AllGather { unit, .. } => format!("all_gather unit {unit}"),
         InstrOp::ReduceScatter { unit, .. } => format!("reduce_scatter unit {unit}"),
         InstrOp::AllReduce { unit, .. } => format!("all_reduce unit {unit}"),
+        InstrOp::Reshard { unit, .. } => format!("reshard unit {unit}"),
+        InstrOp::Copy { unit, dst, .. } => {
+            match plan.buffers.get(dst.index()).map(|b| b.location) {
+                Some(crate::plan::Location::Host) => format!("copy to host unit {unit}"),
+                _ => format!("copy to device unit {unit}"),
+            }
+        }
+        InstrOp::Accumulate { unit: Some(u), .. } => format!("accumulate grads unit {u}"),
+        InstrOp::Accumulate { unit: None, .. } => "accumulate loss".to_string(),
         InstrOp::OptimizerStep { unit, .. } => format!("optimizer unit {unit}"),
         InstrOp::GradNormSq { .. } => "grad_norm_sq".to_string(),
         InstrOp::NormAllReduce { .. } => "all_reduce grad norm".to_string(),

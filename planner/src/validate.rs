@@ -3,7 +3,7 @@
 //! cranelift's verifier. A tampered or hand-edited plan gives errors here,
 //! never a panic.
 //!
-//! Ordering is checked with vector clocks over the three streams (`hb`):
+//! Ordering is checked with vector clocks over the plan's streams (`hb`):
 //! "A happens before B" means B's stream has seen A complete, through the
 //! stream's own order or a chain of `Record`/`Wait`. Since a `Wait` may only
 //! name an event recorded earlier in the list, the event graph is acyclic and
@@ -154,6 +154,10 @@ pub enum PlanViolation {
         bytes: u64,
         expected: u64,
     },
+    #[error("instruction {instr}: buffer {buffer} is in host memory, which only copies and the optimizer reach (cpu offload)")]
+    HostAccess { instr: u32, buffer: BufferId },
+    #[error("cpu offload (instruction {instr:?}): {reason}")]
+    Offload { instr: Option<u32>, reason: String },
     #[error("planned peak {planned} bytes, the buffers' lifetimes give {recomputed}")]
     PeakMismatch { planned: u64, recomputed: u64 },
     #[error(transparent)]
@@ -185,8 +189,9 @@ impl Plan {
             f.clipping(&clocks);
             f.collectives();
             f.arena(&clocks);
-            crate::validate_layout::check(self, &mut c.out);
             crate::validate_precision::check(self, &clocks, &mut c.out);
+            crate::validate_layout::check(self, &mut c.out);
+            crate::validate_offload::check(self, &clocks, &mut c.out);
         }
         if c.out.is_empty() {
             Ok(())
@@ -229,8 +234,8 @@ struct Checker<'a> {
 /// Per buffer and stream: the last instruction that read / wrote it.
 #[derive(Clone, Default)]
 struct Seen {
-    read: [Option<usize>; 3],
-    write: [Option<usize>; 3],
+    read: [Option<usize>; Stream::ALL.len()],
+    write: [Option<usize>; Stream::ALL.len()],
     last_write: Option<usize>,
     freed: Option<usize>,
 }
@@ -299,10 +304,17 @@ impl Checker<'_> {
             InstrOp::AllGather { unit, .. }
             | InstrOp::ReduceScatter { unit, .. }
             | InstrOp::AllReduce { unit, .. }
+            | InstrOp::Reshard { unit, .. }
             | InstrOp::OptimizerStep { unit, .. }
-                if unit.index() >= p.units.len() =>
-            {
+            | InstrOp::Accumulate {
+                unit: Some(unit), ..
+            } if unit.index() >= p.units.len() => {
                 self.bad(Some(i), "unit", u64::from(unit.0));
+            }
+            InstrOp::Kernel { micro_batch, .. } | InstrOp::LoadInput { micro_batch, .. }
+                if *micro_batch >= p.config.grad_accum.max(1) =>
+            {
+                self.bad(Some(i), "micro-batch", u64::from(*micro_batch));
             }
             InstrOp::Record { event } | InstrOp::Wait { event } if event.0 >= p.events => {
                 self.bad(Some(i), "event", u64::from(event.0));

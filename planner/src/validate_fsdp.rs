@@ -20,9 +20,15 @@ impl FsdpChecks<'_> {
         let p = self.plan;
         let trainable = self.grad_units();
         let mut reductions: HashMap<UnitId, Vec<usize>> = HashMap::new();
+        let mut replicas: HashMap<UnitId, Vec<usize>> = HashMap::new();
         let mut steps: HashMap<UnitId, Vec<usize>> = HashMap::new();
         for (i, ins) in p.instructions.iter().enumerate() {
             match ins.op {
+                InstrOp::AllReduce { unit, buffer, .. }
+                    if self.kind(buffer) == Some(self.grad_shard_kind()) =>
+                {
+                    replicas.entry(unit).or_default().push(i)
+                }
                 InstrOp::ReduceScatter { unit, .. } | InstrOp::AllReduce { unit, .. } => {
                     reductions.entry(unit).or_default().push(i)
                 }
@@ -30,20 +36,47 @@ impl FsdpChecks<'_> {
                 _ => {}
             }
         }
+        let hybrid = p.config.strategy != Strategy::NoShard
+            && p.cluster.world > p.config.shard_factor.max(1);
         for (unit, _) in trainable {
-            let red = reductions.get(&unit).cloned().unwrap_or_default();
+            let mut red = reductions.get(&unit).cloned().unwrap_or_default();
             let opt = steps.get(&unit).cloned().unwrap_or_default();
-            match red.as_slice() {
-                [] => self.out.push(PlanViolation::GradientNotReduced { unit }),
-                [_, again, ..] => self.out.push(PlanViolation::GradientReducedTwice {
-                    instr: *again as u32,
+            // Once per step, or once per micro-batch under gradient
+            // accumulation without `no_sync`.
+            let times = if p.config.no_sync {
+                1
+            } else {
+                p.config.grad_accum.max(1) as usize
+            };
+            match red.len() {
+                0 => self.out.push(PlanViolation::GradientNotReduced { unit }),
+                n if n > times => self.out.push(PlanViolation::GradientReducedTwice {
+                    instr: red[times] as u32,
                     unit,
                 }),
-                [_] => {}
+                n if n < times => self.out.push(PlanViolation::GradientNotReduced { unit }),
+                _ => {}
+            }
+            // Hybrid sharding: the shard's replicas then sum it, once.
+            let rep = replicas.get(&unit).cloned().unwrap_or_default();
+            match (hybrid, red.first(), rep.as_slice()) {
+                (true, Some(&r), [a]) if clocks.hb(r, *a) => red = vec![*a],
+                (false, _, []) | (true, None, _) => {}
+                (_, _, extra) => self.out.push(PlanViolation::CollectiveOrder {
+                    instr: extra.first().or(red.first()).copied().unwrap_or(0) as u32,
+                    stream: Stream::Reduce,
+                    unit,
+                    reason: format!(
+                        "expected {} all-reduce of the gradient shard across replicas after its reduce-scatter, found {}",
+                        if hybrid { "one" } else { "no" },
+                        extra.len()
+                    ),
+                }),
             }
             match (opt.first(), red.first()) {
                 (None, _) => self.out.push(PlanViolation::MissingOptimizerStep { unit }),
-                (Some(&o), Some(&r)) if r < o && clocks.hb(r, o) && self.reads_reduced(o, r) => {}
+                (Some(&o), Some(&r))
+                    if r < o && clocks.hb(r, o) && self.reads_reduced(o, r, clocks) => {}
                 (Some(&o), _) => self.out.push(PlanViolation::OptimizerReadsUnreduced {
                     instr: o as u32,
                     unit,
@@ -72,14 +105,46 @@ impl FsdpChecks<'_> {
         by_unit.into_iter().collect()
     }
 
-    /// The optimizer step at `o` reads the buffer the reduction at `r` wrote.
-    fn reads_reduced(&self, o: usize, r: usize) -> bool {
-        let reduced = match self.plan.instructions[r].op {
+    fn kind(&self, b: BufferId) -> Option<BufferKind> {
+        self.plan.buffers.get(b.index()).map(|b| b.kind)
+    }
+
+    /// The optimizer step at `o` reads the buffer the reduction at `r` wrote
+    /// (under `cpu_offload`: its copy in host memory, made after `r` and
+    /// before `o`).
+    fn reads_reduced(&self, o: usize, r: usize, clocks: &Clocks) -> bool {
+        let mut reduced = match self.plan.instructions[r].op {
             InstrOp::ReduceScatter { dst, .. } => dst,
             InstrOp::AllReduce { buffer, .. } => buffer,
             _ => return false,
         };
+        if self.plan.config.cpu_offload {
+            match crate::validate_offload::copied_to(self.plan, reduced, r) {
+                Some((c, host)) if clocks.hb(c, o) => reduced = host,
+                _ => return false,
+            }
+        }
         matches!(self.plan.instructions[o].op, InstrOp::OptimizerStep { grads, .. } if grads == reduced)
+    }
+
+    /// The kind of buffer an all-gather reads: the shard, or its staged
+    /// device copy under `cpu_offload`.
+    fn param_shard_kind(&self) -> BufferKind {
+        if self.plan.config.cpu_offload {
+            BufferKind::StagedParams
+        } else {
+            BufferKind::ShardParams
+        }
+    }
+
+    /// The kind of buffer a sharded gradient reduction writes: the gradient
+    /// shard, or a staged device buffer under `cpu_offload`.
+    fn grad_shard_kind(&self) -> BufferKind {
+        if self.plan.config.cpu_offload {
+            BufferKind::StagedGrads
+        } else {
+            BufferKind::ShardGrads
+        }
     }
 
     /// Every gradient value is written by its kernel into its unit's flat
@@ -125,15 +190,41 @@ impl FsdpChecks<'_> {
     pub fn collectives(&mut self) {
         let p = self.plan;
         let first_read = first_reads(p);
-        let last_write = last_writes(p);
+        let writes = writes_of(p);
         let mut reduced: Vec<bool> = vec![false; p.units.len()];
+        // Under gradient accumulation a unit is gathered again after the
+        // reduction of an earlier micro-batch: only its last reduction ends
+        // its gathers.
+        let mut last_reduction: Vec<Option<usize>> = vec![None; p.units.len()];
+        for (i, ins) in p.instructions.iter().enumerate() {
+            if let InstrOp::ReduceScatter { unit, .. } | InstrOp::AllReduce { unit, .. } = ins.op {
+                if let Some(l) = last_reduction.get_mut(unit.index()) {
+                    *l = Some(i);
+                }
+            }
+        }
         let mut prev_gather: Option<(usize, usize)> = None;
         let mut prev_reduce: Option<(usize, usize)> = None;
         for (i, ins) in p.instructions.iter().enumerate() {
             match ins.op {
-                InstrOp::AllGather { unit, src, dst, .. } => {
+                InstrOp::AllGather {
+                    unit,
+                    src,
+                    dst,
+                    group,
+                    ..
+                } => {
                     self.on_stream(i, ins.stream, Stream::Unshard, unit);
-                    self.buffer_is(i, src, BufferKind::ShardParams, unit);
+                    match group {
+                        Group::Reshard => {
+                            self.buffer_is(i, src, BufferKind::ReshardedParams, unit);
+                            self.reshard_group(i, ins.stream, unit);
+                        }
+                        _ => {
+                            self.group_is(i, ins.stream, unit, group, Group::Shard);
+                            self.buffer_is(i, src, self.param_shard_kind(), unit);
+                        }
+                    }
                     self.buffer_is(i, dst, BufferKind::GatheredParams, unit);
                     if reduced[unit.index()] {
                         self.order(
@@ -155,17 +246,63 @@ impl FsdpChecks<'_> {
                     }
                     prev_gather = Some((i, need));
                 }
+                InstrOp::AllReduce {
+                    unit,
+                    buffer,
+                    group,
+                    ..
+                } if self.kind(buffer) == Some(self.grad_shard_kind()) => {
+                    self.on_stream(i, ins.stream, Stream::Reduce, unit);
+                    self.buffer_is(i, buffer, self.grad_shard_kind(), unit);
+                    self.group_is(i, ins.stream, unit, group, Group::Replicate);
+                }
+                InstrOp::Reshard {
+                    unit,
+                    src,
+                    dst,
+                    group,
+                } => {
+                    self.buffer_is(i, src, BufferKind::GatheredParams, unit);
+                    self.buffer_is(i, dst, BufferKind::ReshardedParams, unit);
+                    self.group_is(i, ins.stream, unit, group, Group::Reshard);
+                    self.reshard_group(i, ins.stream, unit);
+                    let (sb, db) = (self.bytes(src), self.bytes(dst));
+                    let n = match p.config.reshard_after_forward {
+                        ReshardAfterForward::To(n) => u64::from(n.max(1)),
+                        _ => 1,
+                    };
+                    if sb != db.saturating_mul(n) {
+                        self.order(
+                            i,
+                            ins.stream,
+                            unit,
+                            format!("the kept slice is {db} bytes, not 1/{n} of the {sb} gathered"),
+                        );
+                    }
+                }
+                InstrOp::Accumulate { unit, src, dst } => self.accumulation(i, unit, src, dst),
                 InstrOp::ReduceScatter { unit, src, .. }
                 | InstrOp::AllReduce {
                     unit, buffer: src, ..
                 } => {
                     self.on_stream(i, ins.stream, Stream::Reduce, unit);
                     self.buffer_is(i, src, BufferKind::FlatGrads, unit);
-                    if let InstrOp::ReduceScatter { dst, .. } = ins.op {
-                        self.buffer_is(i, dst, BufferKind::ShardGrads, unit);
+                    match ins.op {
+                        InstrOp::ReduceScatter { dst, group, .. } => {
+                            if self.kind(dst) != Some(BufferKind::PartialGrads)
+                                || p.config.grad_accum <= 1
+                            {
+                                self.buffer_is(i, dst, self.grad_shard_kind(), unit);
+                            }
+                            self.group_is(i, ins.stream, unit, group, Group::Shard);
+                        }
+                        InstrOp::AllReduce { group, .. } => {
+                            self.group_is(i, ins.stream, unit, group, Group::Replicate);
+                        }
+                        _ => {}
                     }
-                    reduced[unit.index()] = true;
-                    let ready = last_write[src.index()].unwrap_or(0);
+                    reduced[unit.index()] |= last_reduction[unit.index()] == Some(i);
+                    let ready = last_write_before(&writes[src.index()], i).unwrap_or(0);
                     if let Some((r, _)) = prev_reduce.filter(|&(_, prev_ready)| prev_ready > ready)
                     {
                         self.order(i, ins.stream, unit, format!("reduced after instruction {r} although its gradients are ready earlier"));
@@ -174,6 +311,67 @@ impl FsdpChecks<'_> {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// An `Accumulate` adds a micro-batch's loss into the `Loss` buffer, or
+    /// a micro-batch's gradient into what the micro-batches add into: a
+    /// flat gradient into a flat gradient, a partial shard into the shard;
+    /// both of `unit` and of one size and dtype.
+    fn accumulation(&mut self, i: usize, unit: Option<UnitId>, src: BufferId, dst: BufferId) {
+        let p = self.plan;
+        let (Some(s), Some(d)) = (p.buffers.get(src.index()), p.buffers.get(dst.index())) else {
+            return;
+        };
+        use BufferKind as K;
+        let kinds_ok = match unit {
+            None => s.kind == K::Activation && d.kind == K::Loss,
+            Some(_) => {
+                matches!(
+                    (s.kind, d.kind),
+                    (K::FlatGrads, K::FlatGrads) | (K::PartialGrads, _)
+                ) && (s.kind == K::FlatGrads || d.kind == self.grad_shard_kind())
+            }
+        };
+        let units_ok = unit.is_none() || (s.unit == unit && d.unit == unit);
+        if p.config.grad_accum <= 1
+            || !kinds_ok
+            || !units_ok
+            || s.bytes != d.bytes
+            || s.dtype != d.dtype
+            || src == dst
+        {
+            self.out.push(PlanViolation::WrongBuffer {
+                instr: i as u32,
+                buffer: src,
+                expected: format!(
+                    "a micro-batch's loss or gradient of the size and dtype of buffer {dst} it is added into (grad_accum {})",
+                    p.config.grad_accum
+                ),
+            });
+        }
+    }
+
+    fn bytes(&self, b: BufferId) -> u64 {
+        self.plan.buffers.get(b.index()).map_or(0, |b| b.bytes)
+    }
+
+    fn group_is(&mut self, i: usize, stream: Stream, unit: UnitId, group: Group, expected: Group) {
+        if group != expected {
+            let reason =
+                format!("this collective must run over the {expected:?} group, not {group:?}");
+            self.order(i, stream, unit, reason);
+        }
+    }
+
+    /// A resharded slice exists only under `reshard_after_forward = n`.
+    fn reshard_group(&mut self, i: usize, stream: Stream, unit: UnitId) {
+        if !matches!(
+            self.plan.config.reshard_after_forward,
+            ReshardAfterForward::To(_)
+        ) {
+            let reason = "resharding to a smaller group, but the plan's reshard_after_forward is not a number of ranks".to_string();
+            self.order(i, stream, unit, reason);
         }
     }
 
@@ -209,10 +407,24 @@ impl FsdpChecks<'_> {
     /// another's bytes is written only after the other's free; everything
     /// lies inside the arena.
     pub fn arena(&mut self, clocks: &Clocks) {
+        for location in [Location::Device, Location::Host] {
+            self.arena_of(clocks, location);
+        }
+    }
+
+    /// `arena` for the buffers of one location, in that location's arena.
+    fn arena_of(&mut self, clocks: &Clocks, location: Location) {
         let p = self.plan;
         let n = p.instructions.len();
-        let arena_bytes = p.memory.arena_bytes;
-        let mut order: Vec<&Buffer> = p.buffers.iter().filter(|b| b.bytes > 0).collect();
+        let arena_bytes = match location {
+            Location::Device => p.memory.arena_bytes,
+            Location::Host => p.memory.host_arena_bytes,
+        };
+        let mut order: Vec<&Buffer> = p
+            .buffers
+            .iter()
+            .filter(|b| b.bytes > 0 && b.location == location)
+            .collect();
         for b in &order {
             let end = b.offset.saturating_add(b.bytes);
             if end > arena_bytes {
@@ -269,14 +481,20 @@ fn first_reads(p: &Plan) -> Vec<Option<usize>> {
 }
 
 /// The last instruction writing each buffer.
-fn last_writes(p: &Plan) -> Vec<Option<usize>> {
-    let mut out = vec![None; p.buffers.len()];
+/// Per buffer, the instructions writing it, in list order.
+fn writes_of(p: &Plan) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new(); p.buffers.len()];
     for (i, ins) in p.instructions.iter().enumerate() {
         for b in ins.op.writes() {
-            out[b.index()] = Some(i);
+            out[b.index()].push(i);
         }
     }
     out
+}
+
+/// The last write of a buffer (its `writes_of` list) before instruction `i`.
+fn last_write_before(writes: &[usize], i: usize) -> Option<usize> {
+    writes.iter().rev().find(|&&w| w < i).copied()
 }
 
 impl FsdpChecks<'_> {

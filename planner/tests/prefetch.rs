@@ -171,3 +171,71 @@ fn each_setting_starts_backward_gathers_where_it_issues_them() {
         "compute overlapped by backward gathers, pre/post/none: {overlap:?}"
     );
 }
+
+/// `GPT` at world 16 with forward prefetch on or off, a prefetch depth and
+/// a rate limit.
+fn plan_depth(forward_prefetch: bool, prefetch_depth: u32, limit_all_gathers: u32) -> Plan {
+    let (program, info) = common::program(GPT);
+    let cluster = Cluster::preset("a100-80g-roce", 16, 8).expect("preset");
+    let cfg = FsdpConfig {
+        forward_prefetch,
+        prefetch_depth,
+        limit_all_gathers,
+        ..FsdpConfig::default()
+    };
+    compile(program, info, &cluster, &cfg).expect("the GPT plans at world 16")
+}
+
+/// Instruction indices of the all-gathers and of the first compute
+/// instruction reading each gathered buffer.
+fn gather_lead(plan: &Plan) -> Vec<usize> {
+    let mut leads = Vec::new();
+    for (i, ins) in plan.instructions.iter().enumerate() {
+        let InstrOp::AllGather { dst, .. } = ins.op else {
+            continue;
+        };
+        let first_use = plan.instructions[i..]
+            .iter()
+            .position(|x| x.stream == Stream::Compute && x.op.reads().contains(&dst))
+            .expect("a gathered buffer is read");
+        leads.push(first_use);
+    }
+    leads
+}
+
+/// Without forward prefetch every forward gather is issued at its unit's
+/// first use, so compute waits for it: more exposed communication and no
+/// more memory. A deeper prefetch (with a limiter that lets it) issues
+/// gathers further ahead: less or equal exposed communication, more memory;
+/// with the default limit of 2 the limiter holds depth 3 back to what depth
+/// 1 does.
+#[test]
+fn forward_prefetch_and_depth_trade_exposed_communication_for_memory() {
+    let on = plan_depth(true, 1, 2);
+    let off = plan_depth(false, 1, 2);
+    let deep = plan_depth(true, 3, 4);
+    let limited = plan_depth(true, 3, 2);
+    for (name, p) in [
+        ("on", &on),
+        ("off", &off),
+        ("depth 3 limit 4", &deep),
+        ("depth 3 limit 2", &limited),
+    ] {
+        println!(
+            "forward prefetch {name}: step {:.2} ms, exposed communication {:.2} ms, peak {:.1} MiB",
+            p.estimates.step_time_s * 1e3,
+            p.estimates.exposed_comm_s * 1e3,
+            p.memory.peak_bytes as f64 / (1 << 20) as f64
+        );
+        p.validate().expect("validates");
+    }
+    assert!(off.estimates.exposed_comm_s > on.estimates.exposed_comm_s);
+    assert!(off.memory.peak_bytes <= on.memory.peak_bytes);
+    assert!(deep.estimates.exposed_comm_s <= on.estimates.exposed_comm_s);
+    assert!(deep.memory.peak_bytes > on.memory.peak_bytes);
+    // Deeper prefetch issues gathers further ahead of their first use.
+    let ahead = |p: &Plan| gather_lead(p).iter().sum::<usize>();
+    assert!(ahead(&deep) > ahead(&on));
+    assert!(ahead(&off) < ahead(&on));
+    assert!(limited.memory.peak_bytes <= deep.memory.peak_bytes);
+}

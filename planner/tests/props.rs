@@ -69,3 +69,85 @@ proptest! {
         prop_assert_eq!(back.memory, plan.memory);
     }
 }
+
+/// The sharding controls of issue 7 in random combinations: every
+/// strategy, a sharding factor dividing the world (or the default), every
+/// form of `reshard_after_forward` (an n dividing F), forward prefetch on
+/// or off, prefetch depth, gradient accumulation with or without
+/// `no_sync`, clipping.
+fn controls(world: u32) -> impl proptest::strategy::Strategy<Value = FsdpConfig> {
+    let divisors: Vec<u32> = (1..=world).filter(|d| world % d == 0).collect();
+    (
+        prop::sample::select(fsdpc_planner::Strategy::ALL.to_vec()),
+        prop::option::of(prop::sample::select(divisors.clone())),
+        0usize..4,
+        prop::sample::select(divisors),
+        any::<bool>(),
+        1u32..4,
+        1u32..4,
+        any::<bool>(),
+        any::<bool>(),
+        1u32..4,
+    )
+        .prop_map(
+            |(
+                strategy,
+                f,
+                reshard_kind,
+                n,
+                forward_prefetch,
+                prefetch_depth,
+                grad_accum,
+                no_sync,
+                clip,
+                limit,
+            )| {
+                use fsdpc_planner::ReshardAfterForward as R;
+                let shard_factor = if strategy == fsdpc_planner::Strategy::NoShard {
+                    None
+                } else {
+                    f
+                };
+                FsdpConfig {
+                    strategy,
+                    shard_factor,
+                    reshard_after_forward: [None, Some(R::Full), Some(R::Keep), Some(R::To(n))]
+                        [reshard_kind],
+                    forward_prefetch,
+                    prefetch_depth,
+                    limit_all_gathers: limit,
+                    grad_accum,
+                    no_sync: no_sync && grad_accum > 1,
+                    clip_grad_norm: clip.then_some(1.0),
+                    ..FsdpConfig::default()
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_combination_of_controls_validates_or_is_refused_by_name(
+        spec in spec(),
+        (world, cfg) in prop::sample::select(vec![1u32, 2, 4, 6, 8])
+            .prop_flat_map(|w| (Just(w), controls(w))),
+    ) {
+        let (p, info) = program(&spec);
+        let cluster = Cluster::preset("cpu-local", world, 2.min(world)).unwrap();
+        match compile_unchecked(p, info, &cluster, &cfg) {
+            Ok(plan) => {
+                prop_assert_eq!(plan.validate(), Ok(()));
+                let back = Plan::from_json(&plan.to_json_pretty().unwrap()).unwrap();
+                prop_assert_eq!(back.memory, plan.memory);
+            }
+            // Only a reshard group that does not divide the chosen F (the
+            // default F of a hybrid strategy is one node) is refused.
+            Err(fsdpc_planner::PlanError::BadConfig { what, .. }) => {
+                prop_assert_eq!(what, "reshard_after_forward");
+            }
+            Err(e) => prop_assert!(false, "{e}"),
+        }
+    }
+}

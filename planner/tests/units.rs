@@ -155,7 +155,15 @@ fn config_strings_parse_and_errors_list_allowed_values() {
     assert!(Strategy::parse("zero9")
         .unwrap_err()
         .to_string()
-        .contains("full_shard, no_shard"));
+        .contains("full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2, no_shard"));
+    assert_eq!(
+        Strategy::parse("ShardingStrategy.HYBRID_SHARD").unwrap(),
+        Strategy::HybridShard
+    );
+    assert_eq!(
+        Strategy::parse("_hybrid_shard_zero2").unwrap(),
+        Strategy::HybridShardZero2
+    );
 }
 
 #[test]

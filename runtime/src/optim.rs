@@ -163,6 +163,46 @@ pub fn clip_by_norm(grads: &mut [f32], norm_sq: f32, max_norm: f64) {
     }
 }
 
+/// Gradient accumulation: `dst += src`, element by element, both of
+/// `dtype` (f32, bf16 or f16; half precision summed in f32 and rounded
+/// once). The caller checked the sizes match.
+pub fn accumulate(dtype: fsdpc_ir::DType, src: &[u8], dst: &mut [u8]) -> Result<(), String> {
+    use fsdpc_ir::DType;
+    use half::{bf16, f16};
+    if src.len() != dst.len() {
+        return Err(format!(
+            "accumulate: {} bytes into {}",
+            src.len(),
+            dst.len()
+        ));
+    }
+    match dtype {
+        DType::F32 => {
+            for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+                let x = f32::from_le_bytes([d[0], d[1], d[2], d[3]])
+                    + f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                d.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        DType::Bf16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+                let x = bf16::from_le_bytes([d[0], d[1]]).to_f32()
+                    + bf16::from_le_bytes([s[0], s[1]]).to_f32();
+                d.copy_from_slice(&bf16::from_f32(x).to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+                let x = f16::from_le_bytes([d[0], d[1]]).to_f32()
+                    + f16::from_le_bytes([s[0], s[1]]).to_f32();
+                d.copy_from_slice(&f16::from_f32(x).to_le_bytes());
+            }
+        }
+        other => return Err(format!("accumulate: {other} is not a floating-point dtype")),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod clip_tests {
     use super::*;

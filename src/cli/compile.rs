@@ -5,7 +5,8 @@ use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_ir::Optimizer;
 use fsdpc_planner::{
-    BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy,
+    BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, ReshardAfterForward,
+    Strategy, WrapPolicy,
 };
 use std::path::{Path, PathBuf};
 
@@ -78,6 +79,16 @@ pub(crate) fn plan_model(
     let cluster = Cluster::preset(preset, world, rpn)?;
     let cfg = FsdpConfig {
         strategy: Strategy::parse(&f.strategy)?,
+        shard_factor: f.shard_factor,
+        reshard_after_forward: f
+            .reshard_after_forward
+            .as_deref()
+            .map(ReshardAfterForward::parse)
+            .transpose()?,
+        forward_prefetch: f.forward_prefetch,
+        prefetch_depth: f.prefetch_depth,
+        grad_accum: f.grad_accum,
+        no_sync: f.no_sync,
         wrap: WrapPolicy::parse(&f.wrap)?,
         backward_prefetch: BackwardPrefetch::parse(&f.backward_prefetch)?,
         limit_all_gathers: f.limit_all_gathers,
@@ -88,6 +99,7 @@ pub(crate) fn plan_model(
         clip_grad_norm: f.clip_grad_norm,
         freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
         shared_params: fsdpc_planner::SharedParams::parse(&f.shared_params)?,
+        cpu_offload: f.cpu_offload,
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };

@@ -55,9 +55,43 @@ pub struct PlanFlags {
     /// Ranks per node (default: 8 for GPU presets, all ranks for cpu-local).
     #[arg(long)]
     pub ranks_per_node: Option<u32>,
-    /// Sharding strategy: full_shard (ZeRO-3) or no_shard (DDP).
+    /// Sharding strategy: full_shard (ZeRO-3), shard_grad_op (ZeRO-2),
+    /// hybrid_shard, hybrid_shard_zero2 (sharded inside groups of
+    /// --shard-factor ranks, default one node; replicated across them) or
+    /// no_shard (DDP).
     #[arg(long, default_value = "full_shard")]
     pub strategy: String,
+    /// F: the ranks each parameter is sharded over (must divide the world;
+    /// default: the world, or one node for the hybrid strategies). With
+    /// F < world the groups of F ranks are replicas (hybrid sharding).
+    #[arg(long, value_name = "F")]
+    pub shard_factor: Option<u32>,
+    /// What each non-root unit does with its gathered parameters after
+    /// forward: true (free them; full_shard's default), false (keep them
+    /// until backward; shard_grad_op's default), or N (keep a 1/N slice, N
+    /// dividing F, so backward gathers over N ranks, e.g. inside a node:
+    /// FSDP2's integer form, ZeRO++ hpZ).
+    #[arg(long, value_name = "true|false|N")]
+    pub reshard_after_forward: Option<String>,
+    /// Issue each forward all-gather before compute reaches its unit
+    /// (true, the default: what PyTorch's CPU run-ahead achieves) or at
+    /// first use (false).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub forward_prefetch: bool,
+    /// How many units ahead all-gathers are issued, forward and backward
+    /// (the rate limiter still bounds how many are alive).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub prefetch_depth: u32,
+    /// Gradient accumulation: K micro-batches (each of the model's batch per
+    /// rank) per optimizer step; gradients reduce-scattered every
+    /// micro-batch into the gradient shard.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub grad_accum: u32,
+    /// With --grad-accum: keep unsharded gradients across the micro-batches
+    /// and reduce once per step (PyTorch's `no_sync()`): fewer bytes
+    /// communicated, every unit's flat gradient held.
+    #[arg(long)]
+    pub no_sync: bool,
     /// Wrap policy: blocks | kind:CLASS | size:NUMEL | paths:a,b
     #[arg(long, default_value = "blocks")]
     pub wrap: String,
@@ -103,6 +137,13 @@ pub struct PlanFlags {
     /// of the module defining it, gathered again where another unit reads it).
     #[arg(long, value_name = "RULE", default_value = "root")]
     pub shared_params: String,
+    /// Keep parameter and gradient shards and optimizer state in host
+    /// memory, copied to the device before each all-gather and back after
+    /// each reduce-scatter on a separate copy stream; the optimizer runs on
+    /// the host (PyTorch's `CPUOffload(offload_params=True)`; sharded
+    /// strategies only).
+    #[arg(long)]
+    pub cpu_offload: bool,
     /// Mixed precision, the common policy: parameters gathered and computed,
     /// gradients reduced and constants held in bf16 or fp16 (f32 master
     /// shards and optimizer state always; fp16 adds a dynamic loss scaler).

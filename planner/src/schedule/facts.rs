@@ -1,7 +1,9 @@
 //! What the schedule pass looks up about the program: the inputs of each
 //! step, each value's last reader, where each parameter gradient goes in its
 //! unit's flat gradient, the last step touching each unit's flat gradient,
-//! and which units' parameters each step reads.
+//! and which units' parameters each step reads. Under gradient accumulation
+//! the steps repeat once per micro-batch, and a value is a program value of
+//! one micro-batch: `(micro-batch, ValueId)`.
 
 use super::{LowerInput, Step};
 use crate::error::PlanError;
@@ -14,20 +16,25 @@ use std::collections::HashMap;
 pub(super) struct Facts {
     /// Inputs of each step.
     pub(super) inputs: Vec<Vec<ValueId>>,
-    /// The last step reading each value.
-    pub(super) last_read: HashMap<ValueId, usize>,
+    /// The last step reading each value of each micro-batch.
+    pub(super) last_read: HashMap<(u32, ValueId), usize>,
     /// Where gradient values go: (unit, byte offset in its flat gradient).
     pub(super) grad_slot: HashMap<ValueId, (UnitId, u64)>,
     /// Byte offset of each parameter in its unit's flat parameter.
     pub(super) param_offset: Vec<u64>,
-    /// Per unit: the last step touching its flat gradient (None: no gradient).
-    pub(super) grad_done: Vec<Option<usize>>,
+    /// Per unit and micro-batch: the last step touching its flat gradient
+    /// (empty: the unit has no gradient).
+    pub(super) grad_done: Vec<Vec<usize>>,
     /// Per step: the units whose parameters it reads.
     pub(super) reads_units: Vec<Vec<UnitId>>,
 }
 
 impl Facts {
-    pub(super) fn gather(input: &LowerInput, steps: &[Step]) -> Result<Facts, PlanError> {
+    pub(super) fn gather(
+        input: &LowerInput,
+        steps: &[Step],
+        micro: &[u32],
+    ) -> Result<Facts, PlanError> {
         let graph = &input.program.graph;
         let inputs: Vec<Vec<ValueId>> = steps
             .iter()
@@ -39,12 +46,12 @@ impl Facts {
         let mut last_read = HashMap::new();
         for (i, ins) in inputs.iter().enumerate() {
             for v in ins {
-                last_read.insert(*v, i);
+                last_read.insert((micro[i], *v), i);
             }
         }
         let param_offset = param_offsets(graph, input.units, input.cfg.param_dtype);
         let grad_slot = grad_slots(input, &param_offset)?;
-        let grad_done = grad_done(input.units.len(), steps, &inputs, &grad_slot);
+        let grad_done = grad_done(input.units.len(), steps, micro, &inputs, &grad_slot);
         let reads_units = inputs
             .iter()
             .map(|ins| param_units_read(graph, input.assign, ins))
@@ -114,14 +121,16 @@ fn grad_slots(
 fn grad_done(
     n_units: usize,
     steps: &[Step],
+    micro: &[u32],
     inputs: &[Vec<ValueId>],
     grad_slot: &HashMap<ValueId, (UnitId, u64)>,
-) -> Vec<Option<usize>> {
+) -> Vec<Vec<usize>> {
     let mut written_by: HashMap<NodeId, Vec<UnitId>> = HashMap::new();
     for (v, &(u, _)) in grad_slot {
         written_by.entry(v.node).or_default().push(u);
     }
-    let mut done: Vec<Option<usize>> = vec![None; n_units];
+    let k = micro.iter().max().map_or(1, |m| *m as usize + 1);
+    let mut done: Vec<Vec<Option<usize>>> = vec![vec![None; k]; n_units];
     for (i, s) in steps.iter().enumerate() {
         let read = inputs[i]
             .iter()
@@ -132,11 +141,15 @@ fn grad_done(
         };
         for u in read.chain(written) {
             if let Some(d) = done.get_mut(u.index()) {
-                *d = Some(i);
+                d[micro[i] as usize] = Some(i);
             }
         }
     }
-    done
+    // Every micro-batch runs the same steps: a unit has a gradient in all
+    // or in none.
+    done.into_iter()
+        .map(|d| d.into_iter().flatten().collect())
+        .collect()
 }
 
 fn param_units_read(graph: &Graph, assign: &UnitAssignment, ins: &[ValueId]) -> Vec<UnitId> {

@@ -7,7 +7,9 @@
 //! - `facts`: what the lowering looks up about the program (readers, gradient
 //!   slots, which units a step reads);
 //! - `gather`: gather windows, prefetch and the rate limiter (unshard stream);
-//! - `reduce`: gradient reduction and optimizer steps (reduce stream).
+//! - `reduce`: gradient reduction and optimizer steps (reduce stream);
+//! - `offload`: what lives in host memory under `cpu_offload`, and the
+//!   copies between host and device (offload and reduce streams).
 //!
 //! Conventions of this module (the runtime relies on them):
 //! - Every non-source node runs as one `Kernel` on the compute stream, in
@@ -21,11 +23,18 @@
 //!   persistent `Loss` buffer; every other value into its own `Activation`
 //!   buffer, freed on the compute stream right after its last reader (or
 //!   right after its kernel, if nothing reads it).
+//! - Gradient accumulation (`grad_accum` = K > 1): the steps run K times,
+//!   once per micro-batch m, each `LoadInput` and `Kernel` carrying m; every
+//!   value of micro-batch m has its own buffer. Micro-batch 0 writes the
+//!   loss into the `Loss` buffer, a later one into an activation buffer
+//!   then `Accumulate`s it into `Loss` (the runtime divides the sum by K).
+//!   Gradients: see `reduce`.
 //! - Instruction groups are placed at positions relative to steps (`Pos`).
 //! - The runtime synchronises all streams at the end of a step.
 
 mod facts;
 mod gather;
+mod offload;
 mod reduce;
 mod shared;
 
@@ -54,6 +63,10 @@ pub struct LowerInput<'a> {
     pub units: &'a [Unit],
     pub cfg: &'a FsdpConfig,
     pub world: u32,
+    /// F (see `FsdpConfig::shard_factor`).
+    pub shard_factor: u32,
+    /// What non-root units do after forward (see `FsdpConfig::reshard`).
+    pub reshard: ReshardAfterForward,
 }
 
 /// One step of the compute stream.
@@ -86,13 +99,17 @@ fn gathers(cfg: &FsdpConfig) -> bool {
 /// Lowers the program to instructions.
 pub fn lower(input: &LowerInput) -> Result<Schedule, PlanError> {
     let graph = &input.program.graph;
-    let steps = order_steps(graph)?;
-    let facts = Facts::gather(input, &steps)?;
-    let mut l = Lowering::new(input, steps, facts);
+    let one = order_steps(graph)?;
+    let k = input.cfg.grad_accum.max(1);
+    let steps: Vec<Step> = (0..k).flat_map(|_| one.iter().copied()).collect();
+    let micro: Vec<u32> = (0..k).flat_map(|m| one.iter().map(move |_| m)).collect();
+    let facts = Facts::gather(input, &steps, &micro)?;
+    let mut l = Lowering::new(input, steps, micro, facts);
     l.persistent_buffers();
     l.place_gathers();
     l.emit_steps()?;
     l.emit_optimizer();
+    l.place_on_host();
     let loss = l.loss_slot.ok_or_else(|| PlanError::Program {
         reason: "the loss is not computed by any kernel".into(),
     })?;
@@ -142,6 +159,10 @@ struct Lowering<'a> {
     input: &'a LowerInput<'a>,
     graph: &'a Graph,
     steps: Vec<Step>,
+    /// The micro-batch of each step.
+    micro: Vec<u32>,
+    /// The micro-batch being emitted.
+    m: u32,
     facts: Facts,
     windows: Vec<Window>,
     /// Gathers to issue at each position, in issue order.
@@ -162,12 +183,20 @@ struct Lowering<'a> {
     window_ends: BTreeMap<usize, Vec<usize>>,
     /// The current window of each unit.
     current: Vec<Option<usize>>,
+    /// Per unit: its slice kept after forward (`ReshardedParams`) and the
+    /// event recorded after the copy, until backward's gather takes it.
+    resharded: Vec<Option<(BufferId, EventId)>>,
     shard_params: Vec<Option<BufferId>>,
     shard_grads: Vec<Option<BufferId>>,
     opt_state: Vec<Vec<BufferId>>,
+    /// Per unit: the flat gradient of the micro-batch being emitted.
     flat_grads: Vec<Option<BufferId>>,
+    /// Per unit, under gradient accumulation: the buffer the micro-batches'
+    /// gradients are added into when that is not `ShardGrads` (the first
+    /// micro-batch's flat gradient: no_shard, or `no_sync`).
+    grad_target: Vec<Option<BufferId>>,
     reduced: Vec<(UnitId, EventId)>,
-    value_slot: HashMap<ValueId, Slot>,
+    value_slot: HashMap<(u32, ValueId), Slot>,
     loss_slot: Option<Slot>,
     buffers: Vec<Buffer>,
     instrs: Vec<Instr>,
@@ -175,11 +204,17 @@ struct Lowering<'a> {
 }
 
 impl<'a> Lowering<'a> {
-    fn new(input: &'a LowerInput<'a>, steps: Vec<Step>, facts: Facts) -> Lowering<'a> {
+    fn new(
+        input: &'a LowerInput<'a>,
+        steps: Vec<Step>,
+        micro: Vec<u32>,
+        facts: Facts,
+    ) -> Lowering<'a> {
         let graph = &input.program.graph;
         let sharded = gathers(input.cfg);
+        let keep = input.reshard == ReshardAfterForward::Keep;
         let windows = if sharded {
-            gather::windows(graph, &steps, &facts.reads_units)
+            gather::windows(graph, &steps, &micro, &facts.reads_units, keep)
         } else {
             Vec::new()
         };
@@ -199,6 +234,8 @@ impl<'a> Lowering<'a> {
             input,
             graph,
             steps,
+            micro,
+            m: 0,
             facts,
             windows,
             hooks: BTreeMap::new(),
@@ -210,10 +247,12 @@ impl<'a> Lowering<'a> {
             waited: vec![false; n_windows],
             window_ends,
             current: vec![None; n_units],
+            resharded: vec![None; n_units],
             shard_params: vec![None; n_units],
             shard_grads: vec![None; n_units],
             opt_state: vec![Vec::new(); n_units],
             flat_grads: vec![None; n_units],
+            grad_target: vec![None; n_units],
             reduced: Vec::new(),
             value_slot: HashMap::new(),
             loss_slot: None,
@@ -264,7 +303,7 @@ impl<'a> Lowering<'a> {
     }
 
     fn sharded(&self) -> bool {
-        self.input.cfg.strategy == Strategy::FullShard
+        self.input.cfg.strategy != Strategy::NoShard
     }
 
     /// ShardParams, and for units with gradients ShardGrads (full_shard) and
@@ -287,7 +326,7 @@ impl<'a> Lowering<'a> {
                 f32,
                 shard_bytes,
             ));
-            if self.facts.grad_done[u].is_none() {
+            if self.facts.grad_done[u].is_empty() {
                 continue;
             }
             if self.sharded() {
@@ -321,6 +360,7 @@ impl<'a> Lowering<'a> {
 
     fn emit_steps(&mut self) -> Result<(), PlanError> {
         for s in 0..self.steps.len() {
+            self.m = self.micro[s];
             self.emit_hooks(s * 3);
             self.enter_windows(s);
             match self.steps[s] {
@@ -345,9 +385,18 @@ impl<'a> Lowering<'a> {
             buffer: b,
             offset: 0,
         };
-        self.value_slot.insert(v, dst);
+        self.value_slot.insert((self.m, v), dst);
         let name = name.clone();
-        self.push(Stream::Compute, InstrOp::LoadInput { node: n, name, dst });
+        let micro_batch = self.m;
+        self.push(
+            Stream::Compute,
+            InstrOp::LoadInput {
+                node: n,
+                name,
+                dst,
+                micro_batch,
+            },
+        );
     }
 
     fn emit_kernel(&mut self, s: usize, n: NodeId) -> Result<(), PlanError> {
@@ -374,9 +423,32 @@ impl<'a> Lowering<'a> {
                 inputs,
                 outputs,
                 workspace_bytes: 0,
+                micro_batch: self.m,
             },
         );
+        self.accumulate_loss(n);
         Ok(())
+    }
+
+    /// After micro-batch m > 0 computed the loss (node `n`) into its own
+    /// buffer: add it into the `Loss` buffer.
+    fn accumulate_loss(&mut self, n: NodeId) {
+        let loss = self.input.program.loss;
+        if self.m == 0 || loss.node != n {
+            return;
+        }
+        let (Some(src), Some(dst)) = (self.value_slot.get(&(self.m, loss)), self.loss_slot) else {
+            return;
+        };
+        let src = src.buffer;
+        self.push(
+            Stream::Compute,
+            InstrOp::Accumulate {
+                unit: None,
+                src,
+                dst: dst.buffer,
+            },
+        );
     }
 
     fn input_slot(&self, v: ValueId) -> Result<Slot, PlanError> {
@@ -384,7 +456,7 @@ impl<'a> Lowering<'a> {
             return self.param_slot(param.0 as usize);
         }
         self.value_slot
-            .get(&v)
+            .get(&(self.m, v))
             .copied()
             .ok_or_else(|| PlanError::Program {
                 reason: format!("value {v} is read before it is computed"),
@@ -407,7 +479,7 @@ impl<'a> Lowering<'a> {
     }
 
     fn output_slot(&mut self, v: ValueId) -> Slot {
-        let slot = if v == self.input.program.loss {
+        let slot = if v == self.input.program.loss && self.m == 0 {
             self.loss_slot
         } else {
             None
@@ -427,7 +499,7 @@ impl<'a> Lowering<'a> {
                 }
             }
         });
-        self.value_slot.insert(v, slot);
+        self.value_slot.insert((self.m, v), slot);
         slot
     }
 
@@ -437,19 +509,19 @@ impl<'a> Lowering<'a> {
         let mut dead: Vec<ValueId> = self.facts.inputs[s]
             .iter()
             .copied()
-            .filter(|v| self.facts.last_read.get(v) == Some(&s))
+            .filter(|v| self.facts.last_read.get(&(self.m, *v)) == Some(&s))
             .collect();
         let n = self.steps[s].node();
         let n_out = self.graph.node(n).outputs.len() as u32;
         dead.extend(
             (0..n_out)
                 .map(|slot| ValueId { node: n, slot })
-                .filter(|v| !self.facts.last_read.contains_key(v)),
+                .filter(|v| !self.facts.last_read.contains_key(&(self.m, *v))),
         );
         dead.sort();
         dead.dedup();
         for v in dead {
-            let Some(slot) = self.value_slot.get(&v).copied() else {
+            let Some(slot) = self.value_slot.get(&(self.m, v)).copied() else {
                 continue;
             };
             let kind = self.buffers[slot.buffer.index()].kind;

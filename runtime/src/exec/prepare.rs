@@ -6,7 +6,9 @@
 
 use crate::error::RuntimeError;
 use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Plan, Slot, Stream, UnitId};
+use fsdpc_planner::plan::{
+    BufferId, BufferKind, Group, InstrOp, Location, Plan, ReshardAfterForward, Slot, Stream, UnitId,
+};
 
 /// `len` bytes at byte `offset` of a buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -27,6 +29,13 @@ pub enum Step<'p> {
         src: BufferId,
         dst: BufferId,
         parts: Vec<(usize, usize, usize)>,
+        group: Group,
+    },
+    /// Keep this rank's slice of `src` in `dst` (`InstrOp::Reshard`).
+    Reshard {
+        src: BufferId,
+        dst: BufferId,
+        group: Group,
     },
     ReduceScatter {
         unit: UnitId,
@@ -43,6 +52,8 @@ pub enum Step<'p> {
         name: &'p str,
         ty: &'p TensorType,
         dst: Region,
+        /// The micro-batch whose samples to load.
+        micro: u32,
     },
     Kernel {
         id: NodeId,
@@ -52,6 +63,18 @@ pub enum Step<'p> {
         /// The kernel's scratch: the first `workspace_bytes` of its
         /// stream's `Workspace` buffer.
         ws: Option<Region>,
+        /// The micro-batch it computes on.
+        micro: u32,
+    },
+    /// `dst = src`, between host and device (`InstrOp::Copy`).
+    Copy {
+        src: BufferId,
+        dst: BufferId,
+    },
+    /// `dst += src` (`InstrOp::Accumulate`).
+    Accumulate {
+        src: BufferId,
+        dst: BufferId,
     },
     Optimizer {
         params: BufferId,
@@ -165,13 +188,17 @@ fn check_buffers(plan: &Plan) -> Result<(), RuntimeError> {
                 b.id
             )));
         }
+        let arena_bytes = match b.location {
+            Location::Device => plan.memory.arena_bytes,
+            Location::Host => plan.memory.host_arena_bytes,
+        };
         if b.offset
             .checked_add(b.bytes)
-            .is_none_or(|end| end > plan.memory.arena_bytes)
+            .is_none_or(|end| end > arena_bytes)
         {
             return Err(RuntimeError::plan(format!(
-                "buffer {} ({} bytes at {}) does not fit the arena of {} bytes",
-                b.id, b.bytes, b.offset, plan.memory.arena_bytes
+                "buffer {} ({} bytes at {}) does not fit the {:?} arena of {} bytes",
+                b.id, b.bytes, b.offset, b.location, arena_bytes
             )));
         }
     }
@@ -258,14 +285,62 @@ fn resolve<'p>(
             ));
         }
         InstrOp::AllGather {
-            unit: u, src, dst, ..
+            unit: u,
+            src,
+            dst,
+            group,
+            ..
         } => {
             let u = unit(plan, i, *u)?;
+            let (src, dst) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
+            let parts = match group {
+                // A resharded slice is a contiguous piece of the whole
+                // gathered flat parameter.
+                Group::Reshard => vec![(0, 0, reshard_slice(plan, i, dst, src)?)],
+                _ => gather_parts(plan, i, u, src, dst)?,
+            };
             Step::AllGather {
-                src: buffer(plan, i, *src)?,
-                dst: buffer(plan, i, *dst)?,
-                parts: gather_parts(plan, i, u, *src, *dst)?,
+                src,
+                dst,
+                parts,
+                group: *group,
             }
+        }
+        InstrOp::Reshard {
+            unit: u,
+            src,
+            dst,
+            group,
+        } => {
+            unit(plan, i, *u)?;
+            let (src, dst) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
+            if src == dst {
+                return Err(err(
+                    i,
+                    format!("reshard reads and writes the same buffer {src}"),
+                ));
+            }
+            reshard_slice(plan, i, src, dst)?;
+            Step::Reshard {
+                src,
+                dst,
+                group: *group,
+            }
+        }
+        InstrOp::Copy { unit: u, src, dst } => {
+            unit(plan, i, *u)?;
+            let (src, dst) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
+            let (sb, db) = (&plan.buffers[src.index()], &plan.buffers[dst.index()]);
+            if src == dst || sb.bytes != db.bytes {
+                return Err(err(
+                    i,
+                    format!(
+                        "copy from buffer {src} ({} bytes) into buffer {dst} ({} bytes): needs two buffers of one size",
+                        sb.bytes, db.bytes
+                    ),
+                ));
+            }
+            Step::Copy { src, dst }
         }
         InstrOp::ReduceScatter {
             unit: u, src, dst, ..
@@ -291,7 +366,12 @@ fn resolve<'p>(
                 divide_by: *divide_by,
             }
         }
-        InstrOp::LoadInput { node, name, dst } => {
+        InstrOp::LoadInput {
+            node,
+            name,
+            dst,
+            micro_batch,
+        } => {
             let n = graph
                 .try_node(*node)
                 .ok_or_else(|| err(i, format!("node {node} does not exist")))?;
@@ -303,6 +383,7 @@ fn resolve<'p>(
                 name,
                 ty,
                 dst: region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
+                micro: *micro_batch,
             }
         }
         InstrOp::Kernel {
@@ -310,10 +391,28 @@ fn resolve<'p>(
             inputs,
             outputs,
             workspace_bytes,
+            micro_batch,
             ..
         } => {
             let ws = workspace(plan, i, *workspace_bytes)?;
-            kernel(plan, graph, i, *node, inputs, outputs, ws)?
+            let mut k = kernel(plan, graph, i, *node, inputs, outputs, ws)?;
+            if let Step::Kernel { micro, .. } = &mut k {
+                *micro = *micro_batch;
+            }
+            k
+        }
+        InstrOp::Accumulate { src, dst, .. } => {
+            let (s, d) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
+            let (sb, db) = (&plan.buffers[s.index()], &plan.buffers[d.index()]);
+            if s == d || sb.bytes != db.bytes || sb.dtype != db.dtype {
+                return Err(err(
+                    i,
+                    format!(
+                        "accumulate: buffers {s} and {d} must be distinct, of one size and dtype"
+                    ),
+                ));
+            }
+            Step::Accumulate { src: s, dst: d }
         }
         InstrOp::OptimizerStep {
             params,
@@ -461,6 +560,7 @@ fn kernel<'p>(
         ins,
         outs,
         ws,
+        micro: 0,
     })
 }
 
@@ -503,6 +603,31 @@ fn gather_parts(
         parts.push((s.shard_offset as usize, s.flat_offset as usize, n as usize));
     }
     Ok(parts)
+}
+
+/// The elements of a resharded slice `slice` of the gathered buffer
+/// `whole` (same dtype; `whole` holds `reshard_after_forward` slices).
+fn reshard_slice(
+    plan: &Plan,
+    i: usize,
+    whole: BufferId,
+    slice: BufferId,
+) -> Result<usize, RuntimeError> {
+    let (w, s) = (&plan.buffers[whole.index()], &plan.buffers[slice.index()]);
+    let n = match plan.config.reshard_after_forward {
+        ReshardAfterForward::To(n) => u64::from(n),
+        _ => 0,
+    };
+    if n == 0 || w.dtype != s.dtype || s.bytes.checked_mul(n) != Some(w.bytes) {
+        return Err(err(
+            i,
+            format!(
+                "buffer {slice} ({} bytes of {}) is not a 1/n slice of buffer {whole} ({} bytes of {}) for the plan's reshard_after_forward",
+                s.bytes, s.dtype, w.bytes, w.dtype
+            ),
+        ));
+    }
+    Ok((s.bytes / (s.dtype.size() as u64).max(1)) as usize)
 }
 
 /// The optimizer updates the first `grads` elements of `params`: the

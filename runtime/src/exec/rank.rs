@@ -12,7 +12,7 @@ use crate::data::{Batch, DataSource};
 use crate::error::{CommError, RuntimeError};
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::DType;
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Stream};
+use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, ReshardAfterForward, Stream};
 use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,11 +33,16 @@ pub struct RankEnv<'a> {
     events: Events,
 }
 
-/// The ranks of `rank`'s group of kind `g`.
-pub fn group_ranks(g: Group, rank: usize, world: usize, f: usize) -> Vec<usize> {
+/// The ranks of `rank`'s group of kind `g`, with shard factor `f` and
+/// `n` ranks per resharded group (see `plan::Group`).
+pub fn group_ranks(g: Group, rank: usize, world: usize, f: usize, n: usize) -> Vec<usize> {
     match g {
         Group::Shard => ((rank / f) * f..(rank / f + 1) * f).collect(),
         Group::Replicate => (0..world / f).map(|k| rank % f + k * f).collect(),
+        Group::Reshard => {
+            let first = (rank / f) * f + (rank % f / n) * n;
+            (first..first + n).collect()
+        }
     }
 }
 
@@ -66,10 +71,24 @@ impl<'a> RankEnv<'a> {
                 "shard factor {f} does not divide the world {n}"
             )));
         }
+        let resharded = match prep.plan.config.reshard_after_forward {
+            ReshardAfterForward::To(k) if k >= 1 && (f as u32).is_multiple_of(k) => {
+                Some(k as usize)
+            }
+            ReshardAfterForward::To(k) => {
+                return Err(RuntimeError::plan(format!(
+                    "reshard_after_forward {k} does not divide the shard factor {f}"
+                )))
+            }
+            _ => None,
+        };
+        let mut groups = vec![Group::Shard, Group::Replicate];
+        groups.extend(resharded.map(|_| Group::Reshard));
         let mut comms = Vec::new();
-        for s in Stream::ALL {
-            for g in [Group::Shard, Group::Replicate] {
-                let ranks = group_ranks(g, rank, n, f);
+        // The offload stream only copies: it runs no collective.
+        for s in Stream::ALL.into_iter().filter(|&s| s != Stream::Offload) {
+            for &g in &groups {
+                let ranks = group_ranks(g, rank, n, f, resharded.unwrap_or(f));
                 let c = world
                     .communicator(&ranks, &format!("{s:?}/{g:?}"), rank)
                     .map_err(|e| comm_err(rank, e))?;
@@ -137,11 +156,12 @@ impl<'a> RankEnv<'a> {
         src: BufferId,
         dst: BufferId,
         parts: &[(usize, usize, usize)],
+        group: Group,
     ) -> Result<(), RuntimeError> {
         let (send, recv) = self.send_recv(mem, src, dst)?;
-        let f = self.prep.plan.config.shard_factor.max(1) as usize;
+        let comm = self.comm(stream, group);
+        let f = comm.size();
         let (se, re) = (send.dtype.size(), recv.dtype.size());
-        let comm = self.comm(stream, Group::Shard);
         for &(shard_at, flat_at, n) in parts {
             let part = Buf {
                 dtype: send.dtype,
@@ -172,14 +192,33 @@ impl<'a> RankEnv<'a> {
         // the plan orders conflicting accesses (see `Memory::view`).
         unsafe {
             match &self.prep.steps[i] {
-                Step::AllGather { src, dst, parts } => {
-                    self.all_gather(mem, stream, *src, *dst, parts)
+                Step::AllGather {
+                    src,
+                    dst,
+                    parts,
+                    group,
+                } => self.all_gather(mem, stream, *src, *dst, parts, *group),
+                Step::Reshard { src, dst, group } => {
+                    // This rank's slice: its position in the group.
+                    let pos = self.comm(stream, *group).position();
+                    let (whole, slice) = self.send_recv(mem, *src, *dst)?;
+                    let len = slice.bytes.len();
+                    let from = whole.bytes.get(pos * len..(pos + 1) * len).ok_or_else(|| {
+                        RuntimeError::plan_at(
+                            i,
+                            format!("reshard slice {pos} lies outside buffer {src}"),
+                        )
+                    })?;
+                    slice.bytes.copy_from_slice(from);
+                    Ok(())
                 }
                 Step::ReduceScatter { unit, src, dst } => {
+                    // Every plan reduce-scatters over the shard group (the
+                    // verifier checks the plan's `group`).
                     self.zero_uncovered(mem, unit.index(), *src)?;
                     let (send, recv) = self.send_recv(mem, *src, *dst)?;
                     self.comm(stream, Group::Shard)
-                        .reduce_scatter(send, recv, self.world.size() as u32)
+                        .reduce_scatter(send, recv, self.grad_divisor())
                         .map_err(ce)?;
                     self.round_reduced(mem, i, *dst)
                 }
@@ -200,15 +239,30 @@ impl<'a> RankEnv<'a> {
                         .all_reduce(buf, *divide_by)
                         .map_err(ce)
                 }
-                Step::LoadInput { name, ty, dst } => {
+                Step::LoadInput {
+                    name,
+                    ty,
+                    dst,
+                    micro,
+                } => {
                     let out = TensorMut {
                         ty,
                         bytes: mem.view_mut(*dst)?,
                     };
-                    let first_sample = (self.rank * self.prep.batch) as u64;
+                    let first_sample = self.first_sample(*micro);
                     self.data.fill(name, Batch { step, first_sample }, out)
                 }
                 Step::Kernel { .. } => self.kernel(mem, i, step),
+                Step::Copy { src, dst } => {
+                    let (from, into) = self.send_recv(mem, *src, *dst)?;
+                    into.bytes.copy_from_slice(from.bytes);
+                    Ok(())
+                }
+                Step::Accumulate { src, dst } => {
+                    let (from, into) = self.send_recv(mem, *src, *dst)?;
+                    crate::optim::accumulate(from.dtype, from.bytes, into.bytes)
+                        .map_err(|reason| RuntimeError::plan_at(i, reason))
+                }
                 Step::Optimizer {
                     skip_if: Some(flag),
                     ..
@@ -311,6 +365,7 @@ impl<'a> RankEnv<'a> {
             ins,
             outs,
             ws,
+            micro,
         } = &self.prep.steps[i]
         else {
             return Ok(());
@@ -338,7 +393,7 @@ impl<'a> RankEnv<'a> {
         };
         let ctx = KernelCtx {
             step,
-            sample_offset: (self.rank * self.prep.batch) as u64,
+            sample_offset: self.first_sample(*micro),
             seed: self.seed,
         };
         self.backend
@@ -594,11 +649,28 @@ impl<'a> RankEnv<'a> {
         res
     }
 
+    /// The first sample of this rank's part of micro-batch `micro`: the
+    /// step's global batch is the micro-batches in order, each the ranks'
+    /// samples in rank order.
+    fn first_sample(&self, micro: u32) -> u64 {
+        let micro_batch = u64::from(micro) * self.world.size() as u64 + self.rank as u64;
+        micro_batch * self.prep.batch as u64
+    }
+
+    /// What a reduce-scatter divides the sum of the ranks' gradients by:
+    /// the world times the micro-batches per step (each rank's gradient is
+    /// the mean over its micro-batch).
+    fn grad_divisor(&self) -> u32 {
+        self.world.size() as u32 * self.prep.plan.config.grad_accum.max(1)
+    }
+
     /// The loss scalar after a step.
     pub fn read_loss(&self, mem: &Memory) -> Result<f32, RuntimeError> {
         // SAFETY: called between steps, when no stream runs.
         let b = unsafe { mem.view(self.prep.loss)? };
-        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        // The buffer holds the sum over the step's micro-batches.
+        let k = self.prep.plan.config.grad_accum.max(1);
+        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) / k as f32)
     }
 
     /// With gradient clipping, the total gradient norm before clipping (the
