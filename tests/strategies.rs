@@ -431,3 +431,74 @@ fn combined_controls_equal_one_rank() {
         assert!(abs <= PARAM_ATOL, "{name}: parameters differ by {abs:e}");
     }
 }
+
+/// FSDP2's per-module `reshard_after_forward`: by default a 1/2 slice is
+/// kept over F = 4, the first block frees its parameters (`true`) and the
+/// second keeps them (`false`). Each unit's gathers follow its own
+/// setting, and training is bit-identical to plain full_shard.
+#[test]
+fn per_unit_reshard_after_forward() {
+    let base = plan_with(&gpt(2), 4, &cfg(Strategy::FullShard, None));
+    let blocks: Vec<String> = base.units[1..].iter().map(|u| u.module.clone()).collect();
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    let c = FsdpConfig {
+        reshard_after_forward: Some(ReshardAfterForward::To(2)),
+        reshard_units: vec![
+            (blocks[0].clone(), ReshardAfterForward::Full),
+            (blocks[1].clone(), ReshardAfterForward::Keep),
+        ],
+        ..cfg(Strategy::FullShard, None)
+    };
+    let p = plan_with(&gpt(2), 4, &c);
+    let gathers = |u: usize, g: Group| {
+        count(
+            &p,
+            |o| matches!(o, InstrOp::AllGather { unit, group, .. } if unit.index() == u && *group == g),
+        )
+    };
+    assert_eq!(
+        p.units[1].reshard_after_forward,
+        Some(ReshardAfterForward::Full)
+    );
+    assert_eq!(
+        p.units[2].reshard_after_forward,
+        Some(ReshardAfterForward::Keep)
+    );
+    assert_eq!(
+        (gathers(1, Group::Shard), gathers(1, Group::Reshard)),
+        (2, 0)
+    );
+    assert_eq!(
+        (gathers(2, Group::Shard), gathers(2, Group::Reshard)),
+        (1, 0)
+    );
+    let a = train(&base, STEPS, ExecMode::Arena);
+    let b = train(&p, STEPS, ExecMode::Arena);
+    assert_eq!(bits(&a), bits(&b));
+    // An unknown path, and two group sizes in one plan, are refused by name.
+    for (bad, want) in [
+        (
+            vec![("h.99".to_string(), ReshardAfterForward::Keep)],
+            "is not a non-root unit",
+        ),
+        (
+            vec![(blocks[0].clone(), ReshardAfterForward::To(4))],
+            "one group size",
+        ),
+    ] {
+        let m = fsdpc_frontends::load(&gpt(1), &Default::default()).expect("loads");
+        let cluster = fsdpc_planner::Cluster::preset("cpu-local", 8, 8).expect("preset");
+        let info = fsdpc_planner::ModelInfo {
+            name: m.name.clone(),
+            params: 0,
+            tokens_per_rank_step: 1,
+        };
+        let c = FsdpConfig {
+            reshard_after_forward: Some(ReshardAfterForward::To(2)),
+            reshard_units: bad,
+            ..cfg(Strategy::FullShard, None)
+        };
+        let err = fsdpc_planner::compile(m.program, info, &cluster, &c).expect_err("refused");
+        assert!(err.to_string().contains(want), "{err}");
+    }
+}

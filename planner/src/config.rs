@@ -21,6 +21,11 @@ pub struct FsdpConfig {
     /// hybrid_shard, `Keep` for the ZeRO-2 strategies).
     #[serde(default)]
     pub reshard_after_forward: Option<ReshardAfterForward>,
+    /// Per-unit overrides of `reshard_after_forward`, by the module path
+    /// that defines the unit (FSDP2's per-module setting; the root unit
+    /// always keeps its parameters). Every `To(n)` of a plan has one n.
+    #[serde(default)]
+    pub reshard_units: Vec<(String, ReshardAfterForward)>,
     /// Issue each forward gather before compute reaches its unit (`true`)
     /// or at first use (`false`).
     #[serde(default = "yes")]
@@ -90,6 +95,7 @@ impl Default for FsdpConfig {
             strategy: Strategy::FullShard,
             shard_factor: None,
             reshard_after_forward: None,
+            reshard_units: Vec::new(),
             forward_prefetch: true,
             prefetch_depth: 1,
             grad_accum: 1,
@@ -154,23 +160,72 @@ impl FsdpConfig {
         } else {
             ReshardAfterForward::Keep
         };
-        if f <= 1 {
-            return Ok(ReshardAfterForward::Keep);
-        }
-        match self.reshard_after_forward.unwrap_or(default) {
-            ReshardAfterForward::To(1) => Ok(ReshardAfterForward::Keep),
-            ReshardAfterForward::To(n) if n == f => Ok(ReshardAfterForward::Full),
-            ReshardAfterForward::To(n) if n == 0 || !f.is_multiple_of(n) => {
-                Err(PlanError::BadConfig {
-                    what: "reshard_after_forward",
-                    value: n.to_string(),
-                    reason: format!("must divide the shard factor {f}"),
-                })
-            }
-            r => Ok(r),
-        }
+        normalize_reshard(self.reshard_after_forward.unwrap_or(default), f)
     }
 
+    /// Sets each unit's own `reshard_after_forward` from `reshard_units`
+    /// (normalised for F = `f`; left unset where it equals `default`, the
+    /// plan's). A path that defines no non-root unit, or two different n of
+    /// `To(n)` in one plan, is `PlanError::BadConfig`.
+    pub fn reshard_units(
+        &self,
+        f: u32,
+        default: ReshardAfterForward,
+        units: &mut [crate::plan::Unit],
+    ) -> Result<(), PlanError> {
+        for (path, r) in &self.reshard_units {
+            let r = normalize_reshard(*r, f)?;
+            let Some(unit) = units.iter_mut().skip(1).find(|u| &u.module == path) else {
+                let known: Vec<&str> = units.iter().skip(1).map(|u| u.module.as_str()).collect();
+                return Err(PlanError::BadConfig {
+                    what: "reshard_after_forward",
+                    value: format!("{path}={}", r.name()),
+                    reason: format!(
+                        "`{path}` is not a non-root unit; the units are: {}",
+                        known.join(", ")
+                    ),
+                });
+            };
+            unit.reshard_after_forward = (r != default).then_some(r);
+        }
+        let ns: std::collections::BTreeSet<u32> = std::iter::once(default)
+            .chain(units.iter().filter_map(|u| u.reshard_after_forward))
+            .filter_map(|r| match r {
+                ReshardAfterForward::To(n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        if ns.len() > 1 {
+            let list: Vec<String> = ns.iter().map(|n| n.to_string()).collect();
+            return Err(PlanError::BadConfig {
+                what: "reshard_after_forward",
+                value: list.join(", "),
+                reason: "units of one plan reshard to one group size".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `r` for shard factor `f`: `To(1)` is `Keep`, `To(f)` is `Full`, nothing is
+/// resharded when F is 1; an n that does not divide F is an error.
+fn normalize_reshard(r: ReshardAfterForward, f: u32) -> Result<ReshardAfterForward, PlanError> {
+    if f <= 1 {
+        return Ok(ReshardAfterForward::Keep);
+    }
+    match r {
+        ReshardAfterForward::To(1) => Ok(ReshardAfterForward::Keep),
+        ReshardAfterForward::To(n) if n == f => Ok(ReshardAfterForward::Full),
+        ReshardAfterForward::To(n) if n == 0 || !f.is_multiple_of(n) => Err(PlanError::BadConfig {
+            what: "reshard_after_forward",
+            value: n.to_string(),
+            reason: format!("must divide the shard factor {f}"),
+        }),
+        r => Ok(r),
+    }
+}
+
+impl FsdpConfig {
     /// Rejects settings the planner does not support yet.
     pub fn check(&self) -> Result<(), PlanError> {
         let bad = |what, value: String, reason: &str| PlanError::BadConfig {

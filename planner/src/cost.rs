@@ -63,10 +63,7 @@ pub fn group_shape(plan: &Plan, group: Group) -> (u32, bool) {
             world / f > 1 && f.saturating_mul(world / f) > rpn,
         ),
         Group::Reshard => {
-            let n = match plan.config.reshard_after_forward {
-                ReshardAfterForward::To(n) => n.clamp(1, f),
-                _ => f,
-            };
+            let n = plan.reshard_group().map_or(f, |n| n.clamp(1, f));
             (n, n > rpn)
         }
     }
@@ -145,8 +142,7 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
                 2 * ring_bytes(n, bytes),
             )
         }
-        InstrOp::NormAllReduce { buffer, group }
-        | InstrOp::FoundInfAllReduce { buffer, group } => {
+        InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
             // A scalar cannot be split into n ring chunks: each of the
             // 2 (n - 1) ring steps sends the whole scalar.
             let (n, inter) = group_shape(plan, *group);

@@ -52,6 +52,7 @@ pub fn layout_units(
             let z_padded = z.div_ceil(f) * f;
             let padded = t_padded + z_padded;
             Ok(Unit {
+                reshard_after_forward: None,
                 id: UnitId(i as u32),
                 module: def.path.clone(),
                 kind: def.kind.clone(),

@@ -17,6 +17,9 @@ pub struct Summary {
     pub shard_factor: u32,
     /// What non-root units do with gathered parameters after forward.
     pub reshard_after_forward: ReshardAfterForward,
+    /// Units with their own `reshard_after_forward` (module path, setting).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unit_reshard: Vec<(String, ReshardAfterForward)>,
     pub forward_prefetch: bool,
     pub prefetch_depth: u32,
     /// Micro-batches per optimizer step.
@@ -181,6 +184,11 @@ pub fn summary(plan: &Plan) -> Summary {
         strategy: plan.config.strategy.name().to_string(),
         shard_factor: plan.config.shard_factor,
         reshard_after_forward: plan.config.reshard_after_forward,
+        unit_reshard: plan
+            .units
+            .iter()
+            .filter_map(|u| u.reshard_after_forward.map(|r| (u.module.clone(), r)))
+            .collect(),
         forward_prefetch: plan.config.forward_prefetch,
         prefetch_depth: plan.config.prefetch_depth,
         grad_accum: plan.config.grad_accum,
@@ -373,6 +381,18 @@ fn header(out: &mut String, s: &Summary) {
     };
     if let Some(r) = reshard {
         let _ = writeln!(out, "reshard   after forward: {r}");
+    }
+    if !s.unit_reshard.is_empty() {
+        let own: Vec<String> = s
+            .unit_reshard
+            .iter()
+            .map(|(m, r)| format!("{m}={}", r.name()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "reshard   after forward, units' own settings: {}",
+            own.join(", ")
+        );
     }
     if s.grad_accum > 1 {
         let how = if s.no_sync {

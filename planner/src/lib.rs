@@ -95,7 +95,8 @@ pub fn compile_unchecked(
             .into_iter()
             .collect();
     let (program, assign) = checkpointed(program, assign, cfg)?;
-    let units = flat::layout_units(&program.graph, &assign, shard_factor)?;
+    let mut units = flat::layout_units(&program.graph, &assign, shard_factor)?;
+    cfg.reshard_units(shard_factor, reshard, &mut units)?;
     let mut sched = schedule::lower(&schedule::LowerInput {
         program: &program,
         assign: &assign,

@@ -328,6 +328,10 @@ pub struct Unit {
     /// existed).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub frozen_numel: u64,
+    /// This unit's own `reshard_after_forward` where it differs from the
+    /// plan's (FSDP2's per-module setting); absent: the plan's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard_after_forward: Option<ReshardAfterForward>,
     /// Trainable parameters first (offsets below `trainable_numel()`), then
     /// frozen ones.
     pub params: Vec<FlatParam>,
@@ -343,6 +347,46 @@ pub struct Segment {
     pub shard_offset: u64,
     /// Elements in the flat parameter (a multiple of F).
     pub numel: u64,
+}
+
+impl Plan {
+    /// What unit `u` does after forward: the root always keeps its
+    /// parameters; another unit follows its own setting, else the plan's.
+    pub fn unit_reshard(&self, u: UnitId) -> ReshardAfterForward {
+        unit_reshard(&self.units, u, self.config.reshard_after_forward)
+    }
+
+    /// The ranks of `Group::Reshard`: the n of the plan's or any unit's
+    /// `ReshardAfterForward::To(n)` (a plan has at most one such n).
+    pub fn reshard_group(&self) -> Option<u32> {
+        reshard_group(&self.units, self.config.reshard_after_forward)
+    }
+}
+
+/// What unit `u` of `units` does after forward, `default` being the plan's
+/// setting (see `Plan::unit_reshard`).
+pub fn unit_reshard(
+    units: &[Unit],
+    u: UnitId,
+    default: ReshardAfterForward,
+) -> ReshardAfterForward {
+    if u == UnitId(0) {
+        return ReshardAfterForward::Keep;
+    }
+    units
+        .get(u.index())
+        .and_then(|unit| unit.reshard_after_forward)
+        .unwrap_or(default)
+}
+
+/// The n of `Group::Reshard` for `units` and the plan's `default`.
+pub fn reshard_group(units: &[Unit], default: ReshardAfterForward) -> Option<u32> {
+    std::iter::once(default)
+        .chain(units.iter().filter_map(|u| u.reshard_after_forward))
+        .find_map(|r| match r {
+            ReshardAfterForward::To(n) => Some(n),
+            _ => None,
+        })
 }
 
 impl Unit {

@@ -267,10 +267,7 @@ impl FsdpChecks<'_> {
                     self.group_is(i, ins.stream, unit, group, Group::Reshard);
                     self.reshard_group(i, ins.stream, unit);
                     let (sb, db) = (self.bytes(src), self.bytes(dst));
-                    let n = match p.config.reshard_after_forward {
-                        ReshardAfterForward::To(n) => u64::from(n.max(1)),
-                        _ => 1,
-                    };
+                    let n = u64::from(p.reshard_group().unwrap_or(1).max(1));
                     if sb != db.saturating_mul(n) {
                         self.order(
                             i,
@@ -364,13 +361,11 @@ impl FsdpChecks<'_> {
         }
     }
 
-    /// A resharded slice exists only under `reshard_after_forward = n`.
+    /// A resharded slice exists only for a unit with `reshard_after_forward
+    /// = n` (its own or the plan's).
     fn reshard_group(&mut self, i: usize, stream: Stream, unit: UnitId) {
-        if !matches!(
-            self.plan.config.reshard_after_forward,
-            ReshardAfterForward::To(_)
-        ) {
-            let reason = "resharding to a smaller group, but the plan's reshard_after_forward is not a number of ranks".to_string();
+        if !matches!(self.plan.unit_reshard(unit), ReshardAfterForward::To(_)) {
+            let reason = "resharding to a smaller group, but the unit's reshard_after_forward is not a number of ranks".to_string();
             self.order(i, stream, unit, reason);
         }
     }

@@ -82,9 +82,16 @@ pub(crate) fn plan_model(
         shard_factor: f.shard_factor,
         reshard_after_forward: f
             .reshard_after_forward
-            .as_deref()
-            .map(ReshardAfterForward::parse)
+            .iter()
+            .rfind(|v| !v.contains('='))
+            .map(|v| ReshardAfterForward::parse(v))
             .transpose()?,
+        reshard_units: f
+            .reshard_after_forward
+            .iter()
+            .filter_map(|v| v.split_once('='))
+            .map(|(path, v)| Ok((path.trim().to_string(), ReshardAfterForward::parse(v)?)))
+            .collect::<Result<_, fsdpc_planner::PlanError>>()?,
         forward_prefetch: f.forward_prefetch,
         prefetch_depth: f.prefetch_depth,
         grad_accum: f.grad_accum,

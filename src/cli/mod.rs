@@ -70,9 +70,12 @@ pub struct PlanFlags {
     /// forward: true (free them; full_shard's default), false (keep them
     /// until backward; shard_grad_op's default), or N (keep a 1/N slice, N
     /// dividing F, so backward gathers over N ranks, e.g. inside a node:
-    /// FSDP2's integer form, ZeRO++ hpZ).
-    #[arg(long, value_name = "true|false|N")]
-    pub reshard_after_forward: Option<String>,
+    /// FSDP2's integer form, ZeRO++ hpZ). Repeat with PATH=VALUE to set one
+    /// unit by the module path that defines it
+    /// (`--reshard-after-forward transformer.h.11=false`: FSDP2's
+    /// per-module setting; one N per plan).
+    #[arg(long, value_name = "[PATH=]true|false|N")]
+    pub reshard_after_forward: Vec<String>,
     /// Issue each forward all-gather before compute reaches its unit
     /// (true, the default: what PyTorch's CPU run-ahead achieves) or at
     /// first use (false).

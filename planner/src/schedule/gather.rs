@@ -58,14 +58,15 @@ pub(super) struct Window {
 }
 
 /// Splits each unit's reading steps into windows (runs of one phase; one
-/// window for the whole step for the root, and for every unit when `keep`:
-/// not resharded after forward), in issue order (by first use).
+/// window for the whole step for the root, and one per micro-batch, forward
+/// and backward, for a unit whose `keep` is set: not resharded after
+/// forward), in issue order (by first use).
 pub(super) fn windows(
     graph: &Graph,
     steps: &[Step],
     micro: &[u32],
     reads_units: &[Vec<UnitId>],
-    keep: bool,
+    keep: &[bool],
 ) -> Vec<Window> {
     let mut open: BTreeMap<UnitId, usize> = BTreeMap::new();
     let mut out: Vec<Window> = Vec::new();
@@ -75,7 +76,8 @@ pub(super) fn windows(
             match open.get(&u).copied() {
                 Some(w)
                     if u == UnitId(0)
-                        || (micro[out[w].first] == micro[i] && (out[w].phase == phase || keep)) =>
+                        || (micro[out[w].first] == micro[i]
+                            && (out[w].phase == phase || keep[u.index()])) =>
                 {
                     out[w].last = i
                 }
@@ -86,7 +88,7 @@ pub(super) fn windows(
                         first: i,
                         last: i,
                         phase,
-                        limited: !keep && u != UnitId(0),
+                        limited: !keep[u.index()] && u != UnitId(0),
                     });
                 }
             }
@@ -263,7 +265,7 @@ impl Lowering<'_> {
                 })
                 .is_some_and(|later| self.gathered[later].is_none());
             if let (ReshardAfterForward::To(n), Phase::Forward, true) = (
-                self.input.reshard,
+                unit_reshard(self.input.units, unit, self.input.reshard),
                 self.windows[w].phase,
                 unit != UnitId(0) && read_again,
             ) {

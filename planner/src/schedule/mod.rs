@@ -212,9 +212,14 @@ impl<'a> Lowering<'a> {
     ) -> Lowering<'a> {
         let graph = &input.program.graph;
         let sharded = gathers(input.cfg);
-        let keep = input.reshard == ReshardAfterForward::Keep;
+        let keep: Vec<bool> = (0..input.units.len())
+            .map(|u| {
+                unit_reshard(input.units, UnitId(u as u32), input.reshard)
+                    == ReshardAfterForward::Keep
+            })
+            .collect();
         let windows = if sharded {
-            gather::windows(graph, &steps, &micro, &facts.reads_units, keep)
+            gather::windows(graph, &steps, &micro, &facts.reads_units, &keep)
         } else {
             Vec::new()
         };

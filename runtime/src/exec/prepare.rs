@@ -7,7 +7,7 @@
 use crate::error::RuntimeError;
 use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
 use fsdpc_planner::plan::{
-    BufferId, BufferKind, Group, InstrOp, Location, Plan, ReshardAfterForward, Slot, Stream, UnitId,
+    BufferId, BufferKind, Group, InstrOp, Location, Plan, Slot, Stream, UnitId,
 };
 
 /// `len` bytes at byte `offset` of a buffer.
@@ -614,10 +614,7 @@ fn reshard_slice(
     slice: BufferId,
 ) -> Result<usize, RuntimeError> {
     let (w, s) = (&plan.buffers[whole.index()], &plan.buffers[slice.index()]);
-    let n = match plan.config.reshard_after_forward {
-        ReshardAfterForward::To(n) => u64::from(n),
-        _ => 0,
-    };
+    let n = u64::from(plan.reshard_group().unwrap_or(0));
     if n == 0 || w.dtype != s.dtype || s.bytes.checked_mul(n) != Some(w.bytes) {
         return Err(err(
             i,

@@ -12,7 +12,7 @@ use crate::data::{Batch, DataSource};
 use crate::error::{CommError, RuntimeError};
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::DType;
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, ReshardAfterForward, Stream};
+use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Stream};
 use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -71,16 +71,14 @@ impl<'a> RankEnv<'a> {
                 "shard factor {f} does not divide the world {n}"
             )));
         }
-        let resharded = match prep.plan.config.reshard_after_forward {
-            ReshardAfterForward::To(k) if k >= 1 && (f as u32).is_multiple_of(k) => {
-                Some(k as usize)
-            }
-            ReshardAfterForward::To(k) => {
+        let resharded = match prep.plan.reshard_group() {
+            Some(k) if k >= 1 && (f as u32).is_multiple_of(k) => Some(k as usize),
+            Some(k) => {
                 return Err(RuntimeError::plan(format!(
                     "reshard_after_forward {k} does not divide the shard factor {f}"
                 )))
             }
-            _ => None,
+            None => None,
         };
         let mut groups = vec![Group::Shard, Group::Replicate];
         groups.extend(resharded.map(|_| Group::Reshard));
