@@ -78,6 +78,15 @@ fn four_processes_match_four_thread_ranks() {
 }
 
 /// `no_shard` reduces gradients with all-reduce instead of reduce-scatter.
+/// Mixed precision on MPI process ranks matches the thread ranks bit for
+/// bit: bf16 (the all-gather casts each shard before sending it) and fp16
+/// (with its loss scaler's found-inf all-reduce).
+#[test]
+fn mixed_precision_processes_match_thread_ranks() {
+    check(2, &["--mixed-precision", "bf16"]);
+    check(2, &["--mixed-precision", "fp16"]);
+}
+
 #[test]
 fn no_shard_processes_match_thread_ranks() {
     check(2, &["--strategy", "no_shard"]);
