@@ -76,7 +76,7 @@ proptest! {
 /// or off, prefetch depth, gradient accumulation with or without
 /// `no_sync`, clipping.
 fn controls(world: u32) -> impl proptest::strategy::Strategy<Value = FsdpConfig> {
-    let divisors: Vec<u32> = (1..=world).filter(|d| world % d == 0).collect();
+    let divisors: Vec<u32> = (1..=world).filter(|d| world.is_multiple_of(*d)).collect();
     (
         prop::sample::select(fsdpc_planner::Strategy::ALL.to_vec()),
         prop::option::of(prop::sample::select(divisors.clone())),
