@@ -244,7 +244,7 @@ fn train_refuses_compile_flags_with_a_plan() {
         p,
         "--steps",
         "1",
-        "--preset",
+        "--cluster",
         "cpu-local",
         "--lr",
         "0.1",
@@ -257,7 +257,7 @@ fn train_refuses_compile_flags_with_a_plan() {
     let err = stderr(&o);
     assert!(!o.status.success(), "compile flags with a plan should fail");
     assert!(
-        err.contains("--preset, --lr, --activation-checkpointing, --dim cannot apply"),
+        err.contains("--cluster, --lr, --activation-checkpointing, --dim cannot apply"),
         "every refused flag named, got: {err}"
     );
     assert!(!err.contains("--seed"), "--seed applies to a run: {err}");

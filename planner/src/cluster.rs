@@ -33,6 +33,13 @@ pub struct Hardware {
     /// `HOST_MEM_BW`).
     #[serde(default = "host_mem")]
     pub host_mem_bw: f64,
+    /// Achievable fraction of the peak FLOP/s as a function of a kernel's
+    /// FLOPs: `(flops, efficiency)` points in increasing `flops`,
+    /// interpolated linearly in log(flops) and held flat beyond the ends
+    /// (what `fsdpc calibrate` or a user's own measurements give; empty:
+    /// the peak, in older plans and presets without measurements).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matmul_efficiency: Vec<(f64, f64)>,
 }
 
 /// PCIe 4.0 x16: 32 GB/s raw per direction, about 25 GB/s achieved by
@@ -57,6 +64,30 @@ fn host_mem() -> f64 {
 }
 
 impl Hardware {
+    /// The fraction of peak a kernel of `flops` FLOPs achieves (see
+    /// `matmul_efficiency`), in (0, 1].
+    pub fn efficiency(&self, flops: f64) -> f64 {
+        let curve = &self.matmul_efficiency;
+        let (Some(first), Some(last)) = (curve.first(), curve.last()) else {
+            return 1.0;
+        };
+        let clamp = |e: f64| e.clamp(1e-6, 1.0);
+        if flops <= first.0 {
+            return clamp(first.1);
+        }
+        if flops >= last.0 {
+            return clamp(last.1);
+        }
+        for w in curve.windows(2) {
+            let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+            if flops <= x1 {
+                let t = (flops.ln() - x0.ln()) / (x1.ln() - x0.ln()).max(f64::MIN_POSITIVE);
+                return clamp(y0 + t * (y1 - y0));
+            }
+        }
+        clamp(last.1)
+    }
+
     /// Peak FLOP/s for arithmetic in `dtype`.
     pub fn peak_flops(&self, dtype: DType) -> f64 {
         match dtype {
@@ -83,7 +114,7 @@ pub struct Cluster {
 const GIB: u64 = 1 << 30;
 
 /// The presets `Cluster::preset` knows, with a one-line description.
-pub const PRESETS: [(&str, &str); 3] = [
+pub const PRESETS: [(&str, &str); 4] = [
     (
         "a100-80g-roce",
         "8x A100-SXM4-80GB per node, NVLink3 inside, 200 Gb/s RoCE per GPU between nodes (the PyTorch FSDP paper's cluster)",
@@ -91,6 +122,10 @@ pub const PRESETS: [(&str, &str); 3] = [
     (
         "h100-80g-ib",
         "8x H100-SXM5-80GB per node, NVLink4 inside, 400 Gb/s InfiniBand NDR per GPU between nodes",
+    ),
+    (
+        "h200-141g-ib",
+        "8x H200-SXM-141GB per node, NVLink4 inside, 400 Gb/s InfiniBand NDR per GPU between nodes",
     ),
     (
         "cpu-local",
@@ -105,6 +140,7 @@ impl Cluster {
         let (memory_bytes, hardware) = match name {
             "a100-80g-roce" => (80 * GIB, a100_roce()),
             "h100-80g-ib" => (80 * GIB, h100_ib()),
+            "h200-141g-ib" => (141 * GIB, h200_ib()),
             "cpu-local" => (
                 24 * GIB / u64::from(ranks_per_node),
                 cpu_local(ranks_per_node),
@@ -191,6 +227,7 @@ fn a100_roce() -> Hardware {
         inter_latency_s: 20e-6,
         host_bw: PCIE4_X16_BW,
         host_mem_bw: HOST_MEM_BW,
+        matmul_efficiency: Vec::new(),
     }
 }
 
@@ -208,6 +245,17 @@ fn h100_ib() -> Hardware {
         inter_latency_s: 10e-6,
         host_bw: PCIE5_X16_BW,
         host_mem_bw: HOST_MEM_BW,
+        matmul_efficiency: Vec::new(),
+    }
+}
+
+/// NVIDIA H200-SXM datasheet: the H100's compute (67 TFLOP/s FP32, 989
+/// TFLOP/s BF16 dense) with 141 GB of HBM3e at 4.8 TB/s; NVLink4 and NDR
+/// InfiniBand as the H100 preset.
+fn h200_ib() -> Hardware {
+    Hardware {
+        mem_bw: 4.8e12,
+        ..h100_ib()
     }
 }
 
@@ -227,5 +275,174 @@ fn cpu_local(ranks_per_node: u32) -> Hardware {
         // and the optimizer run at memory speed.
         host_bw: 10e9 / share,
         host_mem_bw: 10e9 / share,
+        matmul_efficiency: Vec::new(),
+    }
+}
+
+/// The schema of cluster files.
+pub const CLUSTER_SCHEMA: &str = "fsdpc.cluster/v1";
+
+/// A cluster as a file (`--cluster FILE`): its shape, per-rank memory and
+/// speeds, and where each figure came from. `fsdpc cluster PRESET` writes a
+/// preset in this form to start from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// Always `CLUSTER_SCHEMA`.
+    pub schema: String,
+    /// What plans record as the cluster's name.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub ranks_per_node: u32,
+    /// Nodes: with `ranks_per_node`, the world when a command gives none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    pub memory_bytes_per_rank: u64,
+    pub hardware: Hardware,
+    /// Where each figure came from, by field name (`"mem_bw": "datasheet"`,
+    /// `"matmul_efficiency": "fsdpc calibrate on host x"`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sources: std::collections::BTreeMap<String, String>,
+}
+
+impl ClusterFile {
+    /// Parses and checks a cluster file.
+    pub fn from_json(text: &str) -> Result<ClusterFile, PlanError> {
+        let bad = |reason: String| PlanError::BadCluster { reason };
+        let f: ClusterFile =
+            serde_json::from_str(text).map_err(|e| bad(format!("not a cluster file: {e}")))?;
+        if f.schema != CLUSTER_SCHEMA {
+            return Err(bad(format!(
+                "schema `{}` is not `{CLUSTER_SCHEMA}`",
+                f.schema
+            )));
+        }
+        f.check()?;
+        Ok(f)
+    }
+
+    /// The preset `name` as a file, `ranks_per_node` per node, with the
+    /// sources of its figures.
+    pub fn preset(name: &str, ranks_per_node: u32) -> Result<ClusterFile, PlanError> {
+        let c = Cluster::preset(name, ranks_per_node, ranks_per_node)?;
+        let description = PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, d)| d.to_string())
+            .unwrap_or_default();
+        let source = match name {
+            "cpu-local" => "nominal figures for a 2-core VM (measure yours with fsdpc calibrate)",
+            _ => "vendor datasheet (see the preset's doc comment in planner/src/cluster.rs)",
+        };
+        let sources = [
+            "peak_flops_f32",
+            "peak_flops_bf16",
+            "mem_bw",
+            "intra_bw",
+            "inter_bw",
+            "host_bw",
+        ]
+        .into_iter()
+        .map(|k| (k.to_string(), source.to_string()))
+        .chain([
+            (
+                "intra_latency_s".to_string(),
+                "assumed: one NCCL ring step inside a node".to_string(),
+            ),
+            (
+                "inter_latency_s".to_string(),
+                "assumed: one NCCL ring step across nodes".to_string(),
+            ),
+            (
+                "host_mem_bw".to_string(),
+                "assumed: half the per-rank share of the host's DRAM bandwidth".to_string(),
+            ),
+        ])
+        .collect();
+        Ok(ClusterFile {
+            schema: CLUSTER_SCHEMA.to_string(),
+            name: name.to_string(),
+            description,
+            ranks_per_node,
+            nodes: None,
+            memory_bytes_per_rank: c.memory_bytes,
+            hardware: c.hardware,
+            sources,
+        })
+    }
+
+    /// Every figure positive and finite, the efficiency curve increasing in
+    /// FLOPs with efficiencies in (0, 1].
+    fn check(&self) -> Result<(), PlanError> {
+        let bad = |reason: String| Err(PlanError::BadCluster { reason });
+        if self.ranks_per_node == 0 || self.memory_bytes_per_rank == 0 {
+            return bad("ranks_per_node and memory_bytes_per_rank must be at least 1".into());
+        }
+        let h = &self.hardware;
+        for (name, x) in [
+            ("peak_flops_f32", h.peak_flops_f32),
+            ("peak_flops_bf16", h.peak_flops_bf16),
+            ("mem_bw", h.mem_bw),
+            ("intra_bw", h.intra_bw),
+            ("inter_bw", h.inter_bw),
+            ("host_bw", h.host_bw),
+            ("host_mem_bw", h.host_mem_bw),
+        ] {
+            if !(x.is_finite() && x > 0.0) {
+                return bad(format!(
+                    "hardware.{name} must be a positive number, it is {x}"
+                ));
+            }
+        }
+        for (name, x) in [
+            ("intra_latency_s", h.intra_latency_s),
+            ("inter_latency_s", h.inter_latency_s),
+        ] {
+            if !(x.is_finite() && x >= 0.0) {
+                return bad(format!("hardware.{name} must be a number >= 0, it is {x}"));
+            }
+        }
+        let mut prev = 0.0;
+        for &(flops, e) in &h.matmul_efficiency {
+            if !(flops.is_finite() && flops > prev && e > 0.0 && e <= 1.0) {
+                return bad(format!(
+                    "hardware.matmul_efficiency: point ({flops}, {e}) must have FLOPs above the previous point's and an efficiency in (0, 1]"
+                ));
+            }
+            prev = flops;
+        }
+        Ok(())
+    }
+
+    /// The cluster at `world` ranks (`None`: `nodes` x `ranks_per_node`),
+    /// `ranks_per_node` overriding the file's when given.
+    pub fn cluster(
+        &self,
+        world: Option<u32>,
+        ranks_per_node: Option<u32>,
+    ) -> Result<Cluster, PlanError> {
+        let rpn = ranks_per_node.unwrap_or(self.ranks_per_node);
+        let world = match (world, self.nodes) {
+            (Some(w), _) => w,
+            (None, Some(n)) => n.saturating_mul(rpn),
+            (None, None) => {
+                return Err(PlanError::BadCluster {
+                    reason: format!(
+                        "cluster `{}` gives no `nodes`: say how many ranks (--world)",
+                        self.name
+                    ),
+                })
+            }
+        };
+        check_shape(world, rpn)?;
+        Ok(Cluster {
+            preset: self.name.clone(),
+            world,
+            ranks_per_node: rpn,
+            nodes: world / rpn,
+            memory_bytes: self.memory_bytes_per_rank,
+            hardware: self.hardware.clone(),
+        })
     }
 }

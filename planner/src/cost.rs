@@ -34,14 +34,13 @@ pub fn node_bytes(graph: &Graph, node: fsdpc_ir::NodeId) -> f64 {
     (out + ins) as f64
 }
 
-/// Roofline time of a kernel: the slower of compute and memory traffic.
+/// Roofline time of a kernel: the slower of compute (at the peak times the
+/// cluster's achievable efficiency for a kernel of this size) and memory
+/// traffic.
 pub fn kernel_time(flops: f64, bytes: f64, cluster: &Cluster, dtype: fsdpc_ir::DType) -> f64 {
     let hw = &cluster.hardware;
-    let compute = if hw.peak_flops(dtype) > 0.0 {
-        flops / hw.peak_flops(dtype)
-    } else {
-        0.0
-    };
+    let rate = hw.peak_flops(dtype) * hw.efficiency(flops);
+    let compute = if rate > 0.0 { flops / rate } else { 0.0 };
     let memory = if hw.mem_bw > 0.0 {
         bytes / hw.mem_bw
     } else {

@@ -67,8 +67,71 @@ pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
 
 /// The plan's estimates on its own cluster record.
 pub fn estimate(plan: &Plan) -> Estimates {
-    let cluster = Cluster::from_info(&plan.cluster);
-    let tl = simulate(plan, &cluster);
+    estimate_on(plan, &Cluster::from_info(&plan.cluster))
+}
+
+/// What `fsdpc simulate` reports: the estimates of a plan on a cluster and
+/// how busy each stream is.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Simulation {
+    /// The cluster's name (a preset or a cluster file's `name`).
+    pub cluster: String,
+    pub world: u32,
+    pub step_time_s: f64,
+    pub exposed_comm_s: f64,
+    pub tflops_per_rank: f64,
+    pub mfu: f64,
+    pub peak_bytes_per_rank: u64,
+    pub comm_bytes_per_step: u64,
+    /// Per stream: the fraction of the step it runs instructions.
+    pub busy: Vec<(Stream, f64)>,
+}
+
+/// Simulates `plan` on `cluster` (the plan's world and shape; the
+/// cluster's speeds).
+pub fn run(plan: &Plan, cluster: &Cluster) -> Simulation {
+    let tl = simulate(plan, cluster);
+    let e = estimates(plan, cluster, &tl);
+    let busy = Stream::ALL
+        .iter()
+        .map(|&s| {
+            let t: f64 = plan
+                .instructions
+                .iter()
+                .enumerate()
+                .filter(|(_, ins)| ins.stream == s)
+                .map(|(i, _)| tl.end[i] - tl.start[i])
+                .sum();
+            (
+                s,
+                if tl.step_time_s > 0.0 {
+                    t / tl.step_time_s
+                } else {
+                    0.0
+                },
+            )
+        })
+        .collect();
+    Simulation {
+        cluster: cluster.preset.clone(),
+        world: plan.cluster.world,
+        step_time_s: e.step_time_s,
+        exposed_comm_s: e.exposed_comm_s,
+        tflops_per_rank: e.tflops_per_rank,
+        mfu: e.mfu,
+        peak_bytes_per_rank: e.peak_bytes_per_rank,
+        comm_bytes_per_step: e.comm_bytes_per_step,
+        busy,
+    }
+}
+
+/// The plan's estimates on `cluster`.
+pub fn estimate_on(plan: &Plan, cluster: &Cluster) -> Estimates {
+    let tl = simulate(plan, cluster);
+    estimates(plan, cluster, &tl)
+}
+
+fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
     let peak = cluster.hardware.peak_flops(plan.config.param_dtype);
     let achieved = if tl.step_time_s > 0.0 {
         tl.model_flops / tl.step_time_s

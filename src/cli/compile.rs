@@ -18,9 +18,16 @@ pub struct CompileArgs {
     /// Number of ranks (GPUs) in the job.
     #[arg(long)]
     pub world: u32,
-    /// Hardware preset for memory capacity and the cost model.
-    #[arg(long, default_value = "a100-80g-roce")]
-    pub preset: String,
+    /// The cluster: a preset (a100-80g-roce, h100-80g-ib, h200-141g-ib,
+    /// cpu-local) or a cluster file (`fsdpc cluster PRESET -o FILE` writes
+    /// one to edit; `--preset` is the old name of this flag).
+    #[arg(
+        long,
+        alias = "preset",
+        value_name = "FILE|PRESET",
+        default_value = "a100-80g-roce"
+    )]
+    pub cluster: String,
     #[command(flatten)]
     pub plan: PlanFlags,
     #[command(flatten)]
@@ -40,7 +47,7 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
             )));
         }
     }
-    let plan = plan_model(&a.model, a.world, &a.preset, &a.plan, &a.import)?;
+    let plan = plan_model(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
         print_out(&format!("{json}\n"))?;
@@ -60,23 +67,19 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Loads `model` and plans it for `world` ranks on `preset`.
+/// Loads `model` and plans it for `world` ranks on `cluster` (a preset or
+/// a cluster file).
 pub(crate) fn plan_model(
     model: &str,
     world: u32,
-    preset: &str,
+    cluster: &str,
     f: &PlanFlags,
     import: &ModelFlags,
 ) -> Result<Plan, CliError> {
     let opts = import.load_options(optimizer(f)?)?;
     let model = fsdpc_frontends::load(model, &opts)?;
     import.warn_merged(&model.program.graph);
-    let rpn = f.ranks_per_node.unwrap_or(if preset == "cpu-local" {
-        world.max(1)
-    } else {
-        world.clamp(1, 8)
-    });
-    let cluster = Cluster::preset(preset, world, rpn)?;
+    let cluster = resolve_cluster(cluster, Some(world), f.ranks_per_node)?;
     let cfg = FsdpConfig {
         strategy: Strategy::parse(&f.strategy)?,
         shard_factor: f.shard_factor,
@@ -117,6 +120,42 @@ pub(crate) fn plan_model(
         name: model.name,
     };
     Ok(fsdpc_planner::compile(model.program, info, &cluster, &cfg)?)
+}
+
+/// The cluster `name` names: a preset (`ranks_per_node` defaulting to 8
+/// for GPU presets and to the whole world for `cpu-local`) or a cluster
+/// file (its own ranks per node unless given); `world` defaults to the
+/// file's nodes.
+pub(crate) fn resolve_cluster(
+    name: &str,
+    world: Option<u32>,
+    ranks_per_node: Option<u32>,
+) -> Result<Cluster, CliError> {
+    if fsdpc_planner::cluster::PRESETS
+        .iter()
+        .any(|(n, _)| *n == name)
+    {
+        let world = world.ok_or_else(|| {
+            CliError::Usage(format!("the preset {name} needs a world size (--world)"))
+        })?;
+        let rpn = ranks_per_node.unwrap_or(if name == "cpu-local" {
+            world.max(1)
+        } else {
+            world.clamp(1, 8)
+        });
+        return Ok(Cluster::preset(name, world, rpn)?);
+    }
+    let path = Path::new(name);
+    if !path.exists() {
+        return Err(CliError::Usage(format!(
+            "--cluster {name}: neither a preset ({}) nor a file",
+            fsdpc_planner::cluster::PRESETS.map(|(n, _)| n).join(", ")
+        )));
+    }
+    let text = read_file(path)?;
+    let file = fsdpc_planner::cluster::ClusterFile::from_json(&text)
+        .map_err(|e| CliError::Usage(format!("{name}: {e}")))?;
+    Ok(file.cluster(world, ranks_per_node)?)
 }
 
 /// `cfg` with the precision policy of the flags: `--mixed-precision` for

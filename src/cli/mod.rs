@@ -5,6 +5,7 @@
 //! structs, call the pipeline, print. Errors become one readable line and a
 //! non-zero exit code, never a backtrace.
 
+mod compare;
 mod compile;
 mod error;
 mod export;
@@ -12,6 +13,7 @@ mod given;
 mod inspect;
 mod json_kind;
 mod model;
+mod simulate;
 mod trace;
 mod train;
 
@@ -45,6 +47,12 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Write the simulated step as a Perfetto/Chrome trace.
     Trace(trace::TraceArgs),
+    /// Simulate a plan's step, on its own cluster or another (--cluster).
+    Simulate(simulate::SimulateArgs),
+    /// Write a cluster preset as a cluster file (JSON) to edit.
+    Cluster(simulate::ClusterArgs),
+    /// Compare a predicted trace (`trace`) with a measured one (`train --trace`).
+    Compare(compare::CompareArgs),
     /// Write the full parameters of a checkpoint (safetensors, or back into ONNX).
     Export(export::ExportArgs),
 }
@@ -178,6 +186,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect(a) => inspect::run(a),
         Command::Train(a) => train::run(a),
         Command::Trace(a) => trace::run(a),
+        Command::Simulate(a) => simulate::run(a),
+        Command::Cluster(a) => simulate::cluster(a),
+        Command::Compare(a) => compare::run(a),
         Command::Export(a) => export::run(a),
     }
 }

@@ -1,0 +1,111 @@
+//! `fsdpc simulate PLAN [--cluster X] [--json]`: the plan's step on its own
+//! cluster or on another one (same world and ranks per node, other speeds);
+//! `fsdpc cluster PRESET [-o FILE]`: a preset as a cluster file to edit.
+
+use super::compile::resolve_cluster;
+use super::inspect::load_plan;
+use super::{print_out, CliError};
+use clap::Args;
+use fsdpc_planner::cluster::ClusterFile;
+use fsdpc_planner::inspect::human_bytes;
+use fsdpc_planner::simulate::{run as simulate, Simulation};
+use fsdpc_planner::Cluster;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// A plan written by `fsdpc compile`.
+    pub plan: PathBuf,
+    /// Simulate on this cluster (a preset or a cluster file) instead of
+    /// the one the plan was compiled for; the plan's world and ranks per
+    /// node are kept.
+    #[arg(long, value_name = "FILE|PRESET")]
+    pub cluster: Option<String>,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: SimulateArgs) -> Result<(), CliError> {
+    let plan = load_plan(&a.plan)?;
+    let cluster = match &a.cluster {
+        None => Cluster::from_info(&plan.cluster),
+        Some(name) => resolve_cluster(
+            name,
+            Some(plan.cluster.world),
+            Some(plan.cluster.ranks_per_node),
+        )?,
+    };
+    let sim = simulate(&plan, &cluster);
+    if a.json {
+        let text = serde_json::to_string_pretty(&sim)
+            .map_err(|e| CliError::Usage(format!("cannot print the simulation: {e}")))?;
+        return print_out(&format!("{text}\n"));
+    }
+    print_out(&render(&sim, cluster.memory_bytes))
+}
+
+fn render(s: &Simulation, capacity: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "simulated on {} (world {}): step {:.6} s, exposed communication {:.6} s",
+        s.cluster, s.world, s.step_time_s, s.exposed_comm_s
+    );
+    let _ = writeln!(
+        out,
+        "{:.3} TFLOP/s per rank, MFU {:.1}%, {} sent per rank and step",
+        s.tflops_per_rank,
+        s.mfu * 100.0,
+        human_bytes(s.comm_bytes_per_step)
+    );
+    let fits = if s.peak_bytes_per_rank <= capacity {
+        "fits"
+    } else {
+        "DOES NOT FIT"
+    };
+    let _ = writeln!(
+        out,
+        "peak {} per rank (capacity {}: {fits})",
+        human_bytes(s.peak_bytes_per_rank),
+        human_bytes(capacity)
+    );
+    let busy: Vec<String> = s
+        .busy
+        .iter()
+        .map(|(st, f)| format!("{st:?} {:.1}%", f * 100.0).to_lowercase())
+        .collect();
+    let _ = writeln!(out, "busy: {}", busy.join(", "));
+    out
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// A preset: a100-80g-roce, h100-80g-ib, h200-141g-ib or cpu-local.
+    pub preset: String,
+    /// Ranks per node (default: 8 for GPU presets, 2 for cpu-local).
+    #[arg(long)]
+    pub ranks_per_node: Option<u32>,
+    /// Where to write the cluster file (default: stdout).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+/// Writes a preset as a cluster file: a starting point for a user's own
+/// measured figures (`--cluster FILE`).
+pub fn cluster(a: ClusterArgs) -> Result<(), CliError> {
+    let rpn = a
+        .ranks_per_node
+        .unwrap_or(if a.preset == "cpu-local" { 2 } else { 8 });
+    let file = ClusterFile::preset(&a.preset, rpn)?;
+    let text = serde_json::to_string_pretty(&file)
+        .map_err(|e| CliError::Usage(format!("cannot write the cluster file: {e}")))?;
+    match &a.output {
+        None => print_out(&format!("{text}\n")),
+        Some(path) => std::fs::write(path, format!("{text}\n")).map_err(|source| CliError::Io {
+            path: path.display().to_string(),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,154 @@
+//! `fsdpc simulate` and cluster files: a plan simulated on its own cluster
+//! gives the plan's estimates; on a faster cluster a shorter step; a
+//! cluster file written by `fsdpc cluster` plans like its preset, and an
+//! edited one (a measured efficiency curve) changes the estimate the way
+//! the edit says; bad cluster files are clear errors.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fsdpc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .expect("fsdpc runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = fsdpc(args);
+    assert!(
+        o.status.success(),
+        "fsdpc {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(args: &[&str]) -> String {
+    let o = fsdpc(args);
+    assert!(!o.status.success(), "fsdpc {args:?} should fail");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const MODEL: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
+
+fn compile(dir: &Path, name: &str, cluster: &str) -> String {
+    let out = dir.join(name);
+    let out = out.to_str().expect("utf-8 path").to_string();
+    ok(&[
+        "compile",
+        MODEL,
+        "--world",
+        "16",
+        "--cluster",
+        cluster,
+        "-o",
+        &out,
+    ]);
+    out
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).expect("JSON")
+}
+
+fn step(sim: &serde_json::Value) -> f64 {
+    sim["step_time_s"].as_f64().expect("step_time_s")
+}
+
+#[test]
+fn simulate_reports_the_plans_estimates_and_reacts_to_the_cluster() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "plan.json", "a100-80g-roce");
+    let own = json(&ok(&["simulate", &plan, "--json"]));
+    for key in [
+        "step_time_s",
+        "exposed_comm_s",
+        "tflops_per_rank",
+        "mfu",
+        "peak_bytes_per_rank",
+    ] {
+        assert!(own.get(key).is_some(), "{key} missing: {own}");
+    }
+    // On its own cluster: the plan's own estimate.
+    let p: serde_json::Value = json(&std::fs::read_to_string(&plan).expect("plan written"));
+    let planned = p["estimates"]["step_time_s"].as_f64().expect("estimate");
+    assert!((step(&own) - planned).abs() <= 1e-12 * planned.max(1.0));
+    // The same plan on H100s: faster compute and links, a shorter step.
+    let h100 = json(&ok(&[
+        "simulate",
+        &plan,
+        "--cluster",
+        "h100-80g-ib",
+        "--json",
+    ]));
+    assert!(step(&h100) < step(&own), "{h100} vs {own}");
+    assert_eq!(h100["cluster"], "h100-80g-ib");
+    let text = ok(&["simulate", &plan]);
+    assert!(text.contains("busy: compute"), "{text}");
+}
+
+#[test]
+fn cluster_files_plan_like_their_preset_and_edits_change_the_estimate() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("a100.json");
+    let file = file.to_str().expect("utf-8").to_string();
+    ok(&["cluster", "a100-80g-roce", "-o", &file]);
+    let written = json(&std::fs::read_to_string(&file).expect("written"));
+    assert_eq!(written["schema"], "fsdpc.cluster/v1");
+    assert!(written["sources"]["peak_flops_bf16"].is_string());
+    let from_preset = compile(dir.path(), "a.json", "a100-80g-roce");
+    let from_file = compile(dir.path(), "b.json", &file);
+    let est = |p: &str| {
+        json(&std::fs::read_to_string(p).expect("plan"))["estimates"]["step_time_s"]
+            .as_f64()
+            .expect("estimate")
+    };
+    assert_eq!(est(&from_preset), est(&from_file));
+    // A measured efficiency curve: every kernel at 25% of peak at most.
+    let mut edited = written.clone();
+    edited["hardware"]["matmul_efficiency"] = serde_json::json!([[1.0e6, 0.05], [1.0e12, 0.25]]);
+    let slow = dir.path().join("slow.json");
+    std::fs::write(&slow, edited.to_string()).expect("write");
+    let slow = slow.to_str().expect("utf-8").to_string();
+    let sim = json(&ok(&[
+        "simulate",
+        &from_preset,
+        "--cluster",
+        &slow,
+        "--json",
+    ]));
+    assert!(step(&sim) > est(&from_preset), "{sim}");
+    // A file that is not a cluster, an impossible figure, a missing file.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"schema": "fsdpc.cluster/v1"}"#).expect("write");
+    let e = err(&[
+        "simulate",
+        &from_preset,
+        "--cluster",
+        bad.to_str().expect("utf-8"),
+    ]);
+    assert!(e.contains("not a cluster file"), "{e}");
+    let mut neg = written;
+    neg["hardware"]["mem_bw"] = serde_json::json!(-1.0);
+    std::fs::write(&bad, neg.to_string()).expect("write");
+    let e = err(&[
+        "simulate",
+        &from_preset,
+        "--cluster",
+        bad.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        e.contains("hardware.mem_bw must be a positive number"),
+        "{e}"
+    );
+    let e = err(&["simulate", &from_preset, "--cluster", "no-such-cluster"]);
+    assert!(e.contains("neither a preset"), "{e}");
+}
+
+#[test]
+fn h200_preset_has_its_memory() {
+    let out = ok(&["cluster", "h200-141g-ib"]);
+    let c = json(&out);
+    assert_eq!(c["memory_bytes_per_rank"], 141u64 << 30);
+}
