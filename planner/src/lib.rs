@@ -30,6 +30,7 @@
 pub mod checkpoint;
 pub mod clip;
 pub mod cluster;
+pub mod compare;
 pub mod config;
 pub mod cost;
 pub mod error;

@@ -1,11 +1,28 @@
-//! Chrome / Perfetto trace of a plan's simulated step: one track per stream
-//! with every instruction as a slice, and a counter track of live memory. Open
-//! the file in ui.perfetto.dev or chrome://tracing.
+//! Chrome / Perfetto traces of a plan's step: the simulated one
+//! (`chrome_trace`, `fsdpc trace`) and a measured one (`measured_trace`,
+//! `fsdpc train --trace`), in one format so they open side by side in
+//! ui.perfetto.dev or chrome://tracing and `compare` can read both.
+//!
+//! Conventions: times in microseconds; one process per rank (`pid` = the
+//! rank; the predicted trace is rank 0, any rank of the SPMD plan) and one
+//! thread per stream (`tid` = `Stream::index`); every instruction a
+//! complete event ("X") named by `slice_name`, its `args` holding `instr`
+//! (index in the plan), `unit`, `bytes` (`instr_bytes`), `class`
+//! (`instr_class`), `stream`, and in a measured trace the `step`; a counter
+//! ("C") "live memory (bytes)" per rank: in the predicted trace the plan's
+//! live buffer bytes, in a measured one the rank's heap bytes counted by
+//! the runtime's allocator at the end of each instruction. `otherData`
+//! names the kind of trace and the plan it came from (`plan_identity`).
 
 use crate::cluster::Cluster;
 use crate::plan::{InstrOp, Plan};
 use crate::simulate::simulate;
 use serde_json::{json, Value};
+
+/// `otherData.fsdpc_trace` of a trace `chrome_trace` writes.
+pub const PREDICTED: &str = "predicted";
+/// `otherData.fsdpc_trace` of a trace `measured_trace` writes.
+pub const MEASURED: &str = "measured";
 
 /// The trace of one simulated step of `plan` on its own cluster record, in the
 /// Chrome trace-event JSON format (times in microseconds).
@@ -13,45 +30,233 @@ pub fn chrome_trace(plan: &Plan) -> Value {
     let cluster = Cluster::from_info(&plan.cluster);
     let tl = simulate(plan, &cluster);
     let live = crate::memory::live_bytes(&plan.buffers, plan.instructions.len());
-    let mut events = thread_names(plan);
-    for (i, ins) in plan.instructions.iter().enumerate() {
+    let name = format!("{} rank (any of {})", plan.model.name, plan.cluster.world);
+    let mut events = thread_names(plan, 0, &name);
+    for i in 0..plan.instructions.len() {
         let (start, end) = (tl.start[i] * 1e6, tl.end[i] * 1e6);
-        events.push(json!({
-            "name": slice_name(plan, &ins.op),
-            "cat": format!("{:?}", ins.stream).to_lowercase(),
-            "ph": "X",
-            "ts": start,
-            "dur": end - start,
-            "pid": 0,
-            "tid": ins.stream.index(),
-            "args": { "instr": i },
-        }));
+        events.push(slice(plan, i, 0, start, end, None));
         if let Some(bytes) = live.get(i) {
-            events.push(json!({
-                "name": "live memory (bytes)", "ph": "C", "ts": start, "pid": 0,
-                "args": { "bytes": bytes },
-            }));
+            events.push(counter(0, start, *bytes as i64));
         }
     }
-    json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": { "fsdpc_trace": PREDICTED, "plan": plan_identity(plan) },
+    })
 }
 
-fn thread_names(plan: &Plan) -> Vec<Value> {
+/// One measured instruction (`measured_trace`'s input).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct MeasuredSpan {
+    /// The rank that ran it.
+    pub rank: usize,
+    /// The step it belonged to.
+    pub step: u64,
+    /// Its index in the plan's instruction list.
+    pub instr: usize,
+    /// Start and end, seconds since any origin shared by the spans.
+    pub start_s: f64,
+    pub end_s: f64,
+    /// The rank's live heap bytes at its end, if measured.
+    pub live_bytes: Option<i64>,
+}
+
+/// A measured run of `plan` as a trace in the format of `chrome_trace`:
+/// one process per rank, times from the earliest span. A span naming an
+/// instruction the plan does not have is an error.
+pub fn measured_trace(plan: &Plan, spans: &[MeasuredSpan]) -> Result<Value, String> {
+    let origin = spans
+        .iter()
+        .map(|s| s.start_s)
+        .fold(f64::INFINITY, f64::min);
+    let mut ranks: Vec<usize> = spans.iter().map(|s| s.rank).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let mut events = Vec::with_capacity(2 * spans.len() + 8 * ranks.len());
+    for &r in &ranks {
+        events.extend(thread_names(
+            plan,
+            r,
+            &format!("{} rank {r}", plan.model.name),
+        ));
+    }
+    for s in spans {
+        if s.instr >= plan.instructions.len() {
+            return Err(format!(
+                "rank {} ran instruction {}, the plan has {}",
+                s.rank,
+                s.instr,
+                plan.instructions.len()
+            ));
+        }
+        let (start, end) = ((s.start_s - origin) * 1e6, (s.end_s - origin) * 1e6);
+        events.push(slice(plan, s.instr, s.rank, start, end, Some(s.step)));
+        if let Some(bytes) = s.live_bytes {
+            events.push(counter(s.rank, end, bytes));
+        }
+    }
+    Ok(json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": { "fsdpc_trace": MEASURED, "plan": plan_identity(plan) },
+    }))
+}
+
+/// What identifies the plan a trace came from, for `compare` to refuse
+/// traces of different plans: its model, world, strategy and the sizes of
+/// its instruction list, buffers and events.
+pub fn plan_identity(plan: &Plan) -> Value {
+    json!({
+        "model": plan.model.name,
+        "world": plan.cluster.world,
+        "strategy": plan.config.strategy.name(),
+        "instructions": plan.instructions.len(),
+        "buffers": plan.buffers.len(),
+        "events": plan.events,
+    })
+}
+
+/// Instruction `i` as a complete event on rank `pid`'s track of its stream.
+fn slice(plan: &Plan, i: usize, pid: usize, start: f64, end: f64, step: Option<u64>) -> Value {
+    let ins = &plan.instructions[i];
+    let stream = format!("{:?}", ins.stream).to_lowercase();
+    let mut args = json!({
+        "instr": i,
+        "unit": instr_unit(&ins.op),
+        "bytes": instr_bytes(plan, &ins.op),
+        "class": instr_class(plan, &ins.op),
+        "stream": stream,
+    });
+    if let Some(step) = step {
+        args["step"] = json!(step);
+    }
+    json!({
+        "name": slice_name(plan, &ins.op),
+        "cat": stream,
+        "ph": "X",
+        "ts": start,
+        "dur": end - start,
+        "pid": pid,
+        "tid": ins.stream.index(),
+        "args": args,
+    })
+}
+
+fn counter(pid: usize, ts: f64, bytes: i64) -> Value {
+    json!({
+        "name": "live memory (bytes)", "ph": "C", "ts": ts, "pid": pid,
+        "args": { "bytes": bytes },
+    })
+}
+
+fn thread_names(plan: &Plan, pid: usize, name: &str) -> Vec<Value> {
     let mut v = vec![json!({
-        "name": "process_name", "ph": "M", "pid": 0,
-        "args": { "name": format!("{} rank (any of {})", plan.model.name, plan.cluster.world) },
+        "name": "process_name", "ph": "M", "pid": pid,
+        "args": { "name": name },
     })];
     for s in &plan.streams {
         v.push(json!({
-            "name": "thread_name", "ph": "M", "pid": 0, "tid": s.index(),
+            "name": "thread_name", "ph": "M", "pid": pid, "tid": s.index(),
             "args": { "name": format!("{s:?}").to_lowercase() },
         }));
     }
     v
 }
 
+/// The classes `instr_class` sorts instructions into, in report order.
+pub const CLASSES: [&str; 8] = [
+    "matmul",
+    "kernel",
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "copy",
+    "wait",
+    "other",
+];
+
+/// What an instruction is, for comparing predicted and measured time:
+/// `matmul` (matrix-product kernels), `kernel` (every other kernel, the
+/// optimizer, accumulation, clipping and loss-scaling arithmetic), one
+/// class per collective kind (`all_gather`, `reduce_scatter`, `all_reduce`,
+/// the last including the grad-norm and found-inf scalars), `copy`
+/// (offload copies and reshard slices), `wait` (a stream blocked on an
+/// event: exposed time) and `other` (data loading, records, frees).
+pub fn instr_class(plan: &Plan, op: &InstrOp) -> &'static str {
+    match op {
+        InstrOp::Kernel { node, .. } => {
+            let matmul = plan
+                .training
+                .graph
+                .try_node(*node)
+                .is_some_and(|n| matches!(n.op, fsdpc_ir::Op::MatMul { .. }));
+            if matmul {
+                "matmul"
+            } else {
+                "kernel"
+            }
+        }
+        InstrOp::AllGather { .. } => "all_gather",
+        InstrOp::ReduceScatter { .. } => "reduce_scatter",
+        InstrOp::AllReduce { .. }
+        | InstrOp::NormAllReduce { .. }
+        | InstrOp::FoundInfAllReduce { .. } => "all_reduce",
+        InstrOp::Copy { .. } | InstrOp::Reshard { .. } => "copy",
+        InstrOp::Accumulate { .. }
+        | InstrOp::OptimizerStep { .. }
+        | InstrOp::GradNormSq { .. }
+        | InstrOp::ClipGrads { .. }
+        | InstrOp::ScaleSeed { .. }
+        | InstrOp::UnscaleGrads { .. }
+        | InstrOp::UpdateScale { .. } => "kernel",
+        InstrOp::Wait { .. } => "wait",
+        InstrOp::LoadInput { .. } | InstrOp::Free { .. } | InstrOp::Record { .. } => "other",
+    }
+}
+
+/// The unit an instruction works for, if any.
+fn instr_unit(op: &InstrOp) -> Option<u32> {
+    match op {
+        InstrOp::AllGather { unit, .. }
+        | InstrOp::ReduceScatter { unit, .. }
+        | InstrOp::Reshard { unit, .. }
+        | InstrOp::AllReduce { unit, .. }
+        | InstrOp::OptimizerStep { unit, .. }
+        | InstrOp::ClipGrads { unit, .. }
+        | InstrOp::Copy { unit, .. } => Some(unit.0),
+        InstrOp::Accumulate { unit, .. } => unit.map(|u| u.0),
+        _ => None,
+    }
+}
+
+/// The bytes an instruction moves: a kernel's inputs and outputs
+/// (`cost::node_bytes`), a collective's or copy's full buffer (gathered
+/// parameter, unreduced gradient, reduced buffer, copied shard), an
+/// optimizer step's parameter shard; 0 for the rest.
+pub fn instr_bytes(plan: &Plan, op: &InstrOp) -> u64 {
+    let buf = |b: &crate::plan::BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
+    match op {
+        InstrOp::Kernel { node, .. } => match plan.training.graph.try_node(*node) {
+            Some(_) => crate::cost::node_bytes(&plan.training.graph, *node) as u64,
+            None => 0,
+        },
+        InstrOp::AllGather { dst, .. }
+        | InstrOp::Reshard { dst, .. }
+        | InstrOp::Copy { dst, .. }
+        | InstrOp::Accumulate { dst, .. } => buf(dst),
+        InstrOp::ReduceScatter { src, .. } => buf(src),
+        InstrOp::AllReduce { buffer, .. }
+        | InstrOp::NormAllReduce { buffer, .. }
+        | InstrOp::FoundInfAllReduce { buffer, .. } => buf(buffer),
+        InstrOp::OptimizerStep { params, .. } => buf(params),
+        InstrOp::ClipGrads { grads, .. } => buf(grads),
+        _ => 0,
+    }
+}
+
 /// A short label: the kernel and its node, or the collective and its unit.
-fn slice_name(plan: &Plan, op: &InstrOp) -> String {
+pub fn slice_name(plan: &Plan, op: &InstrOp) -> String {
     match op {
         InstrOp::Kernel { node, kernel, .. } => {
             let name = plan
