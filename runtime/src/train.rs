@@ -13,6 +13,7 @@ use crate::exec::memory::{Arena, Memory};
 use crate::exec::prepare::Step;
 use crate::exec::prepare::{prepare, Prepared};
 use crate::exec::rank::{panic_text, RankEnv};
+use crate::exec::timeline::RankTimeline;
 use crate::exec::ExecMode;
 use crate::fault::Fault;
 use fsdpc_planner::plan::{BufferId, BufferKind, Plan};
@@ -51,6 +52,9 @@ pub struct TrainOptions {
     pub resume: Option<PathBuf>,
     /// A fault to inject (failure tests).
     pub fault: Option<Fault>,
+    /// Record the measured timeline of the last `trace_steps` steps
+    /// (`TrainReport::timelines`; 0: none).
+    pub trace_steps: u64,
 }
 
 /// Where and how often to checkpoint.
@@ -75,6 +79,7 @@ impl Default for TrainOptions {
             checkpoint: None,
             resume: None,
             fault: None,
+            trace_steps: 0,
         }
     }
 }
@@ -94,8 +99,13 @@ pub struct StepReport {
     pub measured_peak_bytes: Option<u64>,
     /// What the plan says a rank holds at most (`memory.rank_bytes`).
     pub planned_peak_bytes: u64,
-    /// Wall time of this step.
+    /// Wall time since the previous report (for the first step, since the
+    /// ranks started: it includes their setup).
     pub elapsed: Duration,
+    /// The step's measured execution time: from its streams' start to their
+    /// join, the slowest rank's (process ranks: this rank's); without the
+    /// loss report and checkpoint writes that follow it.
+    pub step_time: Duration,
     /// With gradient clipping: the total gradient norm before clipping
     /// (what PyTorch's `clip_grad_norm_` returns), equal on every rank.
     pub grad_norm: Option<f32>,
@@ -150,6 +160,9 @@ pub struct TrainReport {
     pub elapsed: Duration,
     /// Number of ranks.
     pub world: usize,
+    /// With `TrainOptions::trace_steps`: each rank's measured timeline (thread
+    /// ranks: all of them in rank order; a process rank: its own).
+    pub timelines: Vec<RankTimeline>,
 }
 
 enum Msg {
@@ -159,6 +172,7 @@ enum Msg {
         loss: f32,
         scalars: StepScalars,
         measured: Option<u64>,
+        time: Duration,
     },
     Done {
         rank: usize,
@@ -178,6 +192,7 @@ struct RankOut {
     shards: Vec<Vec<f32>>,
     measured: Option<u64>,
     debug_peak: Option<u64>,
+    timeline: Option<RankTimeline>,
 }
 
 /// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
@@ -363,14 +378,16 @@ fn execute(
                     opts,
                     resume,
                     saver: Saver::Thread(&tx),
+                    epoch: start,
                 };
-                let mut report = |step, loss, scalars, measured| {
+                let mut report = |step, loss, scalars, measured, time| {
                     let _ = tx.send(Msg::Step {
                         rank,
                         step,
                         loss,
                         scalars,
                         measured,
+                        time,
                     });
                     Ok(())
                 };
@@ -419,8 +436,9 @@ fn execute(
     } = log;
     // A failed checkpoint stopped the ranks: its error is the cause.
     saved?;
-    let outs = pick_error(outs, &shm)?;
+    let mut outs = pick_error(outs, &shm)?;
     let elapsed = start.elapsed();
+    let timelines = outs.iter_mut().filter_map(|o| o.timeline.take()).collect();
     // The shards were copied out: the arenas go before the full parameters
     // are assembled, so the two never coexist.
     drop(arenas);
@@ -442,6 +460,7 @@ fn execute(
         tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
         elapsed,
         world,
+        timelines,
     })
 }
 
@@ -502,31 +521,33 @@ pub fn train_rank(
         opts,
         resume: resume.as_ref(),
         saver: Saver::Process(losses_comm),
+        epoch: Instant::now(),
     };
     let mut log = StepLog::new(plan, n);
     let start = Instant::now();
-    let mut report = |step: u64, loss: f32, scalars: StepScalars, measured: Option<u64>| {
-        let mut all_losses = vec![0u8; 4 * n];
-        losses_comm
-            .all_gather(
-                crate::comm::Buf {
-                    dtype: fsdpc_ir::DType::F32,
-                    bytes: &loss.to_le_bytes(),
-                },
-                BufMut {
-                    dtype: fsdpc_ir::DType::F32,
-                    bytes: &mut all_losses,
-                },
-            )
-            .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
-        // The same order and arithmetic as the thread launcher's `collect`.
-        let rank_losses = all_losses
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-        log.record(step, rank_losses, scalars, measured, on_step);
-        Ok(())
-    };
-    let out = ctx.run(arena.as_mut(), &mut report)?;
+    let mut report =
+        |step: u64, loss: f32, scalars: StepScalars, measured: Option<u64>, time: Duration| {
+            let mut all_losses = vec![0u8; 4 * n];
+            losses_comm
+                .all_gather(
+                    crate::comm::Buf {
+                        dtype: fsdpc_ir::DType::F32,
+                        bytes: &loss.to_le_bytes(),
+                    },
+                    BufMut {
+                        dtype: fsdpc_ir::DType::F32,
+                        bytes: &mut all_losses,
+                    },
+                )
+                .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+            // The same order and arithmetic as the thread launcher's `collect`.
+            let rank_losses = all_losses
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            log.record(step, rank_losses, (scalars, measured, time), on_step);
+            Ok(())
+        };
+    let mut out = ctx.run(arena.as_mut(), &mut report)?;
     let elapsed = start.elapsed();
     // The arena goes before the full parameters are gathered.
     drop(arena);
@@ -547,6 +568,7 @@ pub fn train_rank(
         debug_peak_bytes: out.debug_peak,
         elapsed,
         world: n,
+        timelines: out.timeline.take().into_iter().collect(),
     })
 }
 
@@ -630,8 +652,9 @@ fn first_step(resume: Option<&Checkpoint>) -> u64 {
     resume.map_or(0, |c| c.manifest.step)
 }
 
-/// One rank's loss, pre-clip gradient norm and measured peak after a step.
-type RankStep = (f32, StepScalars, Option<u64>);
+/// One rank's loss, pre-clip gradient norm, measured peak and step time
+/// after a step.
+type RankStep = (f32, StepScalars, Option<u64>, Duration);
 
 /// What `collect` needs besides the messages.
 struct Collect<'a> {
@@ -684,9 +707,10 @@ fn collect(
                 loss,
                 scalars,
                 measured,
+                time,
             } => {
                 pending.entry(step).or_insert_with(|| vec![None; world])[rank] =
-                    Some((loss, scalars, measured))
+                    Some((loss, scalars, measured, time))
             }
             Msg::Done { rank, out } => outs[rank] = Some(out),
             Msg::Saved { step, file } => {
@@ -712,7 +736,9 @@ fn collect(
             pending.remove(&step);
             let measured = vals.iter().filter_map(|v| v.2).max();
             let scalars = vals.first().map(|v| v.1).unwrap_or_default();
-            log.record(step, vals.iter().map(|v| v.0), scalars, measured, on_step);
+            let time = vals.iter().map(|v| v.3).max().unwrap_or_default();
+            let after = (scalars, measured, time);
+            log.record(step, vals.iter().map(|v| v.0), after, on_step);
         }
     }
     ((log, saved), outs)
@@ -748,13 +774,13 @@ impl StepLog {
     }
 
     /// Records `step` from every rank's local-mean loss, summed in rank
-    /// order (so both launchers compute the same bits), and reports it.
+    /// order (so both launchers compute the same bits), and reports it with
+    /// the step's scalars, measured peak and step time.
     fn record(
         &mut self,
         step: u64,
         rank_losses: impl ExactSizeIterator<Item = f32>,
-        scalars: StepScalars,
-        measured: Option<u64>,
+        (scalars, measured, step_time): (StepScalars, Option<u64>, Duration),
         on_step: &mut dyn FnMut(&StepReport),
     ) {
         let StepScalars {
@@ -780,6 +806,7 @@ impl StepLog {
             measured_peak_bytes: self.peak,
             planned_peak_bytes: self.planned,
             elapsed,
+            step_time,
             grad_norm,
             loss_scale: loss_scale.map(|s| s.0),
             skipped,
@@ -916,9 +943,10 @@ fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, Ru
     Ok(params)
 }
 
-/// Everything one rank thread uses.
-/// Reports one rank's loss, pre-clip gradient norm and measured peak after a step.
-type Report<'r> = dyn FnMut(u64, f32, StepScalars, Option<u64>) -> Result<(), RuntimeError> + 'r;
+/// Reports one rank's loss, pre-clip gradient norm, measured peak and step
+/// time after a step.
+type Report<'r> =
+    dyn FnMut(u64, f32, StepScalars, Option<u64>, Duration) -> Result<(), RuntimeError> + 'r;
 
 /// Everything one rank uses, whichever launcher started it.
 struct RankCtx<'a> {
@@ -932,6 +960,8 @@ struct RankCtx<'a> {
     opts: &'a TrainOptions,
     resume: Option<&'a Checkpoint>,
     saver: Saver<'a>,
+    /// The time origin of measured timelines (shared by thread ranks).
+    epoch: Instant,
 }
 
 /// Where a rank's checkpoint file entry goes.
@@ -956,7 +986,7 @@ const ENTRY_NONE: u8 = 0;
 impl RankCtx<'_> {
     fn run(&self, arena: Option<&mut Arena>, report: &mut Report) -> Result<RankOut, RuntimeError> {
         let plan = self.prep.plan;
-        let env = RankEnv::new(
+        let mut env = RankEnv::new(
             self.rank,
             self.world,
             self.prep,
@@ -979,6 +1009,17 @@ impl RankCtx<'_> {
             None => self.init_shards(&mem)?,
         }
         env.init_loss_scale(&mem)?;
+        if self.opts.trace_steps > 0 {
+            // Reserved here, on this untagged thread, before the window:
+            // the trace buffers are not the rank's memory (`timeline`).
+            let from = self
+                .opts
+                .steps
+                .saturating_sub(self.opts.trace_steps)
+                .max(first_step(self.resume));
+            let n = self.opts.steps.saturating_sub(from);
+            env.start_trace(self.epoch, from, n, self.tag);
+        }
         // The step window: from here to the last step, every allocation of
         // this thread and its stream threads counts as the rank's, on top
         // of its arena (allocated under the same tag).
@@ -997,6 +1038,7 @@ impl RankCtx<'_> {
             shards: if keep { self.shards(&mem)? } else { Vec::new() },
             measured,
             debug_peak,
+            timeline: env.take_trace(),
         })
     }
 
@@ -1007,14 +1049,14 @@ impl RankCtx<'_> {
         mem: &mut Memory,
         sink: &mut Report,
     ) -> Result<(), RuntimeError> {
-        let mut report = |step: u64, mem: &Memory| -> Result<(), RuntimeError> {
+        let mut report = |step: u64, mem: &Memory, time: Duration| -> Result<(), RuntimeError> {
             let loss = env.read_loss(mem)?;
             let scalars = StepScalars {
                 grad_norm: env.read_grad_norm(mem)?,
                 loss_scale: env.read_loss_scale(mem)?,
             };
             let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
-            sink(step, loss, scalars, measured)?;
+            sink(step, loss, scalars, measured, time)?;
             if let Some(f) = &self.opts.fault {
                 f.inject(self.world, self.rank, step)?;
             }
@@ -1024,13 +1066,16 @@ impl RankCtx<'_> {
         match self.opts.mode {
             ExecMode::Arena => {
                 let mem = &*mem;
-                env.run_arena(mem, steps, self.tag, &mut |step| report(step, mem))
+                env.run_arena(mem, steps, self.tag, &mut |step, time| {
+                    report(step, mem, time)
+                })
             }
             ExecMode::DebugAlloc => {
                 let _tag = self.tag.map(RankTag::enter);
                 for step in steps {
+                    let began = Instant::now();
                     env.step_debug(mem, step)?;
-                    report(step, mem)?;
+                    report(step, mem, began.elapsed())?;
                 }
                 Ok(())
             }

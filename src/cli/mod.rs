@@ -5,6 +5,7 @@
 //! structs, call the pipeline, print. Errors become one readable line and a
 //! non-zero exit code, never a backtrace.
 
+mod compare;
 mod compile;
 mod error;
 mod export;
@@ -50,6 +51,8 @@ pub enum Command {
     Simulate(simulate::SimulateArgs),
     /// Write a cluster preset as a cluster file (JSON) to edit.
     Cluster(simulate::ClusterArgs),
+    /// Compare a predicted trace (`trace`) with a measured one (`train --trace`).
+    Compare(compare::CompareArgs),
     /// Write the full parameters of a checkpoint (safetensors, or back into ONNX).
     Export(export::ExportArgs),
 }
@@ -185,6 +188,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Trace(a) => trace::run(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Cluster(a) => simulate::cluster(a),
+        Command::Compare(a) => compare::run(a),
         Command::Export(a) => export::run(a),
     }
 }

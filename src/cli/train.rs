@@ -33,7 +33,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Write one JSON object per step (step, loss, tokens_per_s,
-    /// measured_peak_bytes, planned_peak_bytes; with --clip-grad-norm also
+    /// step_time_s (the step's measured execution time, the slowest
+    /// rank's), measured_peak_bytes, planned_peak_bytes; with --clip-grad-norm also
     /// grad_norm, the total gradient norm before clipping; with an fp16
     /// policy also loss_scale, the scale after the step, and skipped, whether
     /// an inf/NaN gradient on some rank skipped the step).
@@ -86,6 +87,16 @@ pub struct TrainArgs {
     /// every rank stops with an error naming the one that did not answer.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub collective_timeout: f64,
+    /// Write the run's measured timeline of the last --trace-steps steps
+    /// (every instruction on every rank and stream, and each rank's live
+    /// heap) as a Perfetto/Chrome trace, the format of `fsdpc trace`. With
+    /// `--backend mpi` rank 0 writes FILE with its own rank and rank N > 0
+    /// writes FILE.rankN.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// How many of the last steps --trace records.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "trace")]
+    pub trace_steps: u64,
 }
 
 /// How the ranks of a run are started.
@@ -228,6 +239,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         resume: a.resume.clone(),
         comm_timeout: timeout,
         fault: fault()?,
+        trace_steps: if a.trace.is_some() { a.trace_steps } else { 0 },
     };
     let mut metrics_error = None;
     let bar = if lead {
@@ -241,6 +253,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         if let Some(m) = metrics.as_mut() {
             let mut line = serde_json::json!({
                 "step": r.step, "loss": r.loss, "tokens_per_s": r.tokens_per_s,
+                "step_time_s": r.step_time.as_secs_f64(),
                 "measured_peak_bytes": r.measured_peak_bytes,
                 "planned_peak_bytes": r.planned_peak_bytes,
             });
@@ -260,6 +273,9 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     };
     let report = launch.train(&plan, &opts, &mut on_step)?;
     bar.finish_and_clear();
+    if let Some(path) = &a.trace {
+        write_trace(&plan, &report.timelines, &trace_path(path, launch.rank()))?;
+    }
     if !lead {
         return Ok(());
     }
@@ -289,6 +305,47 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     }
 }
 
+/// Where this process writes its trace: FILE on rank 0 (every thread
+/// rank), FILE.rankN on process rank N.
+fn trace_path(path: &Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".rank{rank}"));
+    PathBuf::from(p)
+}
+
+/// Writes the measured timelines as a trace (`trace::measured_trace`).
+fn write_trace(
+    plan: &fsdpc_planner::Plan,
+    timelines: &[fsdpc_runtime::exec::timeline::RankTimeline],
+    path: &Path,
+) -> Result<(), CliError> {
+    let spans: Vec<fsdpc_planner::trace::MeasuredSpan> = timelines
+        .iter()
+        .flat_map(|t| {
+            t.streams.iter().flat_map(move |s| {
+                s.spans
+                    .iter()
+                    .map(move |x| fsdpc_planner::trace::MeasuredSpan {
+                        rank: t.rank,
+                        step: x.step,
+                        instr: x.instr as usize,
+                        start_s: x.start_ns as f64 * 1e-9,
+                        end_s: x.end_ns as f64 * 1e-9,
+                        live_bytes: x.live_bytes,
+                    })
+            })
+        })
+        .collect();
+    let trace = fsdpc_planner::trace::measured_trace(plan, &spans).map_err(CliError::Usage)?;
+    std::fs::write(path, trace.to_string()).map_err(|source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 /// The fault the failure tests inject (`FSDPC_TEST_FAULT`), if any.
 fn fault() -> Result<Option<fsdpc_runtime::fault::Fault>, CliError> {
     match std::env::var(fsdpc_runtime::fault::FAULT_VAR) {
@@ -307,6 +364,7 @@ fn check_flags(a: &TrainArgs) -> Result<(), CliError> {
         ("--steps", a.steps),
         ("--threads-per-rank", a.threads_per_rank as u64),
         ("--checkpoint-every", a.checkpoint_every.unwrap_or(1)),
+        ("--trace-steps", a.trace_steps),
     ] {
         if value == 0 {
             return Err(CliError::Usage(format!("{flag} must be at least 1")));

@@ -20,6 +20,7 @@ pub(crate) mod memory;
 pub(crate) mod prepare;
 pub(crate) mod rank;
 pub(crate) mod scaler;
+pub mod timeline;
 pub(crate) mod widen;
 
 /// How a rank executes the plan.

@@ -4,6 +4,7 @@
 use super::events::Events;
 use super::memory::Memory;
 use super::prepare::{kind, Prepared, Step};
+use super::timeline::{RankTimeline, Recorder};
 use super::widen;
 use crate::account::RankTag;
 use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
@@ -17,6 +18,7 @@ use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
 
 /// Operand views a kernel call keeps on the stack.
 const VIEWS: usize = 8;
@@ -31,6 +33,8 @@ pub struct RankEnv<'a> {
     pub seed: u64,
     comms: Vec<((Stream, Group), Box<dyn Communicator>)>,
     events: Events,
+    /// With `--trace`: records the traced steps' spans (`timeline`).
+    trace: Option<Recorder>,
 }
 
 /// The ranks of `rank`'s group of kind `g`, with shard factor `f` and
@@ -102,7 +106,21 @@ impl<'a> RankEnv<'a> {
             seed,
             comms,
             events: Events::new(prep.plan.events as usize),
+            trace: None,
         })
+    }
+
+    /// Records the spans of the steps from `from_step` on (`steps` of them)
+    /// into buffers reserved now: call it outside the rank's accounting
+    /// window (see `timeline`). `epoch` is the run's time origin and `tag`
+    /// the rank's accounting tag, read for the live-memory counter.
+    pub fn start_trace(&mut self, epoch: Instant, from_step: u64, steps: u64, tag: Option<usize>) {
+        self.trace = Some(Recorder::new(self.prep, epoch, from_step, steps, tag));
+    }
+
+    /// The recorded timeline, if `start_trace` was called.
+    pub fn take_trace(&mut self) -> Option<RankTimeline> {
+        self.trace.take().map(|t| t.finish(self.rank))
     }
 
     pub(super) fn comm(&self, s: Stream, g: Group) -> &dyn Communicator {
@@ -508,8 +526,17 @@ impl<'a> RankEnv<'a> {
     /// Runs one stream's instructions of a step, in list order.
     fn run_stream(&self, mem: &Memory, k: usize, step: u64) -> Result<(), RuntimeError> {
         let res = catch_unwind(AssertUnwindSafe(|| {
+            let rec = self.trace.as_ref().filter(|t| t.traces(step));
+            let (Some(rec), Some(mut spans)) = (rec, rec.and_then(|t| t.stream(k))) else {
+                for &i in &self.prep.streams[k].1 {
+                    self.exec(mem, i, step)?;
+                }
+                return Ok(());
+            };
             for &i in &self.prep.streams[k].1 {
+                let start = rec.now_ns();
                 self.exec(mem, i, step)?;
+                rec.push(&mut spans, i, step, start);
             }
             Ok(())
         }))
@@ -532,7 +559,8 @@ impl<'a> RankEnv<'a> {
 
     /// Arena mode: runs the steps of the range `steps` with one thread per stream, created
     /// once; every step the streams start together and join at its end,
-    /// then `after_step(step)` runs while no stream does. The stream threads
+    /// then `after_step(step, time)` runs while no stream does, `time` being
+    /// the step's wall time on this rank (its streams' start to their join). The stream threads
     /// and, once they are started, the calling rank thread carry the
     /// accounting tag `tag` (`account::RankTag`): starting the threads (their
     /// handles, made once per run) is the one allocation of the run that is
@@ -542,7 +570,7 @@ impl<'a> RankEnv<'a> {
         mem: &Memory,
         steps: std::ops::Range<u64>,
         tag: Option<usize>,
-        after_step: &mut dyn FnMut(u64) -> Result<(), RuntimeError>,
+        after_step: &mut dyn FnMut(u64, Duration) -> Result<(), RuntimeError>,
     ) -> Result<(), RuntimeError> {
         let live = |k: &usize| !self.prep.streams[*k].1.is_empty();
         let is_compute = |k: &usize| self.prep.streams[*k].0 == Stream::Compute;
@@ -578,12 +606,14 @@ impl<'a> RankEnv<'a> {
             for step in steps {
                 self.events.reset();
                 current.store(step, Ordering::Release);
+                let began = Instant::now();
                 start.wait();
                 let mine = compute.map_or(Ok(()), |k| self.run_stream(mem, k, step));
                 end.wait();
+                let time = began.elapsed();
                 out = self
                     .step_result(mine, &errors)
-                    .and_then(|()| after_step(step));
+                    .and_then(|()| after_step(step, time));
                 if out.is_err() {
                     break;
                 }
@@ -617,8 +647,10 @@ impl<'a> RankEnv<'a> {
     /// allocated just before its first write and dropped at its `Free`.
     pub fn step_debug(&self, mem: &mut Memory, step: u64) -> Result<(), RuntimeError> {
         self.events.reset();
+        let rec = self.trace.as_ref().filter(|t| t.traces(step));
         let res = catch_unwind(AssertUnwindSafe(|| {
             for i in 0..self.prep.steps.len() {
+                let start = rec.map(|t| t.now_ns());
                 for &b in &self.prep.starts[i] {
                     mem.alloc(b);
                 }
@@ -631,6 +663,11 @@ impl<'a> RankEnv<'a> {
                         ));
                     }
                     _ => self.exec(mem, i, step)?,
+                }
+                if let (Some(t), Some(start)) = (rec, start) {
+                    if let Some(mut spans) = t.stream(t.stream_of(i)) {
+                        t.push(&mut spans, i, step, start);
+                    }
                 }
             }
             Ok(())
