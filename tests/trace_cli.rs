@@ -8,13 +8,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const CLASSES: [&str; 8] = [
+const CLASSES: [&str; 9] = [
     "matmul",
     "kernel",
     "all_gather",
     "reduce_scatter",
     "all_reduce",
     "copy",
+    "exposed_wait",
     "wait",
     "other",
 ];

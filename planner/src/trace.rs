@@ -32,8 +32,20 @@ pub fn chrome_trace(plan: &Plan) -> Value {
     let live = crate::memory::live_bytes(&plan.buffers, plan.instructions.len());
     let name = format!("{} rank (any of {})", plan.model.name, plan.cluster.world);
     let mut events = thread_names(plan, 0, &name);
-    for i in 0..plan.instructions.len() {
-        let (start, end) = (tl.start[i] * 1e6, tl.end[i] * 1e6);
+    // The simulator starts a wait when its event is ready; the slice spans
+    // the time the stream was blocked, from its previous instruction's end,
+    // as a measured wait does.
+    let mut stream_end = [0f64; crate::plan::Stream::ALL.len()];
+    for (i, ins) in plan.instructions.iter().enumerate() {
+        let end = tl.end[i] * 1e6;
+        let prev = stream_end.get(ins.stream.index()).copied().unwrap_or(0.0);
+        let start = match ins.op {
+            InstrOp::Wait { .. } => prev.min(end),
+            _ => tl.start[i] * 1e6,
+        };
+        if let Some(e) = stream_end.get_mut(ins.stream.index()) {
+            *e = end;
+        }
         events.push(slice(plan, i, 0, start, end, None));
         if let Some(bytes) = live.get(i) {
             events.push(counter(0, start, *bytes as i64));
@@ -125,7 +137,7 @@ fn slice(plan: &Plan, i: usize, pid: usize, start: f64, end: f64, step: Option<u
         "instr": i,
         "unit": instr_unit(&ins.op),
         "bytes": instr_bytes(plan, &ins.op),
-        "class": instr_class(plan, &ins.op),
+        "class": instr_class(plan, ins),
         "stream": stream,
     });
     if let Some(step) = step {
@@ -165,13 +177,14 @@ fn thread_names(plan: &Plan, pid: usize, name: &str) -> Vec<Value> {
 }
 
 /// The classes `instr_class` sorts instructions into, in report order.
-pub const CLASSES: [&str; 8] = [
+pub const CLASSES: [&str; 9] = [
     "matmul",
     "kernel",
     "all_gather",
     "reduce_scatter",
     "all_reduce",
     "copy",
+    "exposed_wait",
     "wait",
     "other",
 ];
@@ -181,9 +194,11 @@ pub const CLASSES: [&str; 8] = [
 /// optimizer, accumulation, clipping and loss-scaling arithmetic), one
 /// class per collective kind (`all_gather`, `reduce_scatter`, `all_reduce`,
 /// the last including the grad-norm and found-inf scalars), `copy`
-/// (offload copies and reshard slices), `wait` (a stream blocked on an
-/// event: exposed time) and `other` (data loading, records, frees).
-pub fn instr_class(plan: &Plan, op: &InstrOp) -> &'static str {
+/// (offload copies and reshard slices), `exposed_wait` (the compute stream
+/// blocked on an event: exposed communication), `wait` (another stream
+/// blocked: idle) and `other` (data loading, records, frees).
+pub fn instr_class(plan: &Plan, ins: &crate::plan::Instr) -> &'static str {
+    let op = &ins.op;
     match op {
         InstrOp::Kernel { node, .. } => {
             let matmul = plan
@@ -210,6 +225,7 @@ pub fn instr_class(plan: &Plan, op: &InstrOp) -> &'static str {
         | InstrOp::ScaleSeed { .. }
         | InstrOp::UnscaleGrads { .. }
         | InstrOp::UpdateScale { .. } => "kernel",
+        InstrOp::Wait { .. } if ins.stream == crate::plan::Stream::Compute => "exposed_wait",
         InstrOp::Wait { .. } => "wait",
         InstrOp::LoadInput { .. } | InstrOp::Free { .. } | InstrOp::Record { .. } => "other",
     }
