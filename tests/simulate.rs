@@ -152,3 +152,40 @@ fn h200_preset_has_its_memory() {
     let c = json(&out);
     assert_eq!(c["memory_bytes_per_rank"], 141u64 << 30);
 }
+
+/// `fsdpc calibrate` writes a cluster file of this machine that plans: the
+/// figures are measured (positive, with their sources), and the file is
+/// accepted by `compile` and `simulate`. (No timing is asserted.)
+#[test]
+fn calibrate_writes_a_cluster_file_that_plans() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("calibrated.json");
+    let file = file.to_str().expect("utf-8").to_string();
+    let o = fsdpc(&["calibrate", "-o", &file]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        table.contains("GFLOP/s") && table.contains("all-gather"),
+        "{table}"
+    );
+    let c = json(&std::fs::read_to_string(&file).expect("written"));
+    assert_eq!(c["name"], "calibrated");
+    for k in ["peak_flops_f32", "mem_bw", "intra_bw"] {
+        assert!(c["hardware"][k].as_f64().expect(k) > 0.0, "{k}");
+        assert!(
+            c["sources"][k]
+                .as_str()
+                .expect(k)
+                .contains("fsdpc calibrate"),
+            "{k}"
+        );
+    }
+    assert!(!c["hardware"]["matmul_efficiency"]
+        .as_array()
+        .expect("a curve")
+        .is_empty());
+    let plan = compile(dir.path(), "p.json", &file);
+    let sim = json(&ok(&["simulate", &plan, "--json"]));
+    assert_eq!(sim["cluster"], "calibrated");
+    assert!(step(&sim) > 0.0);
+}

@@ -5,6 +5,7 @@
 //! structs, call the pipeline, print. Errors become one readable line and a
 //! non-zero exit code, never a backtrace.
 
+mod calibrate;
 mod compare;
 mod compile;
 mod error;
@@ -51,6 +52,9 @@ pub enum Command {
     Simulate(simulate::SimulateArgs),
     /// Write a cluster preset as a cluster file (JSON) to edit.
     Cluster(simulate::ClusterArgs),
+    /// Measure this machine (matrix products, memory, collectives) and
+    /// write a cluster file.
+    Calibrate(calibrate::CalibrateArgs),
     /// Compare a predicted trace (`trace`) with a measured one (`train --trace`).
     Compare(compare::CompareArgs),
     /// Write the full parameters of a checkpoint (safetensors, or back into ONNX).
@@ -188,6 +192,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Trace(a) => trace::run(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Cluster(a) => simulate::cluster(a),
+        Command::Calibrate(a) => calibrate::run(a),
         Command::Compare(a) => compare::run(a),
         Command::Export(a) => export::run(a),
     }
