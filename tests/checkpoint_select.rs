@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{bits, max_param_diff, plan_with, train};
+use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_planner::{CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy, UnitId};
 use fsdpc_runtime::ExecMode;
 use std::process::{Command, Output};
@@ -70,12 +70,7 @@ fn selective_checkpointing_equals_unsharded_and_unchanged_training() {
             let n = recomputes(&p);
             assert!(n > 0 && n < recomputes(&all), "{policy:?}: {n} recomputes");
             let r = train(&p, STEPS, ExecMode::Arena);
-            let loss_rel = reference
-                .losses
-                .iter()
-                .zip(&r.losses)
-                .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-                .fold(0f32, f32::max);
+            let loss_rel = max_loss_rel_diff(&reference, &r);
             let (abs, _) = max_param_diff(&reference, &r);
             eprintln!(
                 "F = {world} {}: peak {} -> {} bytes, {n} recompute kernels; vs 1 rank: loss rel {loss_rel:e}, param abs {abs:e}",

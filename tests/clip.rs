@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bits, max_param_diff, plan_with, train};
+use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::Optimizer;
 use fsdpc_planner::{Cluster, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy};
@@ -184,12 +184,7 @@ fn sharded_clipping_equals_unsharded_clipping() {
             STEPS,
             ExecMode::Arena,
         );
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         println!("{strategy:?} world {world}: loss rel {loss_rel:.2e}, param abs {abs:.2e}");
         assert!(

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{bits, max_param_diff, plan, train};
+use common::{bits, max_loss_rel_diff, max_param_diff, plan, train};
 use fsdpc_planner::{CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy, WrapPolicy};
 use fsdpc_runtime::ExecMode;
 
@@ -53,12 +53,7 @@ fn check_family(spec: impl Fn(u32) -> String) {
             STEPS,
             ExecMode::Arena,
         );
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!("{} world {world} {strategy:?}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}", spec(8 / world));
         assert!(

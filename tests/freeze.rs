@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{bits, max_param_diff, plan_with, train};
+use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_planner::{FsdpConfig, Plan, Strategy};
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
@@ -94,12 +94,7 @@ fn frozen_gpt_sharded_equals_unsharded_and_frozen_parameters_stay_put() {
             .iter()
             .any(|u| u.frozen_numel > 0 && u.trainable_numel() > 0));
         let r = train(&p, STEPS, ExecMode::Arena);
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!(
             "frozen gpt world {world} {strategy:?}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}"
@@ -301,12 +296,7 @@ fn lora_gpt_trains_only_its_adapters_like_one_unsharded_rank() {
         }
         assert_eq!(p.units[0].trainable_numel(), 0, "the root holds no adapter");
         let r = train(&p, STEPS, ExecMode::Arena);
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!(
             "lora gpt world {world}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}"

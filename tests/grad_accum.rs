@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{max_param_diff, plan_with, train};
+use common::{compile_on, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_planner::{FsdpConfig, InstrOp, Plan, Strategy};
 use fsdpc_runtime::ExecMode;
 
@@ -94,12 +94,7 @@ fn check_family(spec: impl Fn(u32) -> String) {
         let b = 8 / (world * c.grad_accum);
         let p = plan_with(&spec(b), world, &c);
         let r = train(&p, STEPS, ExecMode::Arena);
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!(
             "{}: {name}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}",
@@ -181,17 +176,11 @@ fn no_sync_trades_gradient_bytes_for_memory() {
 
 #[test]
 fn no_sync_without_accumulation_is_refused() {
-    let m = fsdpc_frontends::load("gpt-mini", &Default::default()).expect("loads");
-    let cluster = fsdpc_planner::Cluster::preset("cpu-local", 2, 2).expect("preset");
-    let info = fsdpc_planner::ModelInfo {
-        name: m.name.clone(),
-        params: 0,
-        tokens_per_rank_step: 1,
-    };
-    let err = fsdpc_planner::compile(
-        m.program,
-        info,
-        &cluster,
+    let err = compile_on(
+        "gpt-mini",
+        "cpu-local",
+        2,
+        2,
         &cfg(Strategy::FullShard, None, 1, true),
     )
     .expect_err("no_sync needs grad_accum > 1");

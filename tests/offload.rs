@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{bits, max_param_diff, plan_with, train};
+use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_planner::{
     BufferKind, Cluster, FsdpConfig, InstrOp, Location, ModelInfo, Plan, PlanViolation, Strategy,
     Stream,
@@ -71,12 +71,7 @@ fn check_family(spec: impl Fn(u32) -> String) {
             bits(&plain),
             "{model} {name}: offload must not change a bit"
         );
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!(
             "{model} {name} offloaded: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}"

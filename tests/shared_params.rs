@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{max_param_diff, plan_with, train};
+use common::{max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_planner::{FsdpConfig, InstrOp, Plan, SharedParams, Strategy, WrapPolicy};
 use fsdpc_runtime::ExecMode;
 
@@ -112,12 +112,7 @@ fn owner_placement_trains_like_one_unsharded_rank() {
             STEPS,
             ExecMode::Arena,
         );
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&owner.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &owner);
         let (abs, _) = max_param_diff(&reference, &owner);
         eprintln!("shared owner world {world}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}");
         assert!(loss_rel <= LOSS_RTOL, "world {world}: losses {loss_rel:e}");

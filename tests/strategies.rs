@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{bits, max_param_diff, plan_with, train};
+use common::{bits, compile_on, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_planner::{
     BackwardPrefetch, FsdpConfig, Group, InstrOp, Plan, ReshardAfterForward, Strategy,
 };
@@ -125,12 +125,7 @@ fn check_family(spec: impl Fn(u32) -> String) {
     for s in settings() {
         let p = plan_with(&spec(8 / s.world), s.world, &s.cfg);
         let r = train(&p, STEPS, ExecMode::Arena);
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!(
             "{}: {}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}",
@@ -263,26 +258,21 @@ fn strategies_change_collectives_and_memory_as_documented() {
 
 #[test]
 fn shard_factor_must_divide_the_world() {
-    let m = fsdpc_frontends::load("gpt-mini", &Default::default()).expect("loads");
-    let cluster = fsdpc_planner::Cluster::preset("cpu-local", 6, 6).expect("preset");
-    let info = fsdpc_planner::ModelInfo {
-        name: m.name.clone(),
-        params: 0,
-        tokens_per_rank_step: 1,
-    };
-    let err = fsdpc_planner::compile(
-        m.program.clone(),
-        info.clone(),
-        &cluster,
+    let err = compile_on(
+        "gpt-mini",
+        "cpu-local",
+        6,
+        6,
         &cfg(Strategy::HybridShard, Some(4)),
     )
     .expect_err("4 does not divide 6");
     let text = err.to_string();
     assert!(text.contains("1, 2, 3, 6"), "{text}");
-    let err = fsdpc_planner::compile(
-        m.program,
-        info,
-        &cluster,
+    let err = compile_on(
+        "gpt-mini",
+        "cpu-local",
+        6,
+        6,
         &FsdpConfig {
             reshard_after_forward: Some(ReshardAfterForward::To(4)),
             ..cfg(Strategy::FullShard, None)
@@ -297,18 +287,14 @@ fn shard_factor_must_divide_the_world() {
 
 /// `gpt4` planned for two nodes of 4 ranks (A100 preset) with `cfg`.
 fn two_nodes(cfg: &FsdpConfig) -> Plan {
-    let m = fsdpc_frontends::load(
+    compile_on(
         "gpt:layers=4,hidden=64,heads=2,seq=16,vocab=128,batch=2",
-        &Default::default(),
+        "a100-80g-roce",
+        8,
+        4,
+        cfg,
     )
-    .expect("loads");
-    let cluster = fsdpc_planner::Cluster::preset("a100-80g-roce", 8, 4).expect("preset");
-    let info = fsdpc_planner::ModelInfo {
-        name: m.name.clone(),
-        params: m.program.graph.param_numel(),
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-    };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("compiles")
+    .expect("compiles")
 }
 
 /// How each strategy control changes the memory breakdown at the peak and
@@ -416,12 +402,7 @@ fn combined_controls_equal_one_rank() {
     ];
     for (name, c) in combos {
         let r = train(&plan_with(&gpt(1), 4, &c), STEPS, ExecMode::Arena);
-        let loss_rel = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let loss_rel = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!("{name}: max loss rel diff {loss_rel:e}, max param abs diff {abs:e}");
         assert!(
@@ -486,19 +467,12 @@ fn per_unit_reshard_after_forward() {
             "one group size",
         ),
     ] {
-        let m = fsdpc_frontends::load(&gpt(1), &Default::default()).expect("loads");
-        let cluster = fsdpc_planner::Cluster::preset("cpu-local", 8, 8).expect("preset");
-        let info = fsdpc_planner::ModelInfo {
-            name: m.name.clone(),
-            params: 0,
-            tokens_per_rank_step: 1,
-        };
         let c = FsdpConfig {
             reshard_after_forward: Some(ReshardAfterForward::To(2)),
             reshard_units: bad,
             ..cfg(Strategy::FullShard, None)
         };
-        let err = fsdpc_planner::compile(m.program, info, &cluster, &c).expect_err("refused");
+        let err = compile_on(&gpt(1), "cpu-local", 8, 8, &c).expect_err("refused");
         assert!(err.to_string().contains(want), "{err}");
     }
 }

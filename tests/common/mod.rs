@@ -20,17 +20,29 @@ pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Pla
     )
 }
 
-/// Compiles `spec` for `world` ranks on the `cpu-local` preset with `cfg`, and
-/// checks that the plan validates.
-pub fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
+/// Compiles `spec` for `world` ranks, `per_node` to a node, on the cluster
+/// `preset` with `cfg`: the plan, or the planner's refusal.
+pub fn compile_on(
+    spec: &str,
+    preset: &str,
+    world: u32,
+    per_node: u32,
+    cfg: &FsdpConfig,
+) -> Result<Plan, fsdpc_planner::PlanError> {
     let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = Cluster::preset(preset, world, per_node).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
         name: m.name,
     };
-    let plan = fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles");
+    fsdpc_planner::compile(m.program, info, &cluster, cfg)
+}
+
+/// Compiles `spec` for `world` ranks on the `cpu-local` preset with `cfg`, and
+/// checks that the plan validates.
+pub fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
+    let plan = compile_on(spec, "cpu-local", world, world, cfg).expect("plan compiles");
     if let Err(v) = plan.validate() {
         panic!("plan for {spec} at world {world} ({cfg:?}) does not validate: {v:?}");
     }
@@ -45,6 +57,16 @@ pub fn train(plan: &Plan, steps: u64, mode: ExecMode) -> TrainReport {
         ..TrainOptions::default()
     };
     fsdpc_runtime::train(plan, &opts, &mut |_| {}).expect("training runs")
+}
+
+/// Largest relative difference between the losses of two runs, step by
+/// step (each difference over `a`'s loss, at least 1e-6).
+pub fn max_loss_rel_diff(a: &TrainReport, b: &TrainReport) -> f32 {
+    a.losses
+        .iter()
+        .zip(&b.losses)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(1e-6))
+        .fold(0f32, f32::max)
 }
 
 /// Largest absolute and relative difference between two parameter sets.
