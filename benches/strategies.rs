@@ -45,23 +45,22 @@ fn settings(dtype: DType) -> Vec<(&'static str, FsdpConfig)> {
     ]
 }
 
-/// Bytes a rank sends per step in collectives named `op`, and across nodes.
-fn sent(plan: &Plan, op: &str) -> u64 {
-    let cluster = Cluster::from_info(&plan.cluster);
-    traffic(plan, &cluster)
-        .iter()
-        .filter(|t| t.op == op)
-        .map(|t| t.bytes_sent)
-        .sum()
-}
-
-fn inter_node(plan: &Plan) -> u64 {
-    let cluster = Cluster::from_info(&plan.cluster);
-    traffic(plan, &cluster)
-        .iter()
-        .filter(|t| t.inter_node)
-        .map(|t| t.bytes_sent)
-        .sum()
+/// Bytes a rank sends per step: in all-gathers, reduce-scatters and
+/// all-reduces, and in groups that span nodes (one pass over the plan).
+fn sent(plan: &Plan) -> [u64; 4] {
+    let mut out = [0u64; 4];
+    for t in traffic(plan, &Cluster::from_info(&plan.cluster)) {
+        let k = match t.op {
+            "all_gather" => 0,
+            "reduce_scatter" => 1,
+            _ => 2,
+        };
+        out[k] += t.bytes_sent;
+        if t.inter_node {
+            out[3] += t.bytes_sent;
+        }
+    }
+    out
 }
 
 fn table(world: u32, dtype: DType) {
@@ -87,16 +86,17 @@ fn table(world: u32, dtype: DType) {
         let plan_ac = common::compile("gpt3-175b", "a100-80g-roce", world, 8, &ckpt);
         match (plan, plan_ac) {
             (Ok(p), Ok(a)) => {
+                let [ag, rs, ar, inter] = sent(&p);
                 println!(
                     "  {:<22} {:>4} {:>7.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB",
                     name,
                     p.config.shard_factor,
                     gib(p.memory.peak_bytes),
                     gib(a.memory.peak_bytes),
-                    gib(sent(&p, "all_gather")),
-                    gib(sent(&p, "reduce_scatter")),
-                    gib(sent(&p, "all_reduce")),
-                    gib(inter_node(&p)),
+                    gib(ag),
+                    gib(rs),
+                    gib(ar),
+                    gib(inter),
                 );
                 peaks.push((name, p.memory.peak_bytes, a.memory.peak_bytes));
             }
