@@ -7,12 +7,14 @@ mod builder;
 pub mod gpt;
 pub mod mlp;
 mod spec;
+pub mod t5;
 
 use crate::error::FrontendError;
 use fsdpc_ir::{Graph, ValueId};
 use gpt::GptConfig;
 use mlp::MlpConfig;
 use spec::Spec;
+use t5::{T5Act, T5Config};
 
 /// A model built by the zoo.
 #[derive(Clone, Debug)]
@@ -35,6 +37,8 @@ pub enum ZooConfig {
     Gpt(GptConfig),
     /// An MLP classifier.
     Mlp(MlpConfig),
+    /// A T5 encoder-decoder.
+    T5(T5Config),
 }
 
 impl ZooConfig {
@@ -43,13 +47,24 @@ impl ZooConfig {
         match self {
             ZooConfig::Gpt(c) => c.param_count(),
             ZooConfig::Mlp(c) => c.param_count(),
+            ZooConfig::T5(c) => c.param_count(),
         }
     }
 }
 
 /// Every preset: its name and config (batch 1 unless noted).
+///
+/// The T5 presets are Hugging Face's published configurations (`t5-small`
+/// ... `t5-11b`: v1.0, ReLU, tied head; `t5-v1_1-*` from
+/// `google/t5-v1_1-*`: gated GELU, untied head), at sequence 512 in and
+/// out. The FSDP paper (Zhao et al., VLDB 2023) names T5-611M, T5-2.28B and
+/// T5-11B; no published T5 configuration has 611M or 2.28B parameters. The
+/// nearest are `t5-large` (737,668,096: 126.7M, 20.7% more than 611M) and
+/// `t5-3b` (2,851,598,336: 0.57B, 25.1% more than 2.28B); `t5-11b`
+/// (11,307,321,344) is the paper's Hugging Face T5-11B.
 pub fn presets() -> Vec<(&'static str, ZooConfig)> {
     let gpt = |l, h, a, s, v| ZooConfig::Gpt(GptConfig::preset(l, h, a, s, v));
+    let t5 = |l, h, f, a, kv, act| ZooConfig::T5(T5Config::preset(l, h, f, a, kv, act));
     vec![
         ("gpt-mini", gpt(2, 128, 4, 128, 1024)),
         ("gpt2", gpt(12, 768, 12, 1024, 50257)),
@@ -57,6 +72,27 @@ pub fn presets() -> Vec<(&'static str, ZooConfig)> {
         ("gpt2-large", gpt(36, 1280, 20, 1024, 50257)),
         ("gpt2-xl", gpt(48, 1600, 25, 1024, 50257)),
         ("gpt3-175b", gpt(96, 12288, 96, 2048, 50257)),
+        (
+            "t5-mini",
+            // A small T5 for demos: vocabulary 1024, sequence 64 in and out.
+            ZooConfig::T5(T5Config {
+                vocab: 1024,
+                seq: 64,
+                dec_seq: 64,
+                ..T5Config::preset(2, 128, 256, 4, 32, T5Act::Relu)
+            }),
+        ),
+        ("t5-small", t5(6, 512, 2048, 8, 64, T5Act::Relu)),
+        ("t5-base", t5(12, 768, 3072, 12, 64, T5Act::Relu)),
+        ("t5-large", t5(24, 1024, 4096, 16, 64, T5Act::Relu)),
+        ("t5-3b", t5(24, 1024, 16384, 32, 128, T5Act::Relu)),
+        ("t5-11b", t5(24, 1024, 65536, 128, 128, T5Act::Relu)),
+        (
+            "t5-v1_1-large",
+            t5(24, 1024, 2816, 16, 64, T5Act::GatedGelu),
+        ),
+        ("t5-v1_1-xl", t5(24, 2048, 5120, 32, 64, T5Act::GatedGelu)),
+        ("t5-v1_1-xxl", t5(24, 4096, 10240, 64, 64, T5Act::GatedGelu)),
         (
             "mlp-mini",
             // A small classifier for demos: batch 16 so one step sees a batch.
@@ -77,18 +113,23 @@ pub fn preset_names() -> Vec<String> {
 }
 
 /// The config `spec` describes: a preset (`gpt2`), a preset with overrides
-/// (`gpt2:batch=4,seq=256`) or a family spec (`gpt:...`, `mlp:...`).
+/// (`gpt2:batch=4,seq=256`) or a family spec (`gpt:...`, `mlp:...`,
+/// `t5:...`).
 pub fn parse(spec: &str) -> Result<ZooConfig, FrontendError> {
     let mut s = Spec::parse(spec)?;
     match s.family {
         "gpt" => Ok(ZooConfig::Gpt(GptConfig::from_spec(&mut s, None)?)),
         "mlp" => Ok(ZooConfig::Mlp(MlpConfig::from_spec(&mut s, None)?)),
+        "t5" => Ok(ZooConfig::T5(T5Config::from_spec(&mut s, None)?)),
         name => match presets().into_iter().find(|(n, _)| *n == name) {
             Some((_, ZooConfig::Gpt(base))) => {
                 Ok(ZooConfig::Gpt(GptConfig::from_spec(&mut s, Some(&base))?))
             }
             Some((_, ZooConfig::Mlp(base))) => {
                 Ok(ZooConfig::Mlp(MlpConfig::from_spec(&mut s, Some(&base))?))
+            }
+            Some((_, ZooConfig::T5(base))) => {
+                Ok(ZooConfig::T5(T5Config::from_spec(&mut s, Some(&base))?))
             }
             None => Err(FrontendError::UnknownPreset {
                 name: name.to_string(),
@@ -104,5 +145,6 @@ pub fn build(spec: &str) -> Result<ZooModel, FrontendError> {
     match parse(spec)? {
         ZooConfig::Gpt(c) => gpt::build(name, &c),
         ZooConfig::Mlp(c) => mlp::build(name, &c),
+        ZooConfig::T5(c) => t5::build(name, &c),
     }
 }
