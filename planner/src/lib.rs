@@ -43,6 +43,7 @@ pub mod memory;
 pub mod plan;
 pub mod precision;
 pub mod scaler;
+pub mod report;
 pub mod schedule;
 pub mod simulate;
 pub mod trace;
