@@ -14,6 +14,9 @@ if ! command -v mpirun >/dev/null 2>&1 || ! dpkg -s libopenmpi-dev libclang-dev 
     apt-get update && apt-get install -y libopenmpi-dev openmpi-bin clang libclang-dev
 fi
 
+# Headless Chromium for tests/report.rs (opens the HTML report, screenshots it).
+command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
+
 # The ONNX backend node tests that tests/onnx_conformance.rs runs.
 export FSDPC_ONNX_NODE_TESTS="${FSDPC_ONNX_NODE_TESTS:-$PWD/target/onnx-node-tests}"
 bash scripts/onnx-node-tests.sh "$FSDPC_ONNX_NODE_TESTS"

@@ -14,6 +14,7 @@ mod given;
 mod inspect;
 mod json_kind;
 mod model;
+mod report;
 mod simulate;
 mod trace;
 mod train;
@@ -57,6 +58,9 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Compare a predicted trace (`trace`) with a measured one (`train --trace`).
     Compare(compare::CompareArgs),
+    /// Write a plan's self-contained HTML report: memory over the step,
+    /// the stream timeline, units, collectives, predicted vs measured.
+    Report(report::ReportArgs),
     /// Write the full parameters of a checkpoint (safetensors, or back into ONNX).
     Export(export::ExportArgs),
 }
@@ -194,6 +198,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Cluster(a) => simulate::cluster(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Compare(a) => compare::run(a),
+        Command::Report(a) => report::run(a),
         Command::Export(a) => export::run(a),
     }
 }
