@@ -5,6 +5,9 @@
 
 // Each example is a binary; its `main` is not called here.
 #[allow(dead_code)]
+#[path = "../examples/fsdp_paper_study.rs"]
+mod fsdp_paper_study;
+#[allow(dead_code)]
 #[path = "../examples/inspect_gpt3.rs"]
 mod inspect_gpt3;
 #[allow(dead_code)]
@@ -38,6 +41,42 @@ fn train_gpt_on_text_learns_the_bytes() {
     );
     let (early, late) = (mean(&losses[..5]), mean(&losses[35..]));
     assert!(late < early - 1.0, "loss {early} -> {late}");
+}
+
+#[test]
+fn fsdp_paper_study_quick_simulates_t5_611m_on_8_to_32_gpus() {
+    let models = &fsdp_paper_study::models()[..1];
+    let worlds = [8, 16, 32];
+    let rows = fsdp_paper_study::study(models, &worlds).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        let all = [r.fsdp, r.no_prefetch, r.no_limiter, r.ddp];
+        for p in all.iter().chain(r.hybrid.iter()) {
+            assert!(
+                p.tflops > 0.0 && p.step_s > 0.0 && p.peak > 0,
+                "{}: {p:?}",
+                r.world
+            );
+        }
+        // The 738M stand-in fits every way; sharding holds less than DDP's
+        // whole parameters, gradients and AdamW state.
+        assert!(r.fsdp.fits && r.ddp.fits, "{}", r.world);
+        assert!(r.fsdp.peak < r.ddp.peak, "{}", r.world);
+        // Backward prefetch never slows a step.
+        assert!(r.no_prefetch.step_s >= r.fsdp.step_s, "{}", r.world);
+        // Hybrid only above one node.
+        assert_eq!(r.hybrid.is_some(), r.world > 8);
+    }
+    // The shard shrinks as GPUs are added.
+    assert!(rows[2].fsdp.peak < rows[0].fsdp.peak);
+    let table = fsdp_paper_study::render(models, &rows);
+    for needle in [
+        "| T5-611M | 32 |",
+        "t5-large:batch=8",
+        "DDP fits at every GPU count",
+    ] {
+        assert!(table.contains(needle), "`{needle}` missing from:\n{table}");
+    }
 }
 
 #[test]
