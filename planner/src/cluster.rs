@@ -5,6 +5,7 @@
 use crate::error::PlanError;
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Per-rank hardware speeds (SI units: FLOP/s, bytes/s, seconds).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
@@ -40,6 +41,92 @@ pub struct Hardware {
     /// the peak, in older plans and presets without measurements).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matmul_efficiency: Vec<(f64, f64)>,
+    /// Fixed cost of dispatching one kernel, seconds, added to every
+    /// kernel's time (what `fsdpc calibrate` measures on tiny inputs; 0 in
+    /// presets and older files: kernels cost their roofline only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kernel_overhead_s: f64,
+    /// Bandwidth memory-bound kernels achieve, bytes/s (read + written), by
+    /// kernel family (`cost::kernel_family`: `binary`, `unary`,
+    /// `layer_norm`, `layer_norm_grad`, `softmax`, `softmax_grad`,
+    /// `cross_entropy`, ...; a `:bf16` suffix for half-precision operands).
+    /// A family not listed runs at `mem_bw` (empty in presets and older
+    /// files).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_bw: BTreeMap<String, f64>,
+    /// Bytes of last-level cache per rank: a memory-bound kernel moving
+    /// more than this runs at no more than `mem_bw` (its family's
+    /// `kernel_bw` is measured on tensors that fit; 0 in presets and
+    /// older files: no cache is modelled).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_bytes: f64,
+    /// The communicator inside a node as measured per collective and group
+    /// size: `latency_s + wire / bw`, where `wire` is what a rank sends in
+    /// the ring algorithm (`cost::ring_wire_bytes`). A collective of a kind
+    /// and size not listed uses the ring model on `intra_bw` and
+    /// `intra_latency_s` (empty in presets and older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collective_fits: Vec<CollectiveFit>,
+    /// Where ranks share cores with their own collectives (CPU ranks): how
+    /// much a collective and a kernel slow each other while both run
+    /// (`None`: streams do not contend, as on GPUs with copy engines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_compute_contention: Option<Contention>,
+}
+
+/// A collective kind, as the cost model and calibration name it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl CollectiveKind {
+    /// All kinds, in a fixed order.
+    pub const ALL: [CollectiveKind; 3] = [
+        CollectiveKind::AllGather,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllReduce,
+    ];
+
+    /// The snake_case name (`all_gather`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::AllReduce => "all_reduce",
+        }
+    }
+}
+
+/// An alpha-beta fit of one collective kind over groups of `ranks` ranks
+/// inside a node: `time = latency_s + wire_bytes / bw`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveFit {
+    pub op: CollectiveKind,
+    /// Ranks in the group.
+    pub ranks: u32,
+    /// Fixed cost of one collective, seconds (alpha).
+    pub latency_s: f64,
+    /// Bytes per second of the ring's per-rank traffic (1 / beta).
+    pub bw: f64,
+}
+
+/// How much work on different streams slows while a collective and a
+/// kernel run at the same time: each runs at `1 / factor` of its speed
+/// alone for the overlap (factors >= 1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Contention {
+    /// A collective's slowdown while a kernel runs beside it.
+    pub comm_slowdown: f64,
+    /// A kernel's slowdown while a collective runs beside it.
+    pub compute_slowdown: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// PCIe 4.0 x16: 32 GB/s raw per direction, about 25 GB/s achieved by
@@ -86,6 +173,37 @@ impl Hardware {
             }
         }
         clamp(last.1)
+    }
+
+    /// The measured fit of `op` over `ranks` ranks inside a node, if any.
+    pub fn collective_fit(&self, op: CollectiveKind, ranks: u32) -> Option<&CollectiveFit> {
+        self.collective_fits
+            .iter()
+            .find(|f| f.op == op && f.ranks == ranks)
+    }
+
+    /// Bandwidth of a memory-bound kernel of `family` (see `kernel_bw`):
+    /// the family's figure, else the family without its `:bf16` suffix,
+    /// else `mem_bw`.
+    pub fn kernel_bandwidth(&self, family: &str) -> f64 {
+        let base = family.split(':').next().unwrap_or(family);
+        self.kernel_bw
+            .get(family)
+            .or_else(|| self.kernel_bw.get(base))
+            .copied()
+            .unwrap_or(self.mem_bw)
+    }
+
+    /// Bandwidth of a memory-bound kernel of `family` moving `bytes`: its
+    /// family's (`kernel_bandwidth`), capped at `mem_bw` when the bytes do
+    /// not fit in the rank's share of the cache (`cache_bytes` > 0).
+    pub fn kernel_bandwidth_for(&self, family: &str, bytes: f64) -> f64 {
+        let bw = self.kernel_bandwidth(family);
+        if self.cache_bytes > 0.0 && bytes > self.cache_bytes {
+            bw.min(self.mem_bw)
+        } else {
+            bw
+        }
     }
 
     /// Peak FLOP/s for arithmetic in `dtype`.
@@ -227,7 +345,7 @@ fn a100_roce() -> Hardware {
         inter_latency_s: 20e-6,
         host_bw: PCIE4_X16_BW,
         host_mem_bw: HOST_MEM_BW,
-        matmul_efficiency: Vec::new(),
+        ..Hardware::default()
     }
 }
 
@@ -245,7 +363,7 @@ fn h100_ib() -> Hardware {
         inter_latency_s: 10e-6,
         host_bw: PCIE5_X16_BW,
         host_mem_bw: HOST_MEM_BW,
-        matmul_efficiency: Vec::new(),
+        ..Hardware::default()
     }
 }
 
@@ -275,7 +393,7 @@ fn cpu_local(ranks_per_node: u32) -> Hardware {
         // and the optimizer run at memory speed.
         host_bw: 10e9 / share,
         host_mem_bw: 10e9 / share,
-        matmul_efficiency: Vec::new(),
+        ..Hardware::default()
     }
 }
 
@@ -403,6 +521,55 @@ impl ClusterFile {
                 return bad(format!("hardware.{name} must be a number >= 0, it is {x}"));
             }
         }
+        if !(h.cache_bytes.is_finite() && h.cache_bytes >= 0.0) {
+            return bad(format!(
+                "hardware.cache_bytes must be a number >= 0, it is {}",
+                h.cache_bytes
+            ));
+        }
+        if !(h.kernel_overhead_s.is_finite() && h.kernel_overhead_s >= 0.0) {
+            return bad(format!(
+                "hardware.kernel_overhead_s must be a number >= 0, it is {}",
+                h.kernel_overhead_s
+            ));
+        }
+        for (family, x) in &h.kernel_bw {
+            if !(x.is_finite() && *x > 0.0) {
+                return bad(format!(
+                    "hardware.kernel_bw.{family} must be a positive number, it is {x}"
+                ));
+            }
+        }
+        for f in &h.collective_fits {
+            if f.ranks < 2 || !(f.bw.is_finite() && f.bw > 0.0) {
+                return bad(format!(
+                    "hardware.collective_fits: {} over {} ranks must have at least 2 ranks and a positive bw (it has {})",
+                    f.op.name(),
+                    f.ranks,
+                    f.bw
+                ));
+            }
+            if !(f.latency_s.is_finite() && f.latency_s >= 0.0) {
+                return bad(format!(
+                    "hardware.collective_fits: {} over {} ranks must have a latency_s >= 0 (it has {})",
+                    f.op.name(),
+                    f.ranks,
+                    f.latency_s
+                ));
+            }
+        }
+        if let Some(c) = &h.comm_compute_contention {
+            for (name, x) in [
+                ("comm_slowdown", c.comm_slowdown),
+                ("compute_slowdown", c.compute_slowdown),
+            ] {
+                if !(x.is_finite() && x >= 1.0) {
+                    return bad(format!(
+                        "hardware.comm_compute_contention.{name} must be a number >= 1, it is {x}"
+                    ));
+                }
+            }
+        }
         let mut prev = 0.0;
         for &(flops, e) in &h.matmul_efficiency {
             if !(flops.is_finite() && flops > prev && e > 0.0 && e <= 1.0) {
@@ -444,5 +611,106 @@ impl ClusterFile {
             memory_bytes: self.memory_bytes_per_rank,
             hardware: self.hardware.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod calibrated_fields {
+    use super::*;
+
+    fn calibrated() -> ClusterFile {
+        let mut f = ClusterFile::preset("cpu-local", 2).unwrap();
+        let h = &mut f.hardware;
+        h.kernel_overhead_s = 2e-6;
+        h.kernel_bw.insert("softmax".into(), 3e9);
+        h.kernel_bw.insert("softmax:bf16".into(), 1e9);
+        h.collective_fits.push(CollectiveFit {
+            op: CollectiveKind::ReduceScatter,
+            ranks: 2,
+            latency_s: 1e-5,
+            bw: 4e9,
+        });
+        h.comm_compute_contention = Some(Contention {
+            comm_slowdown: 1.5,
+            compute_slowdown: 1.2,
+        });
+        f
+    }
+
+    #[test]
+    fn new_fields_round_trip() {
+        let f = calibrated();
+        let text = serde_json::to_string_pretty(&f).unwrap();
+        assert!(text.contains("\"comm_compute_contention\""), "{text}");
+        let back = ClusterFile::from_json(&text).unwrap();
+        assert_eq!(back, f);
+        let h = &back.hardware;
+        assert_eq!(h.kernel_bandwidth("softmax:bf16"), 1e9);
+        // A half family not measured falls back to its f32 figure, an
+        // unknown family to mem_bw.
+        let mut h2 = h.clone();
+        h2.kernel_bw.remove("softmax:bf16");
+        assert_eq!(h2.kernel_bandwidth("softmax:bf16"), 3e9);
+        assert_eq!(h.kernel_bandwidth("binary"), h.mem_bw);
+        // Beyond the cache a kernel runs at no more than mem_bw.
+        let mut h3 = h.clone();
+        h3.cache_bytes = 1e6;
+        h3.mem_bw = 2e9;
+        assert_eq!(h3.kernel_bandwidth_for("softmax", 1e6), 3e9);
+        assert_eq!(h3.kernel_bandwidth_for("softmax", 2e6), 2e9);
+        assert_eq!(
+            h.collective_fit(CollectiveKind::ReduceScatter, 2)
+                .map(|f| f.bw),
+            Some(4e9)
+        );
+        assert!(h.collective_fit(CollectiveKind::AllGather, 2).is_none());
+    }
+
+    #[test]
+    fn older_files_load_without_them() {
+        // A file written before these fields: none of them in the JSON.
+        let mut v = serde_json::to_value(ClusterFile::preset("a100-80g-roce", 8).unwrap()).unwrap();
+        for k in [
+            "kernel_overhead_s",
+            "kernel_bw",
+            "cache_bytes",
+            "collective_fits",
+            "comm_compute_contention",
+        ] {
+            assert!(v["hardware"].get(k).is_none(), "{k} written for a preset");
+        }
+        v["hardware"]
+            .as_object_mut()
+            .unwrap()
+            .remove("matmul_efficiency");
+        let f = ClusterFile::from_json(&v.to_string()).unwrap();
+        assert_eq!(f.hardware.kernel_overhead_s, 0.0);
+        assert!(f.hardware.kernel_bw.is_empty());
+        assert!(f.hardware.collective_fits.is_empty());
+        assert!(f.hardware.comm_compute_contention.is_none());
+    }
+
+    #[test]
+    fn bad_calibrated_figures_are_refused() {
+        let mut f = calibrated();
+        f.hardware.comm_compute_contention = Some(Contention {
+            comm_slowdown: 0.5,
+            compute_slowdown: 1.0,
+        });
+        let text = serde_json::to_string(&f).unwrap();
+        let err = ClusterFile::from_json(&text).unwrap_err().to_string();
+        assert!(err.contains("comm_slowdown"), "{err}");
+        let mut f = calibrated();
+        f.hardware.collective_fits[0].ranks = 1;
+        let err = ClusterFile::from_json(&serde_json::to_string(&f).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("collective_fits"), "{err}");
+        let mut f = calibrated();
+        f.hardware.kernel_bw.insert("unary".into(), -1.0);
+        let err = ClusterFile::from_json(&serde_json::to_string(&f).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kernel_bw.unary"), "{err}");
     }
 }

@@ -1,10 +1,23 @@
-//! The cost model: kernel time by roofline, collective time by the
-//! alpha-beta model of ring algorithms. Under `cpu_offload` a host <-> device
-//! copy moves its bytes at `Hardware::host_bw`, and the optimizer tail over
-//! host shards (optimizer steps, clipping) runs at host memory speed
-//! (`Hardware::host_mem_bw`; it is memory-bound).
+//! The cost model. A kernel costs the cluster's fixed per-kernel overhead
+//! plus its roofline: matrix products and attention the slower of compute
+//! (peak FLOP/s times the achievable efficiency for the kernel's size) and
+//! memory traffic; every other kernel (element-wise, normalisation,
+//! softmax, data movement, the optimizer update) the slower of compute at
+//! peak and its bytes at the bandwidth its family achieves, capped at the
+//! memory bandwidth once the bytes exceed the cache
+//! (`Hardware::kernel_bandwidth_for`).
+//! Collectives by alpha-beta models: the flat ring over the group, and the
+//! hierarchical algorithm (inside each node, then across nodes, knowing
+//! how the group's ranks lie on nodes: `group_layout`), whichever is
+//! faster for the size, as NCCL chooses; inside a node a measured
+//! per-size fit (`Hardware::collective_fits`) replaces the ring formula.
+//! Under `cpu_offload` a host <-> device copy moves its bytes at
+//! `Hardware::host_bw`, and the optimizer tail over host shards
+//! (optimizer steps, clipping) runs at host memory speed
+//! (`Hardware::host_mem_bw`; it is memory-bound). Seconds and bytes
+//! throughout; bytes of a collective are the full (unsharded) buffer.
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, CollectiveKind};
 use crate::plan::*;
 use fsdpc_ir::Graph;
 use serde::Serialize;
@@ -34,9 +47,9 @@ pub fn node_bytes(graph: &Graph, node: fsdpc_ir::NodeId) -> f64 {
     (out + ins) as f64
 }
 
-/// Roofline time of a kernel: the slower of compute (at the peak times the
-/// cluster's achievable efficiency for a kernel of this size) and memory
-/// traffic.
+/// Roofline time of a matrix-product-like kernel: the slower of compute
+/// (at the peak times the cluster's achievable efficiency for a kernel of
+/// this size) and memory traffic (no per-kernel overhead).
 pub fn kernel_time(flops: f64, bytes: f64, cluster: &Cluster, dtype: fsdpc_ir::DType) -> f64 {
     let hw = &cluster.hardware;
     let rate = hw.peak_flops(dtype) * hw.efficiency(flops);
@@ -49,44 +62,202 @@ pub fn kernel_time(flops: f64, bytes: f64, cluster: &Cluster, dtype: fsdpc_ir::D
     compute.max(memory)
 }
 
+/// The family a kernel's bandwidth is calibrated under
+/// (`Hardware::kernel_bw`), `None` for matrix products and attention
+/// (compute-bound: `kernel_time`). Half-precision operands add `:bf16`
+/// (the CPU kernels widen them to f32 copies first).
+pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
+    use fsdpc_ir::Op;
+    let base = match op {
+        Op::MatMul { .. } | Op::Attention { .. } | Op::AttentionGrad { .. } => return None,
+        Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } | Op::Where => "binary",
+        Op::Unary { .. } | Op::Not | Op::Cast { .. } | Op::Dropout { .. } => "unary",
+        Op::UnaryGrad { .. } => "unary_grad",
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => "layer_norm",
+        Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. } => "layer_norm_grad",
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => "softmax",
+        Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } => "softmax_grad",
+        Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. } => "cross_entropy",
+        _ => "data_movement",
+    };
+    Some(if half {
+        format!("{base}:bf16")
+    } else {
+        base.to_string()
+    })
+}
+
+/// Time of the kernel of graph node `node`: the per-kernel overhead plus
+/// its roofline (see the module header).
+pub fn node_kernel_time(
+    graph: &Graph,
+    node: fsdpc_ir::NodeId,
+    cluster: &Cluster,
+    dtype: fsdpc_ir::DType,
+) -> f64 {
+    let hw = &cluster.hardware;
+    let flops = node_flops(graph, node);
+    let bytes = node_bytes(graph, node);
+    let n = graph.node(node);
+    let half = n
+        .outputs
+        .iter()
+        .chain(graph.inputs(node).iter().map(|v| graph.value_type(*v)))
+        .any(|t| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
+    let body = match kernel_family(&n.op, half) {
+        None => kernel_time(flops, bytes, cluster, dtype),
+        Some(family) => {
+            let peak = hw.peak_flops(dtype);
+            let compute = if peak > 0.0 { flops / peak } else { 0.0 };
+            let bw = hw.kernel_bandwidth_for(&family, bytes);
+            compute.max(if bw > 0.0 { bytes / bw } else { 0.0 })
+        }
+    };
+    hw.kernel_overhead_s + body
+}
+
 /// Ranks in a collective's group, and whether the group spans nodes.
 pub fn group_shape(plan: &Plan, group: Group) -> (u32, bool) {
+    let (k, m) = group_layout(plan, group);
+    (k.saturating_mul(m), m > 1)
+}
+
+/// How a group's ranks lie on nodes: `(ranks per node, nodes)`, from
+/// `ranks_per_node` and the layout of groups (a shard group is F
+/// consecutive ranks; the replicas of one shard are F ranks apart; a
+/// reshard group is consecutive inside a shard group).
+pub fn group_layout(plan: &Plan, group: Group) -> (u32, u32) {
     let world = plan.cluster.world.max(1);
-    let f = plan.config.shard_factor.max(1);
+    let f = plan.config.shard_factor.clamp(1, world);
     let rpn = plan.cluster.ranks_per_node.max(1);
-    match group {
-        Group::Shard => (f, f > rpn),
-        // Replicas of one shard are F ranks apart.
-        Group::Replicate => (
-            world / f,
-            world / f > 1 && f.saturating_mul(world / f) > rpn,
-        ),
-        Group::Reshard => {
-            let n = plan.reshard_group().map_or(f, |n| n.clamp(1, f));
-            (n, n > rpn)
+    // `n` consecutive ranks.
+    let consecutive = |n: u32| {
+        if n <= rpn {
+            (n, 1)
+        } else {
+            (rpn, n.div_ceil(rpn))
         }
+    };
+    match group {
+        Group::Shard => consecutive(f),
+        Group::Replicate => {
+            let r = (world / f).max(1);
+            if f >= rpn {
+                // Every replica on its own node.
+                (1, r)
+            } else {
+                let k = (rpn / f).clamp(1, r);
+                (k, r.div_ceil(k))
+            }
+        }
+        Group::Reshard => consecutive(plan.reshard_group().map_or(f, |n| n.clamp(1, f))),
+    }
+}
+
+/// Bytes one rank sends in the ring algorithm of `op` over `n` ranks on a
+/// buffer of `bytes`: `(n-1)/n bytes`, twice for an all-reduce.
+pub fn ring_wire_bytes(op: CollectiveKind, n: u32, bytes: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let once = f64::from(n - 1) / f64::from(n) * bytes;
+    match op {
+        CollectiveKind::AllReduce => 2.0 * once,
+        _ => once,
+    }
+}
+
+/// Which algorithm a collective's time is for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// One ring over the whole group (or a measured fit inside a node).
+    Ring,
+    /// Inside each node, then across nodes.
+    Hierarchical,
+}
+
+/// `op` over `n` ranks of one node: the measured fit for that kind and
+/// size when the cluster has one, else the ring on the intra-node figures.
+fn intra_time(op: CollectiveKind, n: u32, bytes: f64, cluster: &Cluster) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let hw = &cluster.hardware;
+    if let Some(f) = hw.collective_fit(op, n) {
+        return f.latency_s + ring_wire_bytes(op, n, bytes) / f.bw;
+    }
+    ring_formula(op, n, bytes, hw.intra_bw, hw.intra_latency_s)
+}
+
+/// The ring formula: `(n-1)` latencies (twice for an all-reduce) plus the
+/// wire bytes at `bw`.
+fn ring_formula(op: CollectiveKind, n: u32, bytes: f64, bw: f64, lat: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let steps = f64::from(n - 1)
+        * match op {
+            CollectiveKind::AllReduce => 2.0,
+            _ => 1.0,
+        };
+    let transfer = if bw > 0.0 {
+        ring_wire_bytes(op, n, bytes) / bw
+    } else {
+        0.0
+    };
+    steps * lat + transfer
+}
+
+/// Time of collective `op` on a buffer of `bytes` (full size) over a group
+/// of `per_node` ranks on each of `nodes` nodes, and the algorithm chosen:
+/// the faster of the flat ring (inter-node figures once it spans nodes)
+/// and the hierarchical algorithm (all-gather: across nodes on `1/per_node`
+/// of the buffer, then inside; reduce-scatter: inside, then across;
+/// all-reduce: reduce-scatter inside, all-reduce across on `1/per_node`,
+/// all-gather inside). On one node both are the intra-node time.
+pub fn collective_time(
+    op: CollectiveKind,
+    per_node: u32,
+    nodes: u32,
+    bytes: f64,
+    cluster: &Cluster,
+) -> (f64, Algorithm) {
+    let (k, m) = (per_node.max(1), nodes.max(1));
+    if m == 1 {
+        return (intra_time(op, k, bytes, cluster), Algorithm::Ring);
+    }
+    let hw = &cluster.hardware;
+    let ring = ring_formula(op, k * m, bytes, hw.inter_bw, hw.inter_latency_s);
+    let slice = bytes / f64::from(k);
+    let across = |o| ring_formula(o, m, slice, hw.inter_bw, hw.inter_latency_s);
+    let hier = match op {
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
+            intra_time(op, k, bytes, cluster) + across(op)
+        }
+        CollectiveKind::AllReduce => {
+            intra_time(CollectiveKind::ReduceScatter, k, bytes, cluster)
+                + across(CollectiveKind::AllReduce)
+                + intra_time(CollectiveKind::AllGather, k, bytes, cluster)
+        }
+    };
+    if hier < ring {
+        (hier, Algorithm::Hierarchical)
+    } else {
+        (ring, Algorithm::Ring)
     }
 }
 
 /// Ring all-gather or reduce-scatter of `bytes` (the full, unsharded size)
 /// over `n` ranks: `(n-1) alpha + (n-1)/n bytes / beta`.
 pub fn ring_time(n: u32, bytes: u64, inter_node: bool, cluster: &Cluster) -> f64 {
-    if n <= 1 {
-        return 0.0;
-    }
     let hw = &cluster.hardware;
     let (bw, lat) = if inter_node {
         (hw.inter_bw, hw.inter_latency_s)
     } else {
         (hw.intra_bw, hw.intra_latency_s)
     };
-    let steps = f64::from(n - 1);
-    let transfer = if bw > 0.0 {
-        steps / f64::from(n) * bytes as f64 / bw
-    } else {
-        0.0
-    };
-    steps * lat + transfer
+    ring_formula(CollectiveKind::AllGather, n, bytes as f64, bw, lat)
 }
 
 /// Bytes one rank sends in a ring collective over `n` ranks.
@@ -105,6 +276,60 @@ fn wire_bytes(plan: &Plan, b: BufferId, dtype: fsdpc_ir::DType) -> u64 {
     })
 }
 
+/// Time, bytes a rank sends (ring accounting) and the algorithm of a
+/// collective instruction; `(0, 0, Ring)` for any other.
+pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64, Algorithm) {
+    let bytes_of = |b: &BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
+    let (op, group, bytes, scalar) = match &ins.op {
+        InstrOp::AllGather {
+            dst, group, dtype, ..
+        } => (
+            CollectiveKind::AllGather,
+            *group,
+            wire_bytes(plan, *dst, *dtype),
+            false,
+        ),
+        InstrOp::ReduceScatter {
+            src, group, dtype, ..
+        } => (
+            CollectiveKind::ReduceScatter,
+            *group,
+            wire_bytes(plan, *src, *dtype),
+            false,
+        ),
+        InstrOp::AllReduce {
+            buffer,
+            group,
+            dtype,
+            ..
+        } => (
+            CollectiveKind::AllReduce,
+            *group,
+            wire_bytes(plan, *buffer, *dtype),
+            false,
+        ),
+        InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
+            (CollectiveKind::AllReduce, *group, bytes_of(buffer), true)
+        }
+        _ => return (0.0, 0, Algorithm::Ring),
+    };
+    let (k, m) = group_layout(plan, group);
+    let n = k.saturating_mul(m);
+    if scalar {
+        // A scalar cannot be split into n ring chunks: each of the
+        // 2 (n - 1) ring steps sends the whole scalar (the time is the
+        // latency-bound formula's).
+        let (t, algo) = collective_time(op, k, m, bytes as f64, cluster);
+        return (t, 2 * u64::from(n.saturating_sub(1)) * bytes, algo);
+    }
+    let (t, algo) = collective_time(op, k, m, bytes as f64, cluster);
+    let sent = match op {
+        CollectiveKind::AllReduce => 2 * ring_bytes(n, bytes),
+        _ => ring_bytes(n, bytes),
+    };
+    (t, sent, algo)
+}
+
 /// Time of one instruction on its stream (0 for bookkeeping instructions),
 /// and the bytes it sends.
 pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
@@ -115,41 +340,13 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         _ => cluster.hardware.mem_bw.max(1.0),
     };
     match &ins.op {
-        InstrOp::AllGather {
-            dst, group, dtype, ..
-        }
-        | InstrOp::ReduceScatter {
-            src: dst,
-            group,
-            dtype,
-            ..
-        } => {
-            let (n, inter) = group_shape(plan, *group);
-            let bytes = wire_bytes(plan, *dst, *dtype);
-            (ring_time(n, bytes, inter, cluster), ring_bytes(n, bytes))
-        }
-        InstrOp::AllReduce {
-            buffer,
-            group,
-            dtype,
-            ..
-        } => {
-            let (n, inter) = group_shape(plan, *group);
-            let bytes = wire_bytes(plan, *buffer, *dtype);
-            (
-                2.0 * ring_time(n, bytes, inter, cluster),
-                2 * ring_bytes(n, bytes),
-            )
-        }
-        InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
-            // A scalar cannot be split into n ring chunks: each of the
-            // 2 (n - 1) ring steps sends the whole scalar.
-            let (n, inter) = group_shape(plan, *group);
-            let bytes = bytes_of(buffer);
-            (
-                2.0 * ring_time(n, bytes, inter, cluster),
-                2 * u64::from(n.saturating_sub(1)) * bytes,
-            )
+        InstrOp::AllGather { .. }
+        | InstrOp::ReduceScatter { .. }
+        | InstrOp::AllReduce { .. }
+        | InstrOp::NormAllReduce { .. }
+        | InstrOp::FoundInfAllReduce { .. } => {
+            let (t, bytes, _) = collective_cost(plan, cluster, ins);
+            (t, bytes)
         }
         InstrOp::GradNormSq { grads, .. } => {
             let t = grads.iter().map(|g| bytes_of(g) as f64 / bw_at(g)).sum();
@@ -171,16 +368,15 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
             let b = 2 * bytes_of(grads);
             (b as f64 / bw_at(grads), 0)
         }
-        InstrOp::Kernel { node, .. } if plan.training.graph.contains(*node) => {
-            let g = &plan.training.graph;
-            let t = kernel_time(
-                node_flops(g, *node),
-                node_bytes(g, *node),
+        InstrOp::Kernel { node, .. } if plan.training.graph.contains(*node) => (
+            node_kernel_time(
+                &plan.training.graph,
+                *node,
                 cluster,
                 plan.config.param_dtype,
-            );
-            (t, 0)
-        }
+            ),
+            0,
+        ),
         InstrOp::LoadInput { dst, .. } => (
             bytes_of(&dst.buffer) as f64 / cluster.hardware.mem_bw.max(1.0),
             0,
@@ -188,7 +384,14 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         InstrOp::OptimizerStep { params, state, .. } => {
             // Reads params, grads and state, writes params and state.
             let b = bytes_of(params) * (3 + 2 * state.len() as u64);
-            (b as f64 / bw_at(params), 0)
+            let bw = match plan.buffers.get(params.index()).map(|b| b.location) {
+                Some(Location::Host) => bw_at(params),
+                _ => cluster.hardware.kernel_bandwidth_for("optimizer", b as f64),
+            };
+            (
+                cluster.hardware.kernel_overhead_s + b as f64 / bw.max(1.0),
+                0,
+            )
         }
         _ => (0.0, 0),
     }
@@ -208,6 +411,9 @@ pub struct Traffic {
     pub count: usize,
     /// Bytes each rank sends in them per step (ring algorithms).
     pub bytes_sent: u64,
+    /// How many of them the hierarchical algorithm is faster for (the cost
+    /// model's choice, `collective_time`); the rest run as a ring.
+    pub hierarchical: usize,
 }
 
 /// The plan's collectives per step, by operation and group, in first-use
@@ -224,11 +430,13 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
             _ => continue,
         };
         let (ranks, inter_node) = group_shape(plan, group);
-        let (_, bytes) = instr_cost(plan, cluster, ins);
+        let (_, bytes, algo) = collective_cost(plan, cluster, ins);
+        let hier = usize::from(algo == Algorithm::Hierarchical);
         match out.iter_mut().find(|t| t.op == op && t.group == group) {
             Some(t) => {
                 t.count += 1;
                 t.bytes_sent += bytes;
+                t.hierarchical += hier;
             }
             None => out.push(Traffic {
                 op,
@@ -237,8 +445,105 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
                 inter_node,
                 count: 1,
                 bytes_sent: bytes,
+                hierarchical: hier,
             }),
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::CollectiveFit;
+
+    /// Round figures so the formulas can be checked by hand: inside a node
+    /// 100 B/s and 1 s per step, across nodes 10 B/s and 5 s per step.
+    fn cluster() -> Cluster {
+        let mut c = Cluster::preset("a100-80g-roce", 16, 8).unwrap();
+        c.hardware.intra_bw = 100.0;
+        c.hardware.intra_latency_s = 1.0;
+        c.hardware.inter_bw = 10.0;
+        c.hardware.inter_latency_s = 5.0;
+        c
+    }
+
+    #[test]
+    fn hierarchical_beats_the_ring_across_nodes() {
+        let c = cluster();
+        // Ring over 16 ranks at the inter-node figures:
+        // 15 x 5 + 15/16 x 800 / 10 = 75 + 75.
+        // Hierarchical: inside (8 ranks) 7 x 1 + 7/8 x 800 / 100 = 14, then
+        // across (2 nodes) on 800 / 8: 1 x 5 + 1/2 x 100 / 10 = 10.
+        for op in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+            let (t, algo) = collective_time(op, 8, 2, 800.0, &c);
+            assert_eq!(algo, Algorithm::Hierarchical);
+            assert!((t - 24.0).abs() < 1e-9, "{op:?}: {t}");
+            let ring = ring_formula(op, 16, 800.0, 10.0, 5.0);
+            assert!((ring - 150.0).abs() < 1e-9);
+        }
+        // All-reduce: ring 2 x 15 x 5 + 2 x 15/16 x 800 / 10 = 300;
+        // hierarchical 14 (reduce-scatter inside) + 2 x 5 + 2 x 1/2 x 100 / 10
+        // (all-reduce across) + 14 (all-gather inside) = 48.
+        let (t, algo) = collective_time(CollectiveKind::AllReduce, 8, 2, 800.0, &c);
+        assert_eq!(algo, Algorithm::Hierarchical);
+        assert!((t - 48.0).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn one_node_is_the_intra_ring_and_one_rank_per_node_the_flat_ring() {
+        let c = cluster();
+        let (t, algo) = collective_time(CollectiveKind::AllGather, 8, 1, 800.0, &c);
+        assert_eq!(algo, Algorithm::Ring);
+        assert!((t - 14.0).abs() < 1e-9, "{t}");
+        assert_eq!(t, ring_time(8, 800, false, &c));
+        // One rank per node: the hierarchical algorithm is the ring across.
+        let (t, algo) = collective_time(CollectiveKind::AllGather, 1, 4, 800.0, &c);
+        assert_eq!(algo, Algorithm::Ring);
+        assert!((t - (3.0 * 5.0 + 0.75 * 80.0)).abs() < 1e-9, "{t}");
+        // Small buffers across nodes: latency decides, still hierarchical
+        // (8 - 1 + 2 - 1 steps of latency against 15).
+        let (_, algo) = collective_time(CollectiveKind::AllGather, 8, 2, 8.0, &c);
+        assert_eq!(algo, Algorithm::Hierarchical);
+    }
+
+    #[test]
+    fn a_measured_fit_replaces_the_intra_ring() {
+        let mut c = cluster();
+        c.hardware.collective_fits.push(CollectiveFit {
+            op: CollectiveKind::AllGather,
+            ranks: 8,
+            latency_s: 2.0,
+            bw: 50.0,
+        });
+        // 2 + 7/8 x 800 / 50.
+        let (t, _) = collective_time(CollectiveKind::AllGather, 8, 1, 800.0, &c);
+        assert!((t - 16.0).abs() < 1e-9, "{t}");
+        // Other kinds and sizes keep the ring.
+        let (t, _) = collective_time(CollectiveKind::ReduceScatter, 8, 1, 800.0, &c);
+        assert!((t - 14.0).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn kernel_families() {
+        use fsdpc_ir::Op;
+        assert_eq!(
+            kernel_family(
+                &Op::MatMul {
+                    trans_a: false,
+                    trans_b: false
+                },
+                false
+            ),
+            None
+        );
+        assert_eq!(
+            kernel_family(&Op::LayerNorm { eps: 1e-5 }, true).as_deref(),
+            Some("layer_norm:bf16")
+        );
+        assert_eq!(
+            kernel_family(&Op::Softmax { axis: 1 }, false).as_deref(),
+            Some("softmax")
+        );
+    }
 }

@@ -1,7 +1,16 @@
 //! A discrete-event simulation of the plan's streams: each instruction starts
-//! when its stream is free and the events it waits on have been recorded;
-//! gives the step time, the communication the compute stream waits on, and
-//! the memory-over-time curve.
+//! when its stream is free and the events it waits on have been recorded
+//! (a `Wait` waits for the latest `Record` of its event before it in the
+//! instruction list); gives the step time, the communication the compute
+//! stream waits on, and the memory-over-time curve.
+//!
+//! Contention: on a cluster whose ranks share cores with their own
+//! collectives (`Hardware::comm_compute_contention`), a collective and a
+//! kernel on other streams slow each other while both run: each progresses
+//! at `1 / slowdown` of its speed alone for the overlap. Work that does not
+//! overlap runs at full speed. Without contention the simulation is one
+//! pass over the instructions; with it, a deterministic event loop over
+//! the streams' progress (`schedule`). Seconds throughout.
 
 use crate::cluster::Cluster;
 use crate::cost;
@@ -25,10 +34,44 @@ pub struct Timeline {
 
 /// Simulates one step of `plan` on `cluster`.
 pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
+    let mut tl = Timeline::default();
+    let costs: Vec<(f64, u64)> = plan
+        .instructions
+        .iter()
+        .map(|ins| cost::instr_cost(plan, cluster, ins))
+        .collect();
+    match &cluster.hardware.comm_compute_contention {
+        Some(c) if c.comm_slowdown > 1.0 || c.compute_slowdown > 1.0 => {
+            let items = items(plan, &costs);
+            let s = schedule(&items, c.comm_slowdown, c.compute_slowdown);
+            tl.start = s.start;
+            tl.end = s.end;
+            tl.exposed_comm_s = s.exposed_s;
+        }
+        _ => one_pass(plan, &costs, &mut tl),
+    }
+    for (ins, (_, bytes)) in plan.instructions.iter().zip(&costs) {
+        tl.comm_bytes += bytes;
+        if let InstrOp::Kernel { node, .. } = ins.op {
+            let g = &plan.training.graph;
+            if let Some(n) = g.try_node(node) {
+                let flops = cost::node_flops(g, node);
+                tl.flops += flops;
+                if !crate::checkpoint::is_recompute(n) {
+                    tl.model_flops += flops;
+                }
+            }
+        }
+    }
+    tl.step_time_s = tl.end.iter().copied().fold(0.0, f64::max);
+    tl
+}
+
+/// The simulation without contention: one pass in instruction order.
+fn one_pass(plan: &Plan, costs: &[(f64, u64)], tl: &mut Timeline) {
     let mut t = [0f64; Stream::ALL.len()];
     let mut event = vec![0f64; plan.events as usize];
-    let mut tl = Timeline::default();
-    for ins in &plan.instructions {
+    for (ins, &(dt, _)) in plan.instructions.iter().zip(costs) {
         let s = ins.stream.index();
         match ins.op {
             InstrOp::Wait { event: e } => {
@@ -45,24 +88,180 @@ pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
             }
             _ => {}
         }
-        let (dt, bytes) = cost::instr_cost(plan, cluster, ins);
         tl.start.push(t[s]);
         t[s] += dt;
         tl.end.push(t[s]);
-        tl.comm_bytes += bytes;
-        if let InstrOp::Kernel { node, .. } = ins.op {
-            let g = &plan.training.graph;
-            if let Some(n) = g.try_node(node) {
-                let flops = cost::node_flops(g, node);
-                tl.flops += flops;
-                if !crate::checkpoint::is_recompute(n) {
-                    tl.model_flops += flops;
+    }
+}
+
+/// What an instruction occupies, for contention.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// A collective: the communicator's copies and reductions.
+    Comm,
+    /// A kernel or another computation on the rank's cores.
+    Compute,
+    /// Neither (bookkeeping, host copies).
+    Other,
+}
+
+/// One instruction as the event loop sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item {
+    /// Index of its stream (`Stream::index`).
+    pub stream: usize,
+    /// Seconds it takes alone.
+    pub work: f64,
+    pub kind: Work,
+    /// For a `Wait`: the item (the latest `Record` of its event before it)
+    /// whose completion it waits for.
+    pub waits_for: Option<usize>,
+    /// Whether blocking here counts as exposed communication (a `Wait` on
+    /// the compute stream).
+    pub exposed: bool,
+}
+
+/// The plan's instructions as event-loop items.
+fn items(plan: &Plan, costs: &[(f64, u64)]) -> Vec<Item> {
+    let mut last_record = vec![None; plan.events as usize];
+    let mut out = Vec::with_capacity(plan.instructions.len());
+    for (i, (ins, &(work, _))) in plan.instructions.iter().zip(costs).enumerate() {
+        let mut waits_for = None;
+        let kind = match ins.op {
+            InstrOp::Wait { event } => {
+                waits_for = last_record.get(event.index()).copied().flatten();
+                Work::Other
+            }
+            InstrOp::Record { event } => {
+                if let Some(slot) = last_record.get_mut(event.index()) {
+                    *slot = Some(i);
+                }
+                Work::Other
+            }
+            InstrOp::AllGather { .. }
+            | InstrOp::ReduceScatter { .. }
+            | InstrOp::AllReduce { .. }
+            | InstrOp::NormAllReduce { .. }
+            | InstrOp::FoundInfAllReduce { .. } => Work::Comm,
+            InstrOp::Copy { .. } | InstrOp::Free { .. } => Work::Other,
+            _ => Work::Compute,
+        };
+        out.push(Item {
+            stream: ins.stream.index(),
+            work,
+            kind,
+            waits_for,
+            exposed: matches!(ins.op, InstrOp::Wait { .. }) && ins.stream == Stream::Compute,
+        });
+    }
+    out
+}
+
+/// Start and end of every item of an event-loop schedule, and the time
+/// items marked `exposed` spent blocked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Schedule {
+    pub start: Vec<f64>,
+    pub end: Vec<f64>,
+    pub exposed_s: f64,
+}
+
+/// The event loop: every stream runs its items in list order; a `Wait`
+/// item starts once the item it waits for has ended; while a `Comm` and a
+/// `Compute` item run at the same time, they progress at
+/// `1 / comm_slowdown` and `1 / compute_slowdown` of their speed. An item
+/// waiting for one that never ends (not in a valid plan) is released at the
+/// time every stream is stuck, so the loop always ends.
+pub fn schedule(items: &[Item], comm_slowdown: f64, compute_slowdown: f64) -> Schedule {
+    let streams = items.iter().map(|it| it.stream + 1).max().unwrap_or(0);
+    let mut queues: Vec<Vec<usize>> = vec![Vec::new(); streams];
+    for (i, it) in items.iter().enumerate() {
+        queues[it.stream].push(i);
+    }
+    let mut next = vec![0usize; streams];
+    // Per stream: the running item and its remaining work (seconds alone).
+    let mut running: Vec<Option<(usize, f64)>> = vec![None; streams];
+    let mut free_since = vec![0f64; streams];
+    let mut done = vec![false; items.len()];
+    let mut out = Schedule {
+        start: vec![0.0; items.len()],
+        end: vec![0.0; items.len()],
+        exposed_s: 0.0,
+    };
+    let mut now = 0.0f64;
+    let mut release = false;
+    loop {
+        // Start (and finish, when they take no time) every item that can.
+        let mut progressed = true;
+        while progressed {
+            progressed = false;
+            for s in 0..streams {
+                while running[s].is_none() {
+                    let Some(&i) = queues[s].get(next[s]) else {
+                        break;
+                    };
+                    let it = &items[i];
+                    if let Some(w) = it.waits_for {
+                        if !done.get(w).copied().unwrap_or(true) && !release {
+                            break;
+                        }
+                    }
+                    if it.exposed {
+                        out.exposed_s += now - free_since[s];
+                    }
+                    out.start[i] = now;
+                    next[s] += 1;
+                    progressed = true;
+                    if it.work > 0.0 {
+                        running[s] = Some((i, it.work));
+                    } else {
+                        out.end[i] = now;
+                        done[i] = true;
+                        free_since[s] = now;
+                    }
+                }
+            }
+        }
+        release = false;
+        let active: Vec<usize> = (0..streams).filter(|&s| running[s].is_some()).collect();
+        if active.is_empty() {
+            if (0..streams).all(|s| next[s] >= queues[s].len()) {
+                break;
+            }
+            release = true;
+            continue;
+        }
+        let kind_runs = |k: Work| {
+            active
+                .iter()
+                .any(|&s| running[s].is_some_and(|(i, _)| items[i].kind == k))
+        };
+        let both = kind_runs(Work::Comm) && kind_runs(Work::Compute);
+        let rate = |k: Work| match (both, k) {
+            (true, Work::Comm) => 1.0 / comm_slowdown.max(1.0),
+            (true, Work::Compute) => 1.0 / compute_slowdown.max(1.0),
+            _ => 1.0,
+        };
+        let dt = active
+            .iter()
+            .filter_map(|&s| running[s].map(|(i, rem)| rem / rate(items[i].kind)))
+            .fold(f64::INFINITY, f64::min);
+        now += dt;
+        for &s in &active {
+            if let Some((i, rem)) = running[s] {
+                let left = rem - dt * rate(items[i].kind);
+                if left <= items[i].work * 1e-12 {
+                    running[s] = None;
+                    out.end[i] = now;
+                    done[i] = true;
+                    free_since[s] = now;
+                } else {
+                    running[s] = Some((i, left));
                 }
             }
         }
     }
-    tl.step_time_s = t.iter().copied().fold(0.0, f64::max);
-    tl
+    out
 }
 
 /// The plan's estimates on its own cluster record.
@@ -155,4 +354,67 @@ pub fn memory_curve(plan: &Plan, cluster: &Cluster) -> Vec<(f64, u64)> {
     let tl = simulate(plan, cluster);
     let live = crate::memory::live_bytes(&plan.buffers, plan.instructions.len());
     tl.start.into_iter().zip(live).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(stream: usize, work: f64, kind: Work, waits_for: Option<usize>) -> Item {
+        Item {
+            stream,
+            work,
+            kind,
+            waits_for,
+            exposed: false,
+        }
+    }
+
+    #[test]
+    fn contention_slows_only_the_overlap() {
+        // A kernel (1 s alone) and a collective (1 s alone) on two streams
+        // at once, the collective x2 slower and the kernel x1.5 beside each
+        // other: the kernel ends at 1.5 s, when the collective has done
+        // 0.75 s of its work; the rest runs alone, to 1.75 s.
+        let both = [
+            item(0, 1.0, Work::Compute, None),
+            item(1, 1.0, Work::Comm, None),
+        ];
+        let s = schedule(&both, 2.0, 1.5);
+        assert_eq!(s.start, vec![0.0, 0.0]);
+        assert!((s.end[0] - 1.5).abs() < 1e-12, "{:?}", s.end);
+        assert!((s.end[1] - 1.75).abs() < 1e-12, "{:?}", s.end);
+        // Without contention both end at 1 s.
+        let s = schedule(&both, 1.0, 1.0);
+        assert_eq!(s.end, vec![1.0, 1.0]);
+        // The same two in sequence (the collective waits for a record after
+        // the kernel): no overlap, no slowdown.
+        let seq = [
+            item(0, 1.0, Work::Compute, None),
+            item(0, 0.0, Work::Other, None),
+            Item {
+                exposed: true,
+                ..item(1, 0.0, Work::Other, Some(1))
+            },
+            item(1, 1.0, Work::Comm, None),
+        ];
+        let s = schedule(&seq, 2.0, 1.5);
+        assert_eq!(s.end[0], 1.0);
+        assert_eq!(s.start[3], 1.0);
+        assert_eq!(s.end[3], 2.0);
+        assert_eq!(s.exposed_s, 1.0);
+    }
+
+    #[test]
+    fn two_kernels_do_not_contend() {
+        let s = schedule(
+            &[
+                item(0, 1.0, Work::Compute, None),
+                item(1, 2.0, Work::Compute, None),
+            ],
+            3.0,
+            3.0,
+        );
+        assert_eq!(s.end, vec![1.0, 2.0]);
+    }
 }

@@ -1,0 +1,154 @@
+//! The calibrated cost model on real plans: how groups lie on nodes and
+//! which collective algorithm is chosen, the per-kernel overhead, and
+//! stream contention (the event loop agrees with the one-pass simulation
+//! when nothing contends, and contention only lengthens the step).
+
+mod common;
+
+use fsdpc_planner::cluster::{CollectiveKind, Contention};
+use fsdpc_planner::cost::{group_layout, traffic};
+use fsdpc_planner::simulate::simulate;
+use fsdpc_planner::{Cluster, FsdpConfig, Group, InstrOp, Strategy, Stream};
+
+const GPT: &str = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=256,batch=2";
+
+fn hybrid(shard_factor: u32) -> FsdpConfig {
+    FsdpConfig {
+        strategy: Strategy::HybridShard,
+        shard_factor: Some(shard_factor),
+        ..FsdpConfig::default()
+    }
+}
+
+#[test]
+fn groups_lie_on_nodes_as_the_layout_says() {
+    // 16 ranks, 8 per node. Shard groups of 8: one node each; replicas 8
+    // apart: one per node.
+    let p = common::compile_on(GPT, "a100-80g-roce", 16, 8, &hybrid(8)).expect("plan");
+    assert_eq!(group_layout(&p, Group::Shard), (8, 1));
+    assert_eq!(group_layout(&p, Group::Replicate), (1, 2));
+    // Shard groups of 4: two per node, so a replica group (4 ranks, 4
+    // apart) has 2 ranks on each of 2 nodes.
+    let p = common::compile_on(GPT, "a100-80g-roce", 16, 8, &hybrid(4)).expect("plan");
+    assert_eq!(group_layout(&p, Group::Shard), (4, 1));
+    assert_eq!(group_layout(&p, Group::Replicate), (2, 2));
+    // full_shard over 16: 8 per node on 2 nodes.
+    let p = common::compile_on(GPT, "a100-80g-roce", 16, 8, &FsdpConfig::default()).expect("plan");
+    assert_eq!(group_layout(&p, Group::Shard), (8, 2));
+    // Across nodes the hierarchical algorithm wins for the gathers and
+    // reductions of this plan; inside one node there is only the ring.
+    let c = Cluster::from_info(&p.cluster);
+    let t = traffic(&p, &c);
+    assert!(
+        t.iter().all(|t| t.inter_node && t.hierarchical > 0),
+        "{t:?}"
+    );
+    let p = common::compile_on(GPT, "a100-80g-roce", 8, 8, &FsdpConfig::default()).expect("plan");
+    let t = traffic(&p, &Cluster::from_info(&p.cluster));
+    assert!(
+        t.iter().all(|t| !t.inter_node && t.hierarchical == 0),
+        "{t:?}"
+    );
+}
+
+fn two_ranks() -> (fsdpc_planner::Plan, Cluster) {
+    let p = common::plan_with(GPT, 2, &FsdpConfig::default());
+    let c = Cluster::from_info(&p.cluster);
+    (p, c)
+}
+
+#[test]
+fn the_event_loop_agrees_with_one_pass_when_nothing_contends() {
+    let (p, c) = two_ranks();
+    let plain = simulate(&p, &c);
+    let mut barely = c.clone();
+    // Just above 1: the event loop runs, at (almost) full speed.
+    barely.hardware.comm_compute_contention = Some(Contention {
+        comm_slowdown: 1.0 + 1e-12,
+        compute_slowdown: 1.0,
+    });
+    let evented = simulate(&p, &barely);
+    assert!(
+        (evented.step_time_s - plain.step_time_s).abs() <= 1e-9 * plain.step_time_s,
+        "{} vs {}",
+        evented.step_time_s,
+        plain.step_time_s
+    );
+    assert!((evented.exposed_comm_s - plain.exposed_comm_s).abs() <= 1e-9 * plain.step_time_s);
+    for (i, (a, b)) in evented.end.iter().zip(&plain.end).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-9 * plain.step_time_s,
+            "instruction {i}: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn contention_lengthens_the_step_by_at_most_its_factor() {
+    let (p, c) = two_ranks();
+    let plain = simulate(&p, &c).step_time_s;
+    let mut slow = c.clone();
+    slow.hardware.comm_compute_contention = Some(Contention {
+        comm_slowdown: 2.0,
+        compute_slowdown: 1.5,
+    });
+    let contended = simulate(&p, &slow).step_time_s;
+    assert!(contended > plain, "{contended} vs {plain}");
+    assert!(contended <= 2.0 * plain, "{contended} vs {plain}");
+}
+
+#[test]
+fn every_kernel_pays_the_overhead() {
+    let (p, c) = two_ranks();
+    let plain = simulate(&p, &c);
+    let mut with = c.clone();
+    with.hardware.kernel_overhead_s = 1e-3;
+    let slowed = simulate(&p, &with);
+    for (i, ins) in p.instructions.iter().enumerate() {
+        if matches!(ins.op, InstrOp::Kernel { .. }) {
+            let (d0, d1) = (
+                plain.end[i] - plain.start[i],
+                slowed.end[i] - slowed.start[i],
+            );
+            assert!(
+                (d1 - d0 - 1e-3).abs() < 1e-9,
+                "instruction {i}: {d0} -> {d1}"
+            );
+        }
+    }
+    let kernels = p
+        .instructions
+        .iter()
+        .filter(|i| i.stream == Stream::Compute && matches!(i.op, InstrOp::Kernel { .. }))
+        .count();
+    assert!(slowed.step_time_s >= kernels as f64 * 1e-3);
+}
+
+#[test]
+fn a_measured_fit_sets_the_collective_time() {
+    let (p, c) = two_ranks();
+    let mut fitted = c.clone();
+    for op in CollectiveKind::ALL {
+        fitted
+            .hardware
+            .collective_fits
+            .push(fsdpc_planner::cluster::CollectiveFit {
+                op,
+                ranks: 2,
+                latency_s: 0.5,
+                bw: 1e30,
+            });
+    }
+    let tl = simulate(&p, &fitted);
+    for (i, ins) in p.instructions.iter().enumerate() {
+        if matches!(
+            ins.op,
+            InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. }
+        ) {
+            assert!(
+                ((tl.end[i] - tl.start[i]) - 0.5).abs() < 1e-9,
+                "instruction {i}"
+            );
+        }
+    }
+}
