@@ -184,6 +184,46 @@ fn calibrate_writes_a_cluster_file_that_plans() {
         .as_array()
         .expect("a curve")
         .is_empty());
+    // Per-kernel overhead, kernel bandwidths by family, per-size collective
+    // fits and contention, each with its source.
+    let h = &c["hardware"];
+    assert!(h["kernel_overhead_s"].as_f64().expect("overhead") > 0.0);
+    for family in [
+        "binary",
+        "layer_norm",
+        "softmax",
+        "optimizer",
+        "softmax:bf16",
+    ] {
+        assert!(
+            h["kernel_bw"][family].as_f64().expect(family) > 0.0,
+            "{family}"
+        );
+    }
+    let fits = h["collective_fits"].as_array().expect("fits");
+    for op in ["all_gather", "reduce_scatter", "all_reduce"] {
+        assert!(
+            fits.iter().any(|f| f["op"] == op && f["ranks"] == 2),
+            "{op}: {fits:?}"
+        );
+    }
+    for k in ["comm_slowdown", "compute_slowdown"] {
+        assert!(h["comm_compute_contention"][k].as_f64().expect(k) >= 1.0);
+    }
+    for k in [
+        "kernel_overhead_s",
+        "kernel_bw",
+        "collective_fits",
+        "comm_compute_contention",
+    ] {
+        assert!(
+            c["sources"][k]
+                .as_str()
+                .expect(k)
+                .contains("fsdpc calibrate"),
+            "{k}"
+        );
+    }
     let plan = compile(dir.path(), "p.json", &file);
     let sim = json(&ok(&["simulate", &plan, "--json"]));
     assert_eq!(sim["cluster"], "calibrated");

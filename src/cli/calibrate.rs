@@ -1,30 +1,50 @@
 //! `fsdpc calibrate [--ranks-per-node R] [-o cluster.json]`: measures this
 //! machine with the runtime's own code and writes a cluster file.
 //!
-//! What is measured, each the best of a few repetitions:
+//! Every figure is measured with R rank threads doing the same thing at the
+//! same time (as R ranks of a node do), each figure the best repetition
+//! (the slowest rank's time within a repetition):
 //! - matrix products through the CPU backend's `gemm_f32` over shapes like
-//!   those of the kernels (rows x inner x columns), giving the peak FLOP/s
-//!   and the achievable-efficiency curve in FLOPs;
-//! - memory bandwidth: a large copy, counted as the bytes read plus the
-//!   bytes written (how the cost model counts a kernel's traffic);
-//! - the shared-memory communicator: all-gathers between two rank threads
-//!   from 64 B to 16 MiB, giving a per-step latency (the smallest) and a
-//!   bandwidth (the largest, less that latency).
+//!   those of the kernels (rows x inner x columns): the peak FLOP/s and the
+//!   achievable-efficiency curve in FLOPs;
+//! - the per-kernel fixed overhead: the backend's kernel dispatch
+//!   (`Backend::run`) on tiny inputs;
+//! - memory-bound kernels (element-wise, GELU and its gradient, layer norm
+//!   and its gradient, softmax and its gradient, cross-entropy and its
+//!   gradient, a transpose, the AdamW update) through the same dispatch on
+//!   kernel-sized tensors, in f32 and bf16, rotating over several buffer
+//!   sets so the inputs are not hot in the core's caches: bytes read plus
+//!   written per second, less the overhead, by kernel family (the cost
+//!   model's `cost::kernel_family`), on working sets that fit the rank's
+//!   share of the last-level cache (`cache_bytes`, from sysfs); a 64 MiB
+//!   copy gives `mem_bw`, what kernels beyond the cache run at;
+//! - the shared-memory communicator: all-gather, reduce-scatter and
+//!   all-reduce over groups of 2..=R rank threads (at least 2) at three
+//!   sizes, fitted by least squares to `latency + ring wire bytes / bw`
+//!   per kind and size;
+//! - contention: every rank runs a matrix product on its compute thread and
+//!   all-gathers on its communication thread at the same time; each one's
+//!   median time over its median time alone is the slowdown.
 //!
-//! Figures per rank assume the ranks share the cores evenly: with R ranks
-//! per node on C cores, compute and memory bandwidth are divided by
-//! max(1, R / C).
+//! `measure` is public so benchmarks can calibrate without the CLI.
 
 use super::{print_out, CliError};
 use clap::Args;
-use fsdpc_ir::DType;
-use fsdpc_planner::cluster::ClusterFile;
+use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
+use fsdpc_planner::cluster::{ClusterFile, CollectiveFit, CollectiveKind, Contention};
+use fsdpc_planner::cost::ring_wire_bytes;
 use fsdpc_runtime::comm::{Buf, BufMut, Communicator};
 use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
-use fsdpc_runtime::{CommConfig, ShmWorld};
+use fsdpc_runtime::{
+    Backend, CommConfig, CpuBackend, CpuConfig, KernelCtx, OptimizerArgs, ShmWorld, TensorMut,
+    TensorRef, Workspace,
+};
 use gemm::Parallelism;
+use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
 use std::time::Instant;
 
 #[derive(Debug, Args)]
@@ -37,111 +57,578 @@ pub struct CalibrateArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Best time in seconds of `reps` runs of `f`.
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
+/// Per-operation seconds of a rank's collectives and of its products.
+type OpTimes = (Vec<f64>, Vec<f64>);
+
+/// What one rank thread repeats.
+type Body = Box<dyn FnMut() -> Result<(), String>>;
+
+fn fail(what: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::Usage(format!("calibrate: {what}: {e}"))
 }
 
-/// (FLOPs, FLOP/s) of one product `m x k` by `k x n`.
-fn matmul_rate(m: usize, k: usize, n: usize) -> Result<(f64, f64), CliError> {
-    let a = vec![0.5f32; m * k];
-    let b = vec![0.25f32; k * n];
-    let mut out = vec![0f32; m * n];
+/// Runs `setup(rank)`'s body on `ranks` threads at once, `reps` times, each
+/// repetition started together; the time of each repetition is its slowest
+/// rank's. Returns the repetitions' times.
+fn lockstep<S>(ranks: usize, reps: usize, setup: S) -> Result<Vec<f64>, String>
+where
+    S: Fn(usize) -> Result<Body, String> + Sync,
+{
+    let barrier = Barrier::new(ranks);
+    let per_rank: Vec<Result<Vec<f64>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let (setup, barrier) = (&setup, &barrier);
+                s.spawn(move || {
+                    // Every rank reaches every barrier, even after a failure,
+                    // so the others are never left waiting.
+                    let mut body = setup(rank);
+                    let mut times = Vec::with_capacity(reps);
+                    let mut err = None;
+                    for _ in 0..reps {
+                        barrier.wait();
+                        let t = Instant::now();
+                        if let Ok(b) = &mut body {
+                            if let Err(e) = b() {
+                                err.get_or_insert(e);
+                            }
+                        }
+                        times.push(t.elapsed().as_secs_f64());
+                    }
+                    match (body, err) {
+                        (Err(e), _) | (_, Some(e)) => Err(e),
+                        _ => Ok(times),
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut out = vec![0f64; reps];
+    for r in per_rank {
+        for (o, t) in out.iter_mut().zip(r?) {
+            *o = o.max(t);
+        }
+    }
+    Ok(out)
+}
+
+fn best(times: &[f64]) -> f64 {
+    times.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn median(times: &[f64]) -> f64 {
+    let mut v = times.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A byte buffer aligned to 8 bytes (what the kernels' typed views need).
+struct Aligned {
+    raw: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl Aligned {
+    /// `len` bytes holding `fill` repeated.
+    fn new(len: usize, fill: &[u8]) -> Aligned {
+        let mut raw = vec![0u8; len + 8];
+        let off = raw.as_ptr().align_offset(8).min(8);
+        if !fill.is_empty() {
+            for (i, b) in raw[off..off + len].iter_mut().enumerate() {
+                *b = fill[i % fill.len()];
+            }
+        }
+        Aligned { raw, off, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.raw[self.off..self.off + self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.off..self.off + self.len]
+    }
+}
+
+/// Bytes of one element holding 0.5 (0 for integers: a valid label).
+fn fill_of(dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F32 => 0.5f32.to_le_bytes().to_vec(),
+        DType::Bf16 => vec![0x00, 0x3f],
+        DType::F16 => vec![0x00, 0x38],
+        _ => vec![0u8],
+    }
+}
+
+/// (FLOPs, FLOP/s per rank) of one product `m x k` by `k x n` on every rank.
+fn matmul_rate(ranks: usize, m: usize, k: usize, n: usize) -> Result<(f64, f64), CliError> {
     let flops = 2.0 * (m * k * n) as f64;
     let reps = ((2e8 / flops) as usize).clamp(3, 200);
-    let mut err = None;
-    let t = best(reps, || {
-        let (ma, mb) = (
-            Mat {
+    let times = lockstep(ranks, reps, |_| {
+        let a = vec![0.5f32; m * k];
+        let b = vec![0.25f32; k * n];
+        let mut out = vec![0f32; m * n];
+        Ok(Box::new(move || {
+            let ma = Mat {
                 data: &a,
                 rows: m,
                 cols: k,
                 trans: false,
-            },
-            Mat {
+            };
+            let mb = Mat {
                 data: &b,
                 rows: k,
                 cols: n,
                 trans: false,
+            };
+            gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false).map_err(|e| e.0)
+        }))
+    })
+    .map_err(|e| fail("matrix product", e))?;
+    Ok((flops, flops / best(&times).max(1e-12)))
+}
+
+/// A kernel to time: its op and input types.
+struct KernelCase {
+    family: String,
+    op: Op,
+    inputs: Vec<TensorType>,
+}
+
+/// The kernel cases of every family at `rows x cols` in `dtype`.
+fn kernel_cases(rows: usize, cols: usize, dtype: DType) -> Vec<KernelCase> {
+    let t = |shape: Vec<usize>| TensorType::new(dtype, shape);
+    let x = t(vec![rows, cols]);
+    let row = t(vec![cols]);
+    let suffix = if dtype == DType::F32 { "" } else { ":bf16" };
+    let case = |family: &str, op: Op, inputs: Vec<TensorType>| KernelCase {
+        family: format!("{family}{suffix}"),
+        op,
+        inputs,
+    };
+    let gelu = fsdpc_ir::UnaryFn::GeluTanh;
+    vec![
+        case(
+            "binary",
+            Op::Binary {
+                f: fsdpc_ir::BinaryFn::Add,
             },
-        );
-        if let Err(e) = gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false) {
-            err = Some(e);
-        }
-    });
-    if let Some(e) = err {
-        return Err(CliError::Usage(format!(
-            "calibrate: matrix product failed: {}",
-            e.0
-        )));
-    }
-    Ok((flops, flops / t.max(1e-12)))
+            vec![x.clone(), x.clone()],
+        ),
+        case("unary", Op::Unary { f: gelu }, vec![x.clone()]),
+        case(
+            "unary_grad",
+            Op::UnaryGrad { f: gelu },
+            vec![x.clone(), x.clone()],
+        ),
+        case(
+            "layer_norm",
+            Op::LayerNorm { eps: 1e-5 },
+            vec![x.clone(), row.clone(), row.clone()],
+        ),
+        case(
+            "layer_norm_grad",
+            Op::LayerNormGrad {
+                eps: 1e-5,
+                has_beta: true,
+            },
+            vec![x.clone(), row, x.clone()],
+        ),
+        case("softmax", Op::Softmax { axis: 1 }, vec![x.clone()]),
+        case(
+            "softmax_grad",
+            Op::SoftmaxGrad { axis: 1 },
+            vec![x.clone(), x.clone()],
+        ),
+        case(
+            "cross_entropy",
+            Op::CrossEntropy { ignore_index: None },
+            vec![x.clone(), TensorType::new(DType::I64, vec![rows])],
+        ),
+        case("data_movement", Op::Transpose { perm: vec![1, 0] }, vec![x]),
+    ]
 }
 
-/// Bytes moved per second by a 64 MiB copy (read plus write).
-fn copy_rate() -> f64 {
+/// Per-call seconds of `case`'s kernel through the CPU backend on every
+/// rank at once (`calls` calls per repetition, rotating over `sets` buffer
+/// sets), and the bytes one call reads and writes.
+fn kernel_time(
+    ranks: usize,
+    case: &KernelCase,
+    sets: usize,
+    calls: usize,
+    reps: usize,
+) -> Result<(f64, f64), CliError> {
+    let in_refs: Vec<&TensorType> = case.inputs.iter().collect();
+    let outputs = fsdpc_ir::ops::infer(&case.op, &in_refs)
+        .map_err(|e| fail(&format!("kernel {}", case.family), e))?;
+    let bytes: u64 = case.inputs.iter().chain(&outputs).map(|t| t.bytes()).sum();
+    let node = Node {
+        op: case.op.clone(),
+        name: case.family.clone(),
+        module: ModuleId::ROOT,
+        phase: Phase::Forward,
+        outputs: outputs.clone(),
+    };
+    // Room for widened copies of half operands and the op's scratch.
+    let ws_bytes = 4 * 2 * bytes as usize + (1 << 20);
+    let times = lockstep(ranks, reps, |_| {
+        let (node, inputs, outputs) = (node.clone(), case.inputs.clone(), outputs.clone());
+        let mut bufs: Vec<(Vec<Aligned>, Vec<Aligned>)> = (0..sets)
+            .map(|_| {
+                let ins = inputs
+                    .iter()
+                    .map(|t| Aligned::new(t.bytes() as usize, &fill_of(t.dtype)))
+                    .collect();
+                let outs = outputs
+                    .iter()
+                    .map(|t| Aligned::new(t.bytes() as usize, &[]))
+                    .collect();
+                (ins, outs)
+            })
+            .collect();
+        let mut ws = Aligned::new(ws_bytes, &[]);
+        let backend = CpuBackend::new(CpuConfig::default());
+        let ctx = KernelCtx::default();
+        let mut set = 0;
+        Ok(Box::new(move || {
+            for _ in 0..calls {
+                let (ins, outs) = &mut bufs[set];
+                set = (set + 1) % sets;
+                let views: Vec<TensorRef> = inputs
+                    .iter()
+                    .zip(ins.iter())
+                    .map(|(t, b)| TensorRef::new(t, b.bytes()))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| e.0)?;
+                let mut out_views: Vec<TensorMut> = outputs
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .map(|(t, b)| TensorMut::new(t, b.bytes_mut()))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| e.0)?;
+                backend
+                    .run(
+                        &node,
+                        &views,
+                        &mut out_views,
+                        &ctx,
+                        &mut Workspace::new(ws.bytes_mut()),
+                    )
+                    .map_err(|e| e.0)?;
+            }
+            Ok(())
+        }))
+    })
+    .map_err(|e| fail(&format!("kernel {}", case.family), e))?;
+    Ok((best(&times) / calls as f64, bytes as f64))
+}
+
+/// Per-call seconds of the AdamW update over `n` elements on every rank at
+/// once, and the bytes the cost model counts for it (params x (3 + 2 x 2)).
+fn optimizer_time(ranks: usize, n: usize, sets: usize) -> Result<(f64, f64), CliError> {
+    let times = lockstep(ranks, 8, |_| {
+        let mut bufs: Vec<[Vec<f32>; 4]> = (0..sets)
+            .map(|_| {
+                [
+                    vec![0.5f32; n],
+                    vec![0.01f32; n],
+                    vec![0f32; n],
+                    vec![0f32; n],
+                ]
+            })
+            .collect();
+        let backend = CpuBackend::new(CpuConfig::default());
+        let opt = Optimizer::adamw(1e-3);
+        let mut set = 0;
+        Ok(Box::new(move || {
+            for _ in 0..sets {
+                let [p, g, m, v] = &mut bufs[set];
+                set = (set + 1) % sets;
+                backend
+                    .optimizer_step(OptimizerArgs {
+                        optimizer: &opt,
+                        step: 0,
+                        params: p,
+                        grads: g,
+                        state: vec![m, v],
+                    })
+                    .map_err(|e| e.0)?;
+            }
+            Ok(())
+        }))
+    })
+    .map_err(|e| fail("optimizer step", e))?;
+    Ok((best(&times) / sets as f64, (4 * n * 7) as f64))
+}
+
+/// Bytes moved per second by a 64 MiB copy (read plus write) on every rank
+/// at once.
+fn copy_rate(ranks: usize) -> Result<f64, CliError> {
     let n = 16 << 20;
-    let src = vec![1f32; n];
-    let mut dst = vec![0f32; n];
-    let t = best(5, || dst.copy_from_slice(&src));
-    std::hint::black_box(&dst);
-    (2 * 4 * n) as f64 / t.max(1e-12)
+    let times = lockstep(ranks, 5, |_| {
+        let src = vec![1f32; n];
+        let mut dst = vec![0f32; n];
+        Ok(Box::new(move || {
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&dst);
+            Ok(())
+        }))
+    })
+    .map_err(|e| fail("memory copy", e))?;
+    Ok((2 * 4 * n) as f64 / best(&times).max(1e-12))
 }
 
-/// Seconds of one all-gather of `bytes` (the whole, gathered size) between
-/// two rank threads, best of several.
-fn all_gather_time(bytes: usize) -> Result<f64, CliError> {
-    let world = ShmWorld::new(2, CommConfig::default());
-    let reps = ((64 << 20) / bytes.max(1)).clamp(5, 2000);
-    let run = |rank: usize| -> Result<f64, String> {
-        let c = world
-            .communicator(&[0, 1], "calibrate", rank)
-            .map_err(|e| e.to_string())?;
-        let send = vec![0u8; bytes / 2];
-        let mut recv = vec![0u8; bytes];
-        let mut best_t = f64::INFINITY;
-        for _ in 0..reps {
-            c.barrier().map_err(|e| e.to_string())?;
-            let t = Instant::now();
-            c.all_gather(
+/// One collective of `op` on a buffer of `bytes` (full size), the body of
+/// rank `rank` of a group of `n` on `world`.
+fn collective_body(
+    world: &std::sync::Arc<ShmWorld>,
+    op: CollectiveKind,
+    n: usize,
+    rank: usize,
+    bytes: usize,
+) -> Result<Body, String> {
+    let ranks: Vec<usize> = (0..n).collect();
+    let c = world
+        .communicator(&ranks, "calibrate", rank)
+        .map_err(|e| e.to_string())?;
+    let elems = (bytes / 4 / n).max(1);
+    let send = vec![
+        0u8;
+        4 * elems
+            * if op == CollectiveKind::AllGather {
+                1
+            } else {
+                n
+            }
+    ];
+    let mut recv = vec![
+        0u8;
+        4 * elems
+            * if op == CollectiveKind::ReduceScatter {
+                1
+            } else {
+                n
+            }
+    ];
+    Ok(Box::new(move || {
+        let dtype = DType::F32;
+        match op {
+            CollectiveKind::AllGather => c.all_gather(
                 Buf {
-                    dtype: DType::F32,
+                    dtype,
                     bytes: &send,
                 },
                 BufMut {
-                    dtype: DType::F32,
+                    dtype,
                     bytes: &mut recv,
                 },
-            )
-            .map_err(|e| e.to_string())?;
-            best_t = best_t.min(t.elapsed().as_secs_f64());
+            ),
+            CollectiveKind::ReduceScatter => c.reduce_scatter(
+                Buf {
+                    dtype,
+                    bytes: &send,
+                },
+                BufMut {
+                    dtype,
+                    bytes: &mut recv,
+                },
+                1,
+            ),
+            CollectiveKind::AllReduce => c.all_reduce(
+                BufMut {
+                    dtype,
+                    bytes: &mut recv,
+                },
+                1,
+            ),
         }
-        Ok(best_t)
-    };
-    let (a, b) = std::thread::scope(|s| {
-        let h = s.spawn(|| run(1));
-        let a = run(0);
-        (a, h.join())
-    });
-    let b = b.map_err(|_| CliError::Usage("calibrate: a rank thread panicked".into()))?;
-    match (a, b) {
-        (Ok(a), Ok(b)) => Ok(a.max(b)),
-        (Err(e), _) | (_, Err(e)) => Err(CliError::Usage(format!("calibrate: all-gather: {e}"))),
-    }
+        .map_err(|e| e.to_string())
+    }))
 }
 
-pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
-    let rpn = a.ranks_per_node.max(1);
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
-    let share = (f64::from(rpn) / cores).max(1.0);
-    let mut table = String::new();
-    let _ = writeln!(table, "matrix products (one thread):");
+/// Best seconds of one collective over `n` rank threads.
+fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, CliError> {
+    let world = ShmWorld::new(n, CommConfig::default());
+    let reps = ((32 << 20) / bytes.max(1)).clamp(5, 300);
+    let times = lockstep(n, reps, |rank| collective_body(&world, op, n, rank, bytes))
+        .map_err(|e| fail(op.name(), e))?;
+    Ok(best(&times))
+}
+
+/// Least-squares fit of `t = a + x / bw` (a >= 0) to `(x, t)` points.
+fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let (sx, st) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, t)| (a + x, b + t));
+    let (mx, mt) = (sx / n, st / n);
+    let (mut sxx, mut sxt) = (0.0, 0.0);
+    for (x, t) in points {
+        sxx += (x - mx) * (x - mx);
+        sxt += (x - mx) * (t - mt);
+    }
+    let slope = if sxx > 0.0 { sxt / sxx } else { 0.0 };
+    if slope <= 0.0 {
+        // Flat or noisy: all latency, bandwidth from the largest point.
+        let (x, t) = points.last().copied().unwrap_or((1.0, 1.0));
+        return (0.0, x / t.max(1e-12));
+    }
+    let a = mt - slope * mx;
+    if a < 0.0 {
+        // Through the origin.
+        let sxx0: f64 = points.iter().map(|(x, _)| x * x).sum();
+        let sxt0: f64 = points.iter().map(|(x, t)| x * t).sum();
+        return (0.0, sxx0 / sxt0.max(1e-300));
+    }
+    (a, 1.0 / slope)
+}
+
+/// Median per-operation seconds of `ranks` ranks each doing matrix products
+/// on one thread and all-gathers of `bytes` on another: alone, then both at
+/// once. Returns (comm alone, comm beside compute, compute alone, compute
+/// beside comm).
+fn contention(ranks: usize, bytes: usize, collectives: usize) -> Result<[f64; 4], CliError> {
+    let (m, k, n) = (256, 256, 256);
+    let world = ShmWorld::new(ranks, CommConfig::default());
+    let gemm_body = || -> Body {
+        let a = vec![0.5f32; m * k];
+        let b = vec![0.25f32; k * n];
+        let mut out = vec![0f32; m * n];
+        Box::new(move || {
+            let ma = Mat {
+                data: &a,
+                rows: m,
+                cols: k,
+                trans: false,
+            };
+            let mb = Mat {
+                data: &b,
+                rows: k,
+                cols: n,
+                trans: false,
+            };
+            gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false).map_err(|e| e.0)
+        })
+    };
+    let comm_alone = lockstep(ranks, collectives, |rank| {
+        collective_body(&world, CollectiveKind::AllGather, ranks, rank, bytes)
+    })
+    .map_err(|e| fail("contention", e))?;
+    let compute_alone =
+        lockstep(ranks, collectives, |_| Ok(gemm_body())).map_err(|e| fail("contention", e))?;
+    // Both: per rank a compute thread loops products until its
+    // communication thread has done `collectives` all-gathers.
+    let both_world = ShmWorld::new(ranks, CommConfig::default());
+    let results: Vec<Result<OpTimes, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let both_world = &both_world;
+                s.spawn(move || {
+                    let stop = AtomicBool::new(false);
+                    std::thread::scope(|inner| {
+                        let stop = &stop;
+                        let compute = inner.spawn(move || {
+                            let mut body = gemm_body();
+                            let mut times = Vec::new();
+                            while !stop.load(Ordering::Relaxed) {
+                                let t = Instant::now();
+                                body()?;
+                                if !stop.load(Ordering::Relaxed) {
+                                    times.push(t.elapsed().as_secs_f64());
+                                }
+                            }
+                            Ok::<_, String>(times)
+                        });
+                        let comm = (|| {
+                            let mut body = collective_body(
+                                both_world,
+                                CollectiveKind::AllGather,
+                                ranks,
+                                rank,
+                                bytes,
+                            )?;
+                            let mut times = Vec::with_capacity(collectives);
+                            for _ in 0..collectives {
+                                let t = Instant::now();
+                                body()?;
+                                times.push(t.elapsed().as_secs_f64());
+                            }
+                            Ok::<_, String>(times)
+                        })();
+                        stop.store(true, Ordering::Relaxed);
+                        let compute = compute
+                            .join()
+                            .unwrap_or_else(|_| Err("a compute thread panicked".into()));
+                        Ok((comm?, compute?))
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
+            })
+            .collect()
+    });
+    let (mut comm_both, mut compute_both) = (Vec::new(), Vec::new());
+    for r in results {
+        let (c, k) = r.map_err(|e| fail("contention", e))?;
+        comm_both.extend(c);
+        compute_both.extend(k);
+    }
+    if compute_both.is_empty() {
+        return Err(fail(
+            "contention",
+            "no matrix product finished beside the all-gathers",
+        ));
+    }
+    Ok([
+        median(&comm_alone),
+        median(&comm_both),
+        median(&compute_alone),
+        median(&compute_both),
+    ])
+}
+
+/// Bytes of the largest cache of CPU 0 (Linux sysfs), if known.
+fn last_level_cache() -> Option<u64> {
+    (0..8)
+        .filter_map(|i| {
+            let text = std::fs::read_to_string(format!(
+                "/sys/devices/system/cpu/cpu0/cache/index{i}/size"
+            ))
+            .ok()?;
+            let t = text.trim();
+            let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+            let n: u64 = num.parse().ok()?;
+            Some(match unit {
+                "K" => n << 10,
+                "M" => n << 20,
+                "G" => n << 30,
+                _ => n,
+            })
+        })
+        .max()
+}
+
+/// Measures this machine for `ranks_per_node` ranks per node and returns
+/// the cluster file, and the table of what was measured. `progress`: draw
+/// a progress bar on stderr.
+pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, String), CliError> {
+    let rpn = ranks_per_node.max(1);
+    let ranks = rpn as usize;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let shapes = [
         (16, 32, 32),
         (64, 64, 64),
@@ -152,15 +639,43 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
         (1024, 512, 512),
         (1024, 1024, 1024),
     ];
+    let group_sizes: Vec<usize> = (2..=ranks.max(2)).collect();
+    let coll_sizes = [4usize << 10, 256 << 10, 4 << 20];
+    let f32_cases = kernel_cases(1024, 256, DType::F32);
+    let bf16_cases = kernel_cases(1024, 256, DType::Bf16);
+    let total = shapes.len()
+        + 1
+        + f32_cases.len()
+        + bf16_cases.len()
+        + 2
+        + group_sizes.len() * CollectiveKind::ALL.len() * coll_sizes.len()
+        + 1;
+    let bar = if progress {
+        let bar = ProgressBar::new(total as u64);
+        if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]") {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "fsdpc calibrate: {ranks} rank thread(s) at once on {cores} core(s); per rank"
+    );
+    let _ = writeln!(table, "matrix products (gemm_f32, one thread per rank):");
     let mut points = Vec::new();
     for (m, k, n) in shapes {
-        let (flops, rate) = matmul_rate(m, k, n)?;
+        bar.set_message(format!("matrix product {m}x{k}x{n}"));
+        let (flops, rate) = matmul_rate(ranks, m, k, n)?;
         let _ = writeln!(
             table,
             "  {m:>5} x {k:>5} x {n:>5}: {:>8.2} GFLOP/s",
             rate / 1e9
         );
         points.push((flops, rate));
+        bar.inc(1);
     }
     let peak = points.iter().map(|p| p.1).fold(0.0, f64::max);
     let mut curve: Vec<(f64, f64)> = Vec::new();
@@ -170,20 +685,114 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
             curve.push((flops, (rate / peak).clamp(1e-6, 1.0)));
         }
     }
-    let mem = copy_rate();
-    let _ = writeln!(table, "memory: {:.2} GB/s (copy, read + write)", mem / 1e9);
-    let small = all_gather_time(64)?;
-    let large_bytes = 16usize << 20;
-    let large = all_gather_time(large_bytes)?;
-    // A ring over 2 ranks: one step of latency, half the bytes moved.
-    let latency = small;
-    let bw = (large_bytes as f64 / 2.0) / (large - latency).max(1e-9);
+
+    // Per-kernel overhead: tiny kernels, many calls.
+    bar.set_message("kernel overhead");
+    let mut tiny = Vec::new();
+    for case in kernel_cases(1, 8, DType::F32) {
+        tiny.push(kernel_time(ranks, &case, 1, 200, 10)?.0);
+    }
+    let overhead = median(&tiny);
     let _ = writeln!(
         table,
-        "all-gather, 2 rank threads: {:.1} us for 64 B, {:.2} GB/s for 16 MiB",
-        latency * 1e6,
+        "kernel overhead (Backend::run on 1 x 8 tensors, median over {} kernels): {:.2} us",
+        tiny.len(),
+        overhead * 1e6
+    );
+    bar.inc(1);
+
+    let _ = writeln!(
+        table,
+        "memory-bound kernels on 1024 x 256 tensors (4 buffer sets), bytes read + written:"
+    );
+    let mut kernel_bw = std::collections::BTreeMap::new();
+    for case in f32_cases.iter().chain(&bf16_cases) {
+        bar.set_message(format!("kernel {}", case.family));
+        let (t, bytes) = kernel_time(ranks, case, 4, 4, 8)?;
+        let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
+        let _ = writeln!(
+            table,
+            "  {:<22} {:>8.1} us {:>8.2} GB/s",
+            case.family,
+            t * 1e6,
+            bw / 1e9
+        );
+        kernel_bw.insert(case.family.clone(), bw);
+        bar.inc(1);
+    }
+    bar.set_message("optimizer step");
+    let (t, bytes) = optimizer_time(ranks, 1 << 17, 4)?;
+    let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
+    let _ = writeln!(
+        table,
+        "  {:<22} {:>8.1} us {:>8.2} GB/s",
+        "optimizer (AdamW 128K)",
+        t * 1e6,
         bw / 1e9
     );
+    kernel_bw.insert("optimizer".to_string(), bw);
+    bar.inc(1);
+    bar.set_message("memory copy");
+    let mem = copy_rate(ranks)?;
+    let _ = writeln!(
+        table,
+        "memory: {:.2} GB/s (64 MiB copy, read + write)",
+        mem / 1e9
+    );
+    bar.inc(1);
+
+    let _ = writeln!(
+        table,
+        "collectives (shared memory, f32), fit latency + ring wire bytes / bw:"
+    );
+    let mut fits = Vec::new();
+    for &n in &group_sizes {
+        for op in CollectiveKind::ALL {
+            let mut pts = Vec::new();
+            for &bytes in &coll_sizes {
+                bar.set_message(format!("{} over {n} ranks, {bytes} B", op.name()));
+                let t = collective_time(op, n, bytes)?;
+                pts.push((ring_wire_bytes(op, n as u32, bytes as f64), t));
+                bar.inc(1);
+            }
+            let (latency_s, bw) = fit_alpha_beta(&pts);
+            let _ = writeln!(
+                table,
+                "  {:<15} {n} ranks: {:>7.1} us + wire / {:>6.2} GB/s   (measured: {})",
+                op.name(),
+                latency_s * 1e6,
+                bw / 1e9,
+                pts.iter()
+                    .zip(&coll_sizes)
+                    .map(|((_, t), b)| format!("{} KiB {:.1} us", b >> 10, t * 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            fits.push(CollectiveFit {
+                op,
+                ranks: n as u32,
+                latency_s,
+                bw,
+            });
+        }
+    }
+
+    bar.set_message("contention");
+    let cont_ranks = ranks.max(2);
+    let [ca, cb, ka, kb] = contention(cont_ranks, 1 << 20, 100)?;
+    let comm_slowdown = (cb / ca.max(1e-12)).max(1.0);
+    let compute_slowdown = (kb / ka.max(1e-12)).max(1.0);
+    let _ = writeln!(
+        table,
+        "contention ({cont_ranks} ranks, 1 MiB all-gathers beside 256^3 products): all-gather {:.1} -> {:.1} us (x{comm_slowdown:.2}), product {:.1} -> {:.1} us (x{compute_slowdown:.2})",
+        ca * 1e6,
+        cb * 1e6,
+        ka * 1e6,
+        kb * 1e6
+    );
+    bar.inc(1);
+    bar.finish_and_clear();
+
     let mut file = ClusterFile::preset("cpu-local", rpn)?;
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
@@ -192,21 +801,43 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
     file.description =
         format!("measured by fsdpc calibrate on {host}: {cores} cores, {rpn} ranks per node");
     let h = &mut file.hardware;
-    h.peak_flops_f32 = peak / share;
-    h.peak_flops_bf16 = peak / share;
+    // Ranks measured at once: the rates are already per rank.
+    h.peak_flops_f32 = peak;
+    h.peak_flops_bf16 = peak;
     h.matmul_efficiency = curve;
-    h.mem_bw = mem / share;
-    h.intra_bw = bw;
-    h.inter_bw = bw;
-    h.intra_latency_s = latency;
-    h.inter_latency_s = latency;
-    h.host_bw = mem / share;
-    h.host_mem_bw = mem / share;
+    h.mem_bw = mem;
+    h.host_bw = mem;
+    h.host_mem_bw = mem;
+    h.kernel_overhead_s = overhead;
+    if let Some(llc) = last_level_cache() {
+        h.cache_bytes = llc as f64 / rpn as f64;
+        let _ = writeln!(
+            table,
+            "last-level cache: {} KiB, {} KiB per rank",
+            llc >> 10,
+            (llc / u64::from(rpn)) >> 10
+        );
+    }
+    h.kernel_bw = kernel_bw;
+    if let Some(ag2) = fits
+        .iter()
+        .find(|f| f.op == CollectiveKind::AllGather && f.ranks == 2)
+    {
+        h.intra_bw = ag2.bw;
+        h.inter_bw = ag2.bw;
+        h.intra_latency_s = ag2.latency_s;
+        h.inter_latency_s = ag2.latency_s;
+    }
+    h.collective_fits = fits;
+    h.comm_compute_contention = Some(Contention {
+        comm_slowdown,
+        compute_slowdown,
+    });
     let src = |what: &str| format!("fsdpc calibrate on {host}: {what}");
     for (k, v) in [
         (
             "peak_flops_f32",
-            src("best gemm_f32 rate of one thread, shared by the ranks"),
+            src("best gemm_f32 rate per rank, all ranks running"),
         ),
         (
             "peak_flops_bf16",
@@ -218,16 +849,36 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
         ),
         (
             "mem_bw",
-            src("64 MiB copy, read + write, shared by the ranks"),
+            src("64 MiB copy per rank, read + write, all ranks running"),
+        ),
+        (
+            "kernel_overhead_s",
+            src("median per-call time of Backend::run on 1 x 8 tensors"),
+        ),
+        (
+            "kernel_bw",
+            src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead"),
+        ),
+        (
+            "collective_fits",
+            src("shared-memory all-gather, reduce-scatter, all-reduce over 2..=R rank threads at 4 KiB, 256 KiB and 4 MiB, least-squares latency + wire / bw"),
+        ),
+        (
+            "comm_compute_contention",
+            src("median 1 MiB all-gather and 256^3 gemm_f32 per rank, beside each other over alone"),
+        ),
+        (
+            "cache_bytes",
+            src("the largest cache of cpu0 in /sys/devices/system/cpu, shared by the ranks"),
         ),
         (
             "intra_bw",
-            src("16 MiB all-gather between two rank threads"),
+            src("the 2-rank all-gather fit's bandwidth"),
         ),
         ("inter_bw", src("as intra_bw: one node")),
         (
             "intra_latency_s",
-            src("64 B all-gather between two rank threads"),
+            src("the 2-rank all-gather fit's latency"),
         ),
         ("inter_latency_s", src("as intra_latency_s: one node")),
         ("host_bw", src("as mem_bw: host and device are one memory")),
@@ -235,6 +886,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
     ] {
         file.sources.insert(k.to_string(), v);
     }
+    Ok((file, table))
+}
+
+pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
+    let (file, table) = measure(a.ranks_per_node, true)?;
     eprint!("{table}");
     let text = serde_json::to_string_pretty(&file)
         .map_err(|e| CliError::Usage(format!("cannot write the cluster file: {e}")))?;
