@@ -88,6 +88,28 @@ fn labels_are_ids_shifted_by_one() {
 }
 
 #[test]
+fn shorter_labels_are_the_next_tokens_of_the_first_positions() {
+    // The zoo's T5 with 3 decoder positions for 8 encoder tokens.
+    let spec = "t5:layers=1,hidden=16,ff=32,heads=2,vocab=64,seq=8,dec_seq=3,batch=4";
+    let (ids, labels) = (
+        fill(spec, &DataSpec::Synthetic, "ids", 4, 1),
+        fill(spec, &DataSpec::Synthetic, "labels", 4, 1),
+    );
+    assert_eq!((ids.len(), labels.len()), (32, 12));
+    for s in 0..4 {
+        assert_eq!(ids[s * 8 + 1..s * 8 + 4], labels[s * 3..s * 3 + 3]);
+    }
+    // Longer labels than ids have no window to come from.
+    let long = "t5:layers=1,hidden=16,ff=32,heads=2,vocab=64,seq=4,dec_seq=6,batch=1";
+    let p = plan(long, 1, Strategy::FullShard, Optimizer::adamw(1e-3));
+    let err = open(&DataSpec::Synthetic, &p.training.graph, 5)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("shorter"), "{err}");
+}
+
+#[test]
 fn mlp_teacher_task_is_learnable() {
     let p = plan(
         "mlp:layers=2,in=16,hidden=32,classes=4,batch=32",

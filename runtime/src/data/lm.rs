@@ -6,7 +6,10 @@
 //! `input_ids` (nanoGPT's pre-shifted targets and BERT's masked-LM labels
 //! both reach the loss unshifted, and the graph cannot tell them apart) are
 //! not guessed: file data is refused for them, and synthetic data keeps
-//! them generic.
+//! them generic. Under the zoo's convention `labels` may be shorter than
+//! the ids (`[batch, n]`, `n < seq`: an encoder-decoder's targets, the
+//! zoo's T5 with `dec_seq < seq`): they are the next tokens of the first
+//! `n` positions.
 //!
 //! - Synthetic: each sample is a chain whose first token is drawn from
 //!   (seed, step, sample) and whose every next token is a fixed random
@@ -52,6 +55,8 @@ pub struct Lm {
     /// (the next tokens) or 0 (the graph shifts them itself).
     label_shift: usize,
     seq: usize,
+    /// Positions of `labels` (`seq`, or fewer under the zoo's convention).
+    label_len: usize,
     vocab: i64,
     tokens: Tokens,
     seed: u64,
@@ -109,10 +114,14 @@ impl Lm {
             check_corpus(c, vocab, seq, spec)
                 .map_err(|reason| RuntimeError::data(&ids.name, reason))?;
         }
+        let label_len = inputs
+            .get("labels")
+            .map_or(seq, |l| l.ty.shape.dims().get(1).copied().unwrap_or(seq));
         Ok(Some(Lm {
             ids: ids.name.clone(),
             label_shift,
             seq,
+            label_len,
             vocab,
             tokens,
             seed,
@@ -167,18 +176,18 @@ impl Lm {
         batch: Batch,
         mut out: TensorMut<'a>,
     ) -> Result<Option<TensorMut<'a>>, RuntimeError> {
-        let shift = if name == self.ids {
-            0
+        let (shift, len) = if name == self.ids {
+            (0, self.seq)
         } else if name == "labels" {
-            self.label_shift
+            (self.label_shift, self.label_len)
         } else {
             return Ok(Some(out));
         };
         let b = out.dims()[0];
         for s in 0..b {
             self.window(batch.step, batch.first_sample + s as u64, |i, t| {
-                if (shift..shift + self.seq).contains(&i) {
-                    out.set_i64(s * self.seq + i - shift, t);
+                if (shift..shift + len).contains(&i) {
+                    out.set_i64(s * len + i - shift, t);
                 }
             })?;
         }
@@ -187,19 +196,27 @@ impl Lm {
 }
 
 /// How far `labels` lies ahead of `ids` in a window: the same tokens when
-/// the graph shifts them, the next ones under the zoo's convention (`ids`).
-/// Otherwise `None` for synthetic data (the labels stay generic) and an
-/// error for file data, which would otherwise feed them a guess.
+/// the graph shifts them, the next ones under the zoo's convention (`ids`;
+/// then `labels` may also be shorter than the ids, the next tokens of the
+/// first positions). Otherwise `None` for synthetic data (the labels stay
+/// generic) and an error for file data, which would otherwise feed them a
+/// guess.
 fn label_shift(
     ids: &InputDesc,
     labels: &InputDesc,
     spec: &DataSpec,
 ) -> Result<Option<usize>, RuntimeError> {
+    let (l, d) = (labels.ty.shape.dims(), ids.ty.shape.dims());
+    let shorter = l.len() == 2 && l[0] == d[0] && l[1] < d[1] && ids.name == "ids";
+    if shorter && labels.ty.dtype.is_int() && !labels.shifted_in_graph {
+        return Ok(Some(1));
+    }
     if labels.ty.shape != ids.ty.shape || !labels.ty.dtype.is_int() {
         return Err(RuntimeError::data(
             "labels",
             format!(
-                "expected integer labels shaped like `{}` {}, got {}",
+                "expected integer labels shaped like `{}` {} (or, beside `ids`, shorter: \
+                 [batch, n] with n < seq), got {}",
                 ids.name, ids.ty, labels.ty
             ),
         ));
