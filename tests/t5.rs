@@ -65,3 +65,18 @@ fn tiny_t5_learns_and_full_shard_equals_one_rank() {
         assert!(abs <= PARAM_ATOL, "{act}: parameters differ by {abs:e}");
     }
 }
+
+#[test]
+fn a_decoder_shorter_than_the_encoder_learns() {
+    // Labels are the next tokens of the first 4 of the 8 encoder positions.
+    let spec = "t5:layers=1,hidden=32,ff=64,heads=2,vocab=64,seq=8,dec_seq=4,batch=4";
+    let r = train(
+        &plan(spec, 2, Strategy::FullShard, WrapPolicy::Blocks),
+        30,
+        ExecMode::Arena,
+    );
+    let l = &r.losses;
+    let early = l[..3].iter().sum::<f32>() / 3.0;
+    let late = l[l.len() - 3..].iter().sum::<f32>() / 3.0;
+    assert!(late < 0.7 * early, "loss {early} -> {late}");
+}

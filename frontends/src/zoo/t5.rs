@@ -32,7 +32,9 @@
 //!   start token 0 (`_shift_right`), built in the graph, and the loss is
 //!   the mean cross-entropy over every decoder position (ignore index
 //!   -100). Label values must be tokens (the shift feeds them to the
-//!   embedding).
+//!   embedding). The runtime's data feeds the labels as the next tokens of
+//!   the first `dec_seq` positions of the ids' window, so training data
+//!   needs `dec_seq <= seq`; planning and simulation do not.
 //! - Initialisation as Hugging Face's `_init_weights` with factor 1:
 //!   embedding and untied head Normal(0, 1); q Normal(0, (hidden *
 //!   kv)^-0.5), k and v Normal(0, hidden^-0.5), o Normal(0, (heads *
