@@ -54,6 +54,12 @@ pub struct Hardware {
     /// files).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kernel_bw: BTreeMap<String, f64>,
+    /// FLOP/s compute-bound kernels other than matrix products achieve,
+    /// by family (`attention`, `attention_grad`, `:bf16` as in
+    /// `kernel_bw`); a family not listed runs at the matrix-product
+    /// roofline (empty in presets and older files).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_flops: BTreeMap<String, f64>,
     /// Bytes of last-level cache per rank: a memory-bound kernel moving
     /// more than this runs at no more than `mem_bw` (its family's
     /// `kernel_bw` is measured on tensors that fit; 0 in presets and
@@ -192,6 +198,17 @@ impl Hardware {
             .or_else(|| self.kernel_bw.get(base))
             .copied()
             .unwrap_or(self.mem_bw)
+    }
+
+    /// Measured FLOP/s of a compute-bound kernel of `family` (see
+    /// `kernel_flops`; the family without its `:bf16` suffix if that is
+    /// not listed), if any.
+    pub fn kernel_rate(&self, family: &str) -> Option<f64> {
+        let base = family.split(':').next().unwrap_or(family);
+        self.kernel_flops
+            .get(family)
+            .or_else(|| self.kernel_flops.get(base))
+            .copied()
     }
 
     /// Bandwidth of a memory-bound kernel of `family` moving `bytes`: its
@@ -540,6 +557,13 @@ impl ClusterFile {
                 ));
             }
         }
+        for (family, x) in &h.kernel_flops {
+            if !(x.is_finite() && *x > 0.0) {
+                return bad(format!(
+                    "hardware.kernel_flops.{family} must be a positive number, it is {x}"
+                ));
+            }
+        }
         for f in &h.collective_fits {
             if f.ranks < 2 || !(f.bw.is_finite() && f.bw > 0.0) {
                 return bad(format!(
@@ -624,6 +648,7 @@ mod calibrated_fields {
         h.kernel_overhead_s = 2e-6;
         h.kernel_bw.insert("softmax".into(), 3e9);
         h.kernel_bw.insert("softmax:bf16".into(), 1e9);
+        h.kernel_flops.insert("attention".into(), 5e10);
         h.collective_fits.push(CollectiveFit {
             op: CollectiveKind::ReduceScatter,
             ranks: 2,
@@ -664,6 +689,8 @@ mod calibrated_fields {
             Some(4e9)
         );
         assert!(h.collective_fit(CollectiveKind::AllGather, 2).is_none());
+        assert_eq!(h.kernel_rate("attention:bf16"), Some(5e10));
+        assert_eq!(h.kernel_rate("attention_grad"), None);
     }
 
     #[test]
@@ -673,6 +700,7 @@ mod calibrated_fields {
         for k in [
             "kernel_overhead_s",
             "kernel_bw",
+            "kernel_flops",
             "cache_bytes",
             "collective_fits",
             "comm_compute_contention",

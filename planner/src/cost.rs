@@ -1,7 +1,8 @@
 //! The cost model. A kernel costs the cluster's fixed per-kernel overhead
-//! plus its roofline: matrix products and attention the slower of compute
-//! (peak FLOP/s times the achievable efficiency for the kernel's size) and
-//! memory traffic; every other kernel (element-wise, normalisation,
+//! plus its roofline: matrix products the slower of compute (peak FLOP/s
+//! times the achievable efficiency for the kernel's size) and memory
+//! traffic; attention the same, or at its measured FLOP rate
+//! (`Hardware::kernel_flops`) where the cluster has one; every other kernel (element-wise, normalisation,
 //! softmax, data movement, the optimizer update) the slower of compute at
 //! peak and its bytes at the bandwidth its family achieves, capped at the
 //! memory bandwidth once the bytes exceed the cache
@@ -62,14 +63,16 @@ pub fn kernel_time(flops: f64, bytes: f64, cluster: &Cluster, dtype: fsdpc_ir::D
     compute.max(memory)
 }
 
-/// The family a kernel's bandwidth is calibrated under
-/// (`Hardware::kernel_bw`), `None` for matrix products and attention
-/// (compute-bound: `kernel_time`). Half-precision operands add `:bf16`
-/// (the CPU kernels widen them to f32 copies first).
+/// The family a kernel is calibrated under (`Hardware::kernel_bw`,
+/// `Hardware::kernel_flops`), `None` for matrix products (the efficiency
+/// curve: `kernel_time`). Half-precision operands add `:bf16` (the CPU
+/// kernels widen them to f32 copies first).
 pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
     use fsdpc_ir::Op;
     let base = match op {
-        Op::MatMul { .. } | Op::Attention { .. } | Op::AttentionGrad { .. } => return None,
+        Op::MatMul { .. } => return None,
+        Op::Attention { .. } => "attention",
+        Op::AttentionGrad { .. } => "attention_grad",
         Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } | Op::Where => "binary",
         Op::Unary { .. } | Op::Not | Op::Cast { .. } | Op::Dropout { .. } => "unary",
         Op::UnaryGrad { .. } => "unary_grad",
@@ -77,8 +80,15 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
         Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. } => "layer_norm_grad",
         Op::Softmax { .. } | Op::LogSoftmax { .. } => "softmax",
         Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } => "softmax_grad",
-        Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. } => "cross_entropy",
-        _ => "data_movement",
+        Op::CrossEntropy { .. } => "cross_entropy",
+        Op::CrossEntropyGrad { .. } => "cross_entropy_grad",
+        Op::Transpose { .. } => "transpose",
+        Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => "slice",
+        Op::SliceGrad { .. } => "slice_grad",
+        Op::SumTo { .. } | Op::Reduce { .. } | Op::ReduceMaxGrad { .. } => "sum_to",
+        Op::Gather { .. } => "gather",
+        Op::GatherGrad { .. } => "gather_grad",
+        _ => "reshape",
     };
     Some(if half {
         format!("{base}:bf16")
@@ -106,6 +116,16 @@ pub fn node_kernel_time(
         .any(|t| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
     let body = match kernel_family(&n.op, half) {
         None => kernel_time(flops, bytes, cluster, dtype),
+        // Compute-bound kernels of their own (attention): at their
+        // measured FLOP rate when the cluster has one.
+        Some(family) if family.starts_with("attention") => match hw.kernel_rate(&family) {
+            Some(rate) => (flops / rate).max(if hw.mem_bw > 0.0 {
+                bytes / hw.mem_bw
+            } else {
+                0.0
+            }),
+            None => kernel_time(flops, bytes, cluster, dtype),
+        },
         Some(family) => {
             let peak = hw.peak_flops(dtype);
             let compute = if peak > 0.0 { flops / peak } else { 0.0 };

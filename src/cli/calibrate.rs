@@ -11,13 +11,16 @@
 //!   (`Backend::run`) on tiny inputs;
 //! - memory-bound kernels (element-wise, GELU and its gradient, layer norm
 //!   and its gradient, softmax and its gradient, cross-entropy and its
-//!   gradient, a transpose, the AdamW update) through the same dispatch on
+//!   gradient, reshape, transpose, slice and its gradient, sum-to, gather
+//!   and its gradient, the AdamW update) through the same dispatch on
 //!   kernel-sized tensors, in f32 and bf16, rotating over several buffer
 //!   sets so the inputs are not hot in the core's caches: bytes read plus
 //!   written per second, less the overhead, by kernel family (the cost
 //!   model's `cost::kernel_family`), on working sets that fit the rank's
 //!   share of the last-level cache (`cache_bytes`, from sysfs); a 64 MiB
 //!   copy gives `mem_bw`, what kernels beyond the cache run at;
+//! - attention and its gradient through the same dispatch: FLOP/s
+//!   (`kernel_flops`);
 //! - the shared-memory communicator: all-gather, reduce-scatter and
 //!   all-reduce over groups of 2..=R rank threads (at least 2) at three
 //!   sizes, fitted by least squares to `latency + ring wire bytes / bw`
@@ -215,6 +218,8 @@ fn kernel_cases(rows: usize, cols: usize, dtype: DType) -> Vec<KernelCase> {
         inputs,
     };
     let gelu = fsdpc_ir::UnaryFn::GeluTanh;
+    let labels = TensorType::new(DType::I64, vec![rows]);
+    let half = (cols / 2).max(1);
     vec![
         case(
             "binary",
@@ -251,25 +256,107 @@ fn kernel_cases(rows: usize, cols: usize, dtype: DType) -> Vec<KernelCase> {
         case(
             "cross_entropy",
             Op::CrossEntropy { ignore_index: None },
-            vec![x.clone(), TensorType::new(DType::I64, vec![rows])],
+            vec![x.clone(), labels.clone()],
         ),
-        case("data_movement", Op::Transpose { perm: vec![1, 0] }, vec![x]),
+        case(
+            "cross_entropy_grad",
+            Op::CrossEntropyGrad { ignore_index: None },
+            vec![
+                x.clone(),
+                labels.clone(),
+                TensorType::new(DType::F32, Vec::<usize>::new()),
+            ],
+        ),
+        case(
+            "transpose",
+            Op::Transpose { perm: vec![1, 0] },
+            vec![x.clone()],
+        ),
+        case(
+            "reshape",
+            Op::Reshape {
+                shape: vec![cols, rows],
+            },
+            vec![x.clone()],
+        ),
+        case(
+            "slice",
+            Op::Slice {
+                axis: 1,
+                start: 0,
+                end: half,
+                step: 1,
+            },
+            vec![x.clone()],
+        ),
+        case(
+            "slice_grad",
+            Op::SliceGrad {
+                axis: 1,
+                start: 0,
+                end: half,
+                step: 1,
+                input_shape: vec![rows, cols],
+            },
+            vec![t(vec![rows, half])],
+        ),
+        case("sum_to", Op::SumTo { shape: vec![cols] }, vec![x.clone()]),
+        case(
+            "gather",
+            Op::Gather { axis: 0 },
+            vec![x.clone(), labels.clone()],
+        ),
+        case(
+            "gather_grad",
+            Op::GatherGrad {
+                axis: 0,
+                data_shape: vec![rows, cols],
+            },
+            vec![labels, x],
+        ),
+    ]
+}
+
+/// Attention forward and backward over `[batch, heads, seq, head_dim]`
+/// (causal, as in the GPT blocks), in `dtype`.
+fn attention_cases(shape: [usize; 4], dtype: DType) -> Vec<KernelCase> {
+    let q = TensorType::new(dtype, shape.to_vec());
+    let suffix = if dtype == DType::F32 { "" } else { ":bf16" };
+    let scale = 1.0 / (shape[3] as f64).sqrt();
+    vec![
+        KernelCase {
+            family: format!("attention{suffix}"),
+            op: Op::Attention {
+                causal: true,
+                scale,
+            },
+            inputs: vec![q.clone(), q.clone(), q.clone()],
+        },
+        KernelCase {
+            family: format!("attention_grad{suffix}"),
+            op: Op::AttentionGrad {
+                causal: true,
+                scale,
+            },
+            inputs: vec![q.clone(), q.clone(), q.clone(), q],
+        },
     ]
 }
 
 /// Per-call seconds of `case`'s kernel through the CPU backend on every
 /// rank at once (`calls` calls per repetition, rotating over `sets` buffer
-/// sets), and the bytes one call reads and writes.
+/// sets), the bytes one call reads and writes, and its FLOPs.
 fn kernel_time(
     ranks: usize,
     case: &KernelCase,
     sets: usize,
     calls: usize,
     reps: usize,
-) -> Result<(f64, f64), CliError> {
+) -> Result<(f64, f64, f64), CliError> {
     let in_refs: Vec<&TensorType> = case.inputs.iter().collect();
     let outputs = fsdpc_ir::ops::infer(&case.op, &in_refs)
         .map_err(|e| fail(&format!("kernel {}", case.family), e))?;
+    let flops = fsdpc_ir::ops::flops(&case.op, &in_refs, &outputs);
     let bytes: u64 = case.inputs.iter().chain(&outputs).map(|t| t.bytes()).sum();
     let node = Node {
         op: case.op.clone(),
@@ -329,7 +416,7 @@ fn kernel_time(
         }))
     })
     .map_err(|e| fail(&format!("kernel {}", case.family), e))?;
-    Ok((best(&times) / calls as f64, bytes as f64))
+    Ok((best(&times) / calls as f64, bytes as f64, flops))
 }
 
 /// Per-call seconds of the AdamW update over `n` elements on every rank at
@@ -622,6 +709,9 @@ fn last_level_cache() -> Option<u64> {
         .max()
 }
 
+/// The attention shape calibrated: batch, heads, sequence, head size.
+const ATTENTION: [usize; 4] = [4, 4, 128, 32];
+
 /// Measures this machine for `ranks_per_node` ranks per node and returns
 /// the cluster file, and the table of what was measured. `progress`: draw
 /// a progress bar on stderr.
@@ -647,6 +737,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         + 1
         + f32_cases.len()
         + bf16_cases.len()
+        + 4
         + 2
         + group_sizes.len() * CollectiveKind::ALL.len() * coll_sizes.len()
         + 1;
@@ -708,7 +799,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     let mut kernel_bw = std::collections::BTreeMap::new();
     for case in f32_cases.iter().chain(&bf16_cases) {
         bar.set_message(format!("kernel {}", case.family));
-        let (t, bytes) = kernel_time(ranks, case, 4, 4, 8)?;
+        let (t, bytes, _) = kernel_time(ranks, case, 4, 4, 8)?;
         let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
         let _ = writeln!(
             table,
@@ -718,6 +809,24 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
             bw / 1e9
         );
         kernel_bw.insert(case.family.clone(), bw);
+        bar.inc(1);
+    }
+    let mut kernel_flops = std::collections::BTreeMap::new();
+    for case in attention_cases(ATTENTION, DType::F32)
+        .iter()
+        .chain(&attention_cases(ATTENTION, DType::Bf16))
+    {
+        bar.set_message(format!("kernel {}", case.family));
+        let (t, _, flops) = kernel_time(ranks, case, 2, 2, 5)?;
+        let rate = flops / (t - overhead).max(t * 0.05).max(1e-12);
+        let _ = writeln!(
+            table,
+            "  {:<22} {:>8.1} us {:>8.2} GFLOP/s",
+            case.family,
+            t * 1e6,
+            rate / 1e9
+        );
+        kernel_flops.insert(case.family.clone(), rate);
         bar.inc(1);
     }
     bar.set_message("optimizer step");
@@ -819,6 +928,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         );
     }
     h.kernel_bw = kernel_bw;
+    h.kernel_flops = kernel_flops;
     if let Some(ag2) = fits
         .iter()
         .find(|f| f.op == CollectiveKind::AllGather && f.ranks == 2)
@@ -858,6 +968,10 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         (
             "kernel_bw",
             src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead"),
+        ),
+        (
+            "kernel_flops",
+            src("Backend::run of causal attention and its gradient on [4, 4, 128, 32] (f32 and bf16), FLOPs over the time less the overhead"),
         ),
         (
             "collective_fits",
