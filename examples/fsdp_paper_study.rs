@@ -34,11 +34,12 @@
 //!   the nearest published ones stand in, Hugging Face `t5-large`
 //!   (737.7M) and `t5-3b` (2.85B). T5-11B is Hugging Face `t5-11b`
 //!   (11.3B), the paper's model. Sequence 512 in and out (the paper gives
-//!   512 for T5-11B), batch 8 per GPU (the paper's T5-11B batch; it gives
-//!   none for the smaller two).
+//!   512 for T5-11B), batch 8 per GPU for all three (the paper runs
+//!   T5-11B at 8 and 16; it gives no batch for the smaller two), and
+//!   T5-11B at 16 as well.
 //! - GPT-175B: the paper's minGPT (96 layers, width 12288, 96 heads,
-//!   block size 2048, vocabulary 50000), batch 1 per GPU (the paper's
-//!   smaller batch).
+//!   block size 2048, vocabulary 50000), batch 1 and 2 per GPU (the
+//!   paper's).
 
 use fsdpc::frontends::{self, LoadOptions, LoadedModel};
 use fsdpc::ir::DType;
@@ -53,10 +54,12 @@ pub const CLUSTER: &str = "a100-80g-roce";
 /// GPUs to a node.
 const PER_NODE: u32 = 8;
 
-/// One model of the study.
+/// One model of the study at one batch size.
 pub struct Model {
     /// The paper's name.
     pub paper: &'static str,
+    /// Samples per GPU (also in `spec`).
+    pub batch: u32,
     /// The zoo spec that stands in for it.
     pub spec: &'static str,
 }
@@ -66,19 +69,33 @@ pub fn models() -> Vec<Model> {
     vec![
         Model {
             paper: "T5-611M",
+            batch: 8,
             spec: "t5-large:batch=8",
         },
         Model {
             paper: "T5-2.28B",
+            batch: 8,
             spec: "t5-3b:batch=8",
         },
         Model {
             paper: "T5-11B",
+            batch: 8,
             spec: "t5-11b:batch=8",
         },
         Model {
+            paper: "T5-11B",
+            batch: 16,
+            spec: "t5-11b:batch=16",
+        },
+        Model {
             paper: "GPT-175B",
+            batch: 1,
             spec: "gpt3-175b:vocab=50000,batch=1",
+        },
+        Model {
+            paper: "GPT-175B",
+            batch: 2,
+            spec: "gpt3-175b:vocab=50000,batch=2",
         },
     ]
 }
@@ -136,6 +153,7 @@ fn point(model: &LoadedModel, world: u32, cfg: &FsdpConfig) -> Result<Point, Box
 /// One row: a model at one GPU count under every variation.
 pub struct Row {
     pub paper: &'static str,
+    pub batch: u32,
     pub world: u32,
     pub fsdp: Point,
     pub no_prefetch: Point,
@@ -164,6 +182,7 @@ pub fn study(models: &[Model], worlds: &[u32]) -> Result<Vec<Row>, Box<dyn Error
             };
             rows.push(Row {
                 paper: m.paper,
+                batch: m.batch,
                 world,
                 fsdp: point(&loaded, world, &fs(pre, 2))?,
                 no_prefetch: point(&loaded, world, &fs(BackwardPrefetch::None, 2))?,
@@ -208,14 +227,14 @@ pub fn render(models: &[Model], rows: &[Row]) -> String {
          TFLOP/s per GPU (model FLOPs); peak = planned memory per GPU; OOM = over 80 GB."
     );
     for m in models {
-        let _ = writeln!(s, "- {}: `{}`", m.paper, m.spec);
+        let _ = writeln!(s, "- {} at batch {}: `{}`", m.paper, m.batch, m.spec);
     }
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "| model | GPUs | FSDP TFLOP/s | step s | peak GiB | no prefetch | no limiter | hybrid | DDP |"
+        "| model | batch/GPU | GPUs | FSDP TFLOP/s | step s | peak GiB | no prefetch | no limiter | hybrid | DDP |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let fsdp = if r.fsdp.fits {
             format!("{:.1}", r.fsdp.tflops)
@@ -229,8 +248,9 @@ pub fn render(models: &[Model], rows: &[Row]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.3} | {:.1} | {} | {}, {:.1} GiB | {} | {} |",
+            "| {} | {} | {} | {} | {:.3} | {:.1} | {} | {}, {:.1} GiB | {} | {} |",
             r.paper,
+            r.batch,
             r.world,
             fsdp,
             r.fsdp.step_s,
@@ -244,7 +264,10 @@ pub fn render(models: &[Model], rows: &[Row]) -> String {
     }
     let _ = writeln!(s);
     for m in models {
-        let mine: Vec<&Row> = rows.iter().filter(|r| r.paper == m.paper).collect();
+        let mine: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.paper == m.paper && r.batch == m.batch)
+            .collect();
         let line = match mine.iter().find(|r| !r.ddp.fits) {
             None => "DDP fits at every GPU count".to_string(),
             Some(r) if mine.iter().all(|r| !r.ddp.fits) => format!(
@@ -254,7 +277,7 @@ pub fn render(models: &[Model], rows: &[Row]) -> String {
             ),
             Some(r) => format!("DDP stops fitting at {} GPUs", r.world),
         };
-        let _ = writeln!(s, "- {}: {line}", m.paper);
+        let _ = writeln!(s, "- {} at batch {}: {line}", m.paper, m.batch);
     }
     s
 }

@@ -71,7 +71,7 @@ fn fsdp_paper_study_quick_simulates_t5_611m_on_8_to_32_gpus() {
     assert!(rows[2].fsdp.peak < rows[0].fsdp.peak);
     let table = fsdp_paper_study::render(models, &rows);
     for needle in [
-        "| T5-611M | 32 |",
+        "| T5-611M | 8 | 32 |",
         "t5-large:batch=8",
         "DDP fits at every GPU count",
     ] {
