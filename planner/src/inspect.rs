@@ -22,6 +22,10 @@ pub struct Summary {
     pub unit_reshard: Vec<(String, ReshardAfterForward)>,
     pub forward_prefetch: bool,
     pub prefetch_depth: u32,
+    /// How `fsdpc compile --auto` chose the configuration (absent: the
+    /// user chose it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoRecord>,
     /// Micro-batches per optimizer step.
     pub grad_accum: u32,
     /// Whether gradients are reduced once per step (`no_sync`).
@@ -191,6 +195,7 @@ pub fn summary(plan: &Plan) -> Summary {
             .collect(),
         forward_prefetch: plan.config.forward_prefetch,
         prefetch_depth: plan.config.prefetch_depth,
+        auto: plan.config.auto.clone(),
         grad_accum: plan.config.grad_accum,
         no_sync: plan.config.no_sync,
         wrap: plan.config.wrap.clone(),
@@ -381,6 +386,25 @@ fn header(out: &mut String, s: &Summary) {
     };
     if let Some(r) = reshard {
         let _ = writeln!(out, "reshard   after forward: {r}");
+    }
+    if let Some(a) = &s.auto {
+        let _ = writeln!(
+            out,
+            "chosen    by fsdpc compile --auto: the fastest of {} candidates that fits ({} compiled, {} pruned by the memory bound, {} by the time bound); searched {}",
+            a.candidates,
+            a.compiled,
+            a.pruned_by_memory,
+            a.pruned_by_time,
+            if a.searched.is_empty() {
+                "nothing (every dimension given)".to_string()
+            } else {
+                a.searched
+                    .iter()
+                    .map(|s| s.split(':').next().unwrap_or(s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
     }
     if !s.unit_reshard.is_empty() {
         let own: Vec<String> = s

@@ -27,6 +27,7 @@
 //! The plan is validated after the passes in every build (`Plan::validate`);
 //! a violation is `PlanError::Invalid`, a bug in a pass, never a plan handed on.
 
+pub mod auto;
 pub mod checkpoint;
 pub mod clip;
 pub mod cluster;
@@ -153,6 +154,7 @@ pub fn compile_unchecked(
             freeze: cfg.freeze.clone(),
             shared_params: cfg.shared_params,
             cpu_offload: cfg.cpu_offload,
+            auto: None,
         },
         units,
         // The offload stream only where it is used, so other plans read as

@@ -282,6 +282,28 @@ pub struct PlanConfig {
     /// (PyTorch's `CPUOffload(offload_params=True)`; absent: no).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cpu_offload: bool,
+    /// Set when `fsdpc compile --auto` chose this configuration (absent:
+    /// the user chose it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoRecord>,
+}
+
+/// How the auto-planner (`auto`) chose a plan's configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AutoRecord {
+    /// Candidates in the searched space.
+    pub candidates: u64,
+    /// Candidates compiled and simulated.
+    pub compiled: u64,
+    /// Candidates skipped because a memory lower bound exceeded the
+    /// capacity.
+    pub pruned_by_memory: u64,
+    /// Candidates skipped because a time lower bound could not beat the
+    /// best step found.
+    pub pruned_by_time: u64,
+    /// The dimensions searched (`sharding: full_shard@8 ...`); the others
+    /// were fixed by the user's flags.
+    pub searched: Vec<String>,
 }
 
 fn reshard_full() -> ReshardAfterForward {

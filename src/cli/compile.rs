@@ -1,5 +1,6 @@
 //! `fsdpc compile MODEL --world N -o plan.json`
 
+use super::given::Given;
 use super::json_kind::{is_json, sniff, JsonKind};
 use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
@@ -29,12 +30,26 @@ pub struct CompileArgs {
     )]
     pub cluster: String,
     #[command(flatten)]
-    pub plan: PlanFlags,
+    pub plan: Given<PlanFlags>,
     #[command(flatten)]
     pub import: ModelFlags,
     /// Where to write the plan (JSON); `-` for stdout.
     #[arg(short, long)]
     pub output: PathBuf,
+    /// Search the configuration for the fastest simulated step that fits:
+    /// wrap (blocks, half blocks), strategy and F, activation checkpointing,
+    /// CPU offload, backward and forward prefetch, prefetch depth and
+    /// limit_all_gathers. A flag given with --auto fixes its dimension
+    /// (`--auto --strategy hybrid_shard` searches the rest). Prints the
+    /// candidates weighed and writes the chosen plan.
+    #[arg(long)]
+    pub auto: bool,
+    /// With --auto: `given` (default) keeps the precision of the flags
+    /// (f32 unless --mixed-precision/--param-dtype); `bf16` also searches
+    /// bf16 parameters with f32 gradient reduction, which changes the
+    /// numerics.
+    #[arg(long, value_name = "given|bf16", requires = "auto")]
+    pub auto_precision: Option<String>,
 }
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
@@ -47,7 +62,11 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
             )));
         }
     }
-    let plan = plan_model(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
+    let plan = if a.auto {
+        auto_plan(&a)?
+    } else {
+        plan_model(&a.model, a.world, &a.cluster, &a.plan, &a.import)?
+    };
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
         print_out(&format!("{json}\n"))?;
@@ -76,6 +95,19 @@ pub(crate) fn plan_model(
     f: &PlanFlags,
     import: &ModelFlags,
 ) -> Result<Plan, CliError> {
+    let (program, info, cluster, cfg) = prepare(model, world, cluster, f, import)?;
+    Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
+}
+
+/// What a compile needs: the training program, its model record, the
+/// cluster and the configuration the flags give.
+fn prepare(
+    model: &str,
+    world: u32,
+    cluster: &str,
+    f: &PlanFlags,
+    import: &ModelFlags,
+) -> Result<(fsdpc_ir::TrainingProgram, ModelInfo, Cluster, FsdpConfig), CliError> {
     let opts = import.load_options(optimizer(f)?)?;
     let model = fsdpc_frontends::load(model, &opts)?;
     import.warn_merged(&model.program.graph);
@@ -119,7 +151,116 @@ pub(crate) fn plan_model(
         params: model.program.graph.param_numel(),
         name: model.name,
     };
-    Ok(fsdpc_planner::compile(model.program, info, &cluster, &cfg)?)
+    Ok((model.program, info, cluster, cfg))
+}
+
+/// `compile --auto`: searches the space the flags leave open, prints the
+/// candidate table and returns the chosen plan.
+fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
+    use fsdpc_planner::auto::{Fixed, Search, Space};
+    let given = |name: &str| a.plan.given().iter().any(|g| g == name);
+    for refused in ["--no-fit-check"] {
+        if given(refused) {
+            return Err(CliError::Usage(format!(
+                "--auto searches for a plan that fits; {refused} does not apply"
+            )));
+        }
+    }
+    let allow_bf16 = match a.auto_precision.as_deref() {
+        None | Some("given") => false,
+        Some("bf16") => true,
+        Some(other) => {
+            return Err(CliError::Usage(format!(
+                "--auto-precision {other}: expected given or bf16"
+            )))
+        }
+    };
+    let started = std::time::Instant::now();
+    let (program, info, cluster, cfg) = prepare(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
+    let fixed = Fixed {
+        precision: ["--mixed-precision", "--param-dtype", "--reduce-dtype"]
+            .iter()
+            .any(|f| given(f)),
+        strategy: given("--strategy").then_some(cfg.strategy),
+        shard_factor: cfg.shard_factor,
+        wrap: given("--wrap"),
+        checkpointing: given("--activation-checkpointing"),
+        cpu_offload: given("--cpu-offload"),
+        backward_prefetch: given("--backward-prefetch"),
+        forward_prefetch: given("--forward-prefetch"),
+        prefetch_depth: given("--prefetch-depth"),
+        limit_all_gathers: given("--limit-all-gathers"),
+    };
+    let space = Space::around(&cfg, &program, cluster.world, &fixed, allow_bf16)?;
+    let search = Search {
+        program: &program,
+        model: &info,
+        cluster: &cluster,
+        base: &cfg,
+        space: &space,
+    };
+    let result = search.run()?;
+    let r = &result.record;
+    let mut text = format!(
+        "auto: {} on {}, world {} ({} per rank): {} candidates, {} compiled, {} pruned by the \
+         memory bound, {} by the time bound ({:.2} s)\n",
+        info.name,
+        cluster.preset,
+        cluster.world,
+        fsdpc_planner::inspect::human_bytes(cluster.memory_bytes),
+        r.candidates,
+        r.compiled,
+        r.pruned_by_memory,
+        r.pruned_by_time,
+        started.elapsed().as_secs_f64()
+    );
+    text.push_str(&format!(
+        "precision: {} ({})\n",
+        if allow_bf16 {
+            "searched: the flags' and bf16 with f32 reduction (--auto-precision bf16)"
+        } else {
+            "the flags' only (--auto-precision bf16 also searches bf16)"
+        },
+        if fixed.precision { "given" } else { "default" }
+    ));
+    for s in &r.searched {
+        text.push_str(&format!("searched  {s}\n"));
+    }
+    text.push_str(&result.table());
+    text.push_str(&format!(
+        "chosen: {} (step {:.4} s, peak {})\n",
+        fsdpc_planner::auto::short(&config_of(&result.plan, &cfg)),
+        result.plan.estimates.step_time_s,
+        fsdpc_planner::inspect::human_bytes(result.plan.memory.peak_bytes)
+    ));
+    // The plan itself may go to standard output: the table then goes to
+    // standard error.
+    if a.output.as_os_str() == "-" {
+        eprint!("{text}");
+    } else {
+        print_out(&text)?;
+    }
+    Ok(result.plan)
+}
+
+/// The configuration a plan was compiled with, in `FsdpConfig` form (for
+/// its short name).
+fn config_of(plan: &Plan, base: &FsdpConfig) -> FsdpConfig {
+    let c = &plan.config;
+    FsdpConfig {
+        strategy: c.strategy,
+        shard_factor: Some(c.shard_factor),
+        wrap: c.wrap.clone(),
+        backward_prefetch: c.backward_prefetch,
+        limit_all_gathers: c.limit_all_gathers,
+        param_dtype: c.param_dtype,
+        reduce_dtype: c.reduce_dtype,
+        activation_checkpointing: c.activation_checkpointing.clone(),
+        forward_prefetch: c.forward_prefetch,
+        prefetch_depth: c.prefetch_depth,
+        cpu_offload: c.cpu_offload,
+        ..base.clone()
+    }
 }
 
 /// The cluster `name` names: a preset (`ranks_per_node` defaulting to 8

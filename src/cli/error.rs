@@ -15,6 +15,9 @@ pub enum CliError {
     Frontend(#[from] fsdpc_frontends::FrontendError),
     #[error(transparent)]
     Plan(#[from] fsdpc_planner::PlanError),
+    /// `compile --auto` found nothing that fits (or a compile failed).
+    #[error(transparent)]
+    Auto(#[from] fsdpc_planner::auto::AutoError),
     #[error(transparent)]
     Runtime(#[from] fsdpc_runtime::RuntimeError),
     /// Standard output is a pipe whose reader has gone (`fsdpc ... | head`).
