@@ -5,8 +5,9 @@
 
 mod common;
 
+use fsdpc_planner::cluster::SKINNY_DIM;
 use fsdpc_planner::cluster::{CollectiveKind, Contention};
-use fsdpc_planner::cost::{group_layout, traffic};
+use fsdpc_planner::cost::{group_layout, matmul_min_dim, traffic};
 use fsdpc_planner::simulate::simulate;
 use fsdpc_planner::{Cluster, FsdpConfig, Group, InstrOp, Strategy, Stream};
 
@@ -151,4 +152,36 @@ fn a_measured_fit_sets_the_collective_time() {
             );
         }
     }
+}
+
+#[test]
+fn skinny_products_use_their_own_curve() {
+    let p = common::plan_with(
+        "mlp:layers=2,in=256,hidden=256,classes=10,batch=16",
+        1,
+        &FsdpConfig::default(),
+    );
+    let c = Cluster::from_info(&p.cluster);
+    let base = simulate(&p, &c);
+    let mut skinny = c.clone();
+    skinny.hardware.skinny_matmul_efficiency = vec![(1.0, 0.01)];
+    let slowed = simulate(&p, &skinny);
+    let g = &p.training.graph;
+    let mut products = 0;
+    for (i, ins) in p.instructions.iter().enumerate() {
+        let InstrOp::Kernel { node, .. } = ins.op else {
+            continue;
+        };
+        let (d0, d1) = (base.end[i] - base.start[i], slowed.end[i] - slowed.start[i]);
+        let skinny_product = matches!(g.node(node).op, fsdpc_ir::Op::MatMul { .. })
+            && matmul_min_dim(g, node) <= SKINNY_DIM;
+        if skinny_product {
+            // Batch 16: every product here has a dimension of 16 or 10.
+            assert!(d1 > d0, "instruction {i}: {d0} -> {d1}");
+            products += 1;
+        } else {
+            assert!((d0 - d1).abs() <= 1e-12, "instruction {i}: {d0} -> {d1}");
+        }
+    }
+    assert!(products >= 6, "{products}");
 }

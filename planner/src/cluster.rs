@@ -41,6 +41,12 @@ pub struct Hardware {
     /// the peak, in older plans and presets without measurements).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matmul_efficiency: Vec<(f64, f64)>,
+    /// The same curve for skinny products, whose smallest dimension (rows,
+    /// inner or columns) is at most `SKINNY_DIM` (a small batch through a
+    /// wide layer); empty: skinny products use `matmul_efficiency` (presets
+    /// and older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skinny_matmul_efficiency: Vec<(f64, f64)>,
     /// Fixed cost of dispatching one kernel, seconds, added to every
     /// kernel's time (what `fsdpc calibrate` measures on tiny inputs; 0 in
     /// presets and older files: kernels cost their roofline only).
@@ -156,29 +162,49 @@ fn host_mem() -> f64 {
     HOST_MEM_BW
 }
 
+/// Products whose smallest dimension is at most this many are skinny
+/// (`Hardware::skinny_matmul_efficiency`).
+pub const SKINNY_DIM: usize = 64;
+
+/// An efficiency curve at `flops`: linear in log(flops) between points,
+/// flat beyond the ends, 1 when empty; clamped to (0, 1].
+fn curve_at(curve: &[(f64, f64)], flops: f64) -> f64 {
+    let (Some(first), Some(last)) = (curve.first(), curve.last()) else {
+        return 1.0;
+    };
+    let clamp = |e: f64| e.clamp(1e-6, 1.0);
+    if flops <= first.0 {
+        return clamp(first.1);
+    }
+    if flops >= last.0 {
+        return clamp(last.1);
+    }
+    for w in curve.windows(2) {
+        let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+        if flops <= x1 {
+            let t = (flops.ln() - x0.ln()) / (x1.ln() - x0.ln()).max(f64::MIN_POSITIVE);
+            return clamp(y0 + t * (y1 - y0));
+        }
+    }
+    clamp(last.1)
+}
+
 impl Hardware {
     /// The fraction of peak a kernel of `flops` FLOPs achieves (see
     /// `matmul_efficiency`), in (0, 1].
     pub fn efficiency(&self, flops: f64) -> f64 {
-        let curve = &self.matmul_efficiency;
-        let (Some(first), Some(last)) = (curve.first(), curve.last()) else {
-            return 1.0;
-        };
-        let clamp = |e: f64| e.clamp(1e-6, 1.0);
-        if flops <= first.0 {
-            return clamp(first.1);
+        curve_at(&self.matmul_efficiency, flops)
+    }
+
+    /// The fraction of peak a matrix product of `flops` FLOPs whose
+    /// smallest dimension is `min_dim` achieves: the skinny curve when
+    /// `min_dim <= SKINNY_DIM` and the cluster has one, else `efficiency`.
+    pub fn matmul_efficiency_for(&self, flops: f64, min_dim: usize) -> f64 {
+        if min_dim <= SKINNY_DIM && !self.skinny_matmul_efficiency.is_empty() {
+            curve_at(&self.skinny_matmul_efficiency, flops)
+        } else {
+            self.efficiency(flops)
         }
-        if flops >= last.0 {
-            return clamp(last.1);
-        }
-        for w in curve.windows(2) {
-            let ((x0, y0), (x1, y1)) = (w[0], w[1]);
-            if flops <= x1 {
-                let t = (flops.ln() - x0.ln()) / (x1.ln() - x0.ln()).max(f64::MIN_POSITIVE);
-                return clamp(y0 + t * (y1 - y0));
-            }
-        }
-        clamp(last.1)
     }
 
     /// The measured fit of `op` over `ranks` ranks inside a node, if any.
@@ -594,14 +620,19 @@ impl ClusterFile {
                 }
             }
         }
-        let mut prev = 0.0;
-        for &(flops, e) in &h.matmul_efficiency {
-            if !(flops.is_finite() && flops > prev && e > 0.0 && e <= 1.0) {
-                return bad(format!(
-                    "hardware.matmul_efficiency: point ({flops}, {e}) must have FLOPs above the previous point's and an efficiency in (0, 1]"
-                ));
+        for (name, curve) in [
+            ("matmul_efficiency", &h.matmul_efficiency),
+            ("skinny_matmul_efficiency", &h.skinny_matmul_efficiency),
+        ] {
+            let mut prev = 0.0;
+            for &(flops, e) in curve {
+                if !(flops.is_finite() && flops > prev && e > 0.0 && e <= 1.0) {
+                    return bad(format!(
+                        "hardware.{name}: point ({flops}, {e}) must have FLOPs above the previous point's and an efficiency in (0, 1]"
+                    ));
+                }
+                prev = flops;
             }
-            prev = flops;
         }
         Ok(())
     }
@@ -649,6 +680,8 @@ mod calibrated_fields {
         h.kernel_bw.insert("softmax".into(), 3e9);
         h.kernel_bw.insert("softmax:bf16".into(), 1e9);
         h.kernel_flops.insert("attention".into(), 5e10);
+        h.matmul_efficiency = vec![(1e6, 0.5), (1e9, 0.9)];
+        h.skinny_matmul_efficiency = vec![(1e6, 0.1), (1e9, 0.2)];
         h.collective_fits.push(CollectiveFit {
             op: CollectiveKind::ReduceScatter,
             ranks: 2,
@@ -691,6 +724,12 @@ mod calibrated_fields {
         assert!(h.collective_fit(CollectiveKind::AllGather, 2).is_none());
         assert_eq!(h.kernel_rate("attention:bf16"), Some(5e10));
         assert_eq!(h.kernel_rate("attention_grad"), None);
+        // Skinny products use their own curve, others the main one.
+        assert_eq!(h.matmul_efficiency_for(1e9, 16), 0.2);
+        assert_eq!(h.matmul_efficiency_for(1e9, 65), 0.9);
+        let mut h4 = h.clone();
+        h4.skinny_matmul_efficiency.clear();
+        assert_eq!(h4.matmul_efficiency_for(1e9, 16), 0.9);
     }
 
     #[test]
@@ -701,6 +740,7 @@ mod calibrated_fields {
             "kernel_overhead_s",
             "kernel_bw",
             "kernel_flops",
+            "skinny_matmul_efficiency",
             "cache_bytes",
             "collective_fits",
             "comm_compute_contention",

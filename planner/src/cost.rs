@@ -1,7 +1,7 @@
 //! The cost model. A kernel costs the cluster's fixed per-kernel overhead
 //! plus its roofline: matrix products the slower of compute (peak FLOP/s
-//! times the achievable efficiency for the kernel's size) and memory
-//! traffic; attention the same, or at its measured FLOP rate
+//! times the achievable efficiency for the kernel's size, from the skinny
+//! curve when its smallest dimension is small) and memory traffic; attention the same, or at its measured FLOP rate
 //! (`Hardware::kernel_flops`) where the cluster has one; every other kernel (element-wise, normalisation,
 //! softmax, data movement, the optimizer update) the slower of compute at
 //! peak and its bytes at the bandwidth its family achieves, capped at the
@@ -97,6 +97,32 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
     })
 }
 
+/// The smallest of rows, inner size and columns of the matrix product at
+/// `node` (after its transposes; leading batch dimensions aside); 0 when
+/// the node is not a product of two matrices.
+pub fn matmul_min_dim(graph: &Graph, node: fsdpc_ir::NodeId) -> usize {
+    let fsdpc_ir::Op::MatMul { trans_a, trans_b } = graph.node(node).op else {
+        return 0;
+    };
+    let ins = graph.inputs(node);
+    let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
+        return 0;
+    };
+    let last2 = |v: &fsdpc_ir::ValueId| {
+        let d = graph.value_type(*v).shape.dims();
+        match d.len() {
+            0 => (1, 1),
+            1 => (1, d[0]),
+            n => (d[n - 2], d[n - 1]),
+        }
+    };
+    let (ar, ac) = last2(a);
+    let (br, bc) = last2(b);
+    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
+    let n = if trans_b { br } else { bc };
+    m.min(k).min(n)
+}
+
 /// Time of the kernel of graph node `node`: the per-kernel overhead plus
 /// its roofline (see the module header).
 pub fn node_kernel_time(
@@ -115,7 +141,17 @@ pub fn node_kernel_time(
         .chain(graph.inputs(node).iter().map(|v| graph.value_type(*v)))
         .any(|t| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
     let body = match kernel_family(&n.op, half) {
-        None => kernel_time(flops, bytes, cluster, dtype),
+        None => {
+            // A matrix product: the efficiency for its size and shape.
+            let rate =
+                hw.peak_flops(dtype) * hw.matmul_efficiency_for(flops, matmul_min_dim(graph, node));
+            let compute = if rate > 0.0 { flops / rate } else { 0.0 };
+            compute.max(if hw.mem_bw > 0.0 {
+                bytes / hw.mem_bw
+            } else {
+                0.0
+            })
+        }
         // Compute-bound kernels of their own (attention): at their
         // measured FLOP rate when the cluster has one.
         Some(family) if family.starts_with("attention") => match hw.kernel_rate(&family) {

@@ -6,7 +6,9 @@
 //! (the slowest rank's time within a repetition):
 //! - matrix products through the CPU backend's `gemm_f32` over shapes like
 //!   those of the kernels (rows x inner x columns): the peak FLOP/s and the
-//!   achievable-efficiency curve in FLOPs;
+//!   achievable-efficiency curve in FLOPs; skinny products (one dimension
+//!   16, the others 512..4096) give the curve for products whose smallest
+//!   dimension is small;
 //! - the per-kernel fixed overhead: the backend's kernel dispatch
 //!   (`Backend::run`) on tiny inputs;
 //! - memory-bound kernels (element-wise, GELU and its gradient, layer norm
@@ -709,6 +711,10 @@ fn last_level_cache() -> Option<u64> {
         .max()
 }
 
+/// The sizes of the skinny products calibrated (16 x s x s and its
+/// permutations).
+const SKINNY_SIZES: [usize; 4] = [512, 1024, 2048, 4096];
+
 /// The attention shape calibrated: batch, heads, sequence, head size.
 const ATTENTION: [usize; 4] = [4, 4, 128, 32];
 
@@ -734,6 +740,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     let f32_cases = kernel_cases(1024, 256, DType::F32);
     let bf16_cases = kernel_cases(1024, 256, DType::Bf16);
     let total = shapes.len()
+        + SKINNY_SIZES.len()
         + 1
         + f32_cases.len()
         + bf16_cases.len()
@@ -768,7 +775,45 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         points.push((flops, rate));
         bar.inc(1);
     }
-    let peak = points.iter().map(|p| p.1).fold(0.0, f64::max);
+    // Skinny products (a small batch through a wide layer): the smallest
+    // dimension 16 as rows, inner size or columns, at each size.
+    let _ = writeln!(
+        table,
+        "skinny matrix products (16 rows, inner or columns; mean of the three):"
+    );
+    let mut skinny = Vec::new();
+    for s in SKINNY_SIZES {
+        bar.set_message(format!("skinny matrix products, {s}"));
+        let mut rates = Vec::new();
+        let mut flops = 0.0;
+        for (m, k, n) in [(16, s, s), (s, 16, s), (s, s, 16)] {
+            let (f, rate) = matmul_rate(ranks, m, k, n)?;
+            flops = f;
+            rates.push(rate);
+        }
+        let rate = rates.iter().sum::<f64>() / rates.len() as f64;
+        let _ = writeln!(
+            table,
+            "  16 x {s:>5} x {s:>5}: {:>8.2} GFLOP/s ({})",
+            rate / 1e9,
+            rates
+                .iter()
+                .map(|r| format!("{:.1}", r / 1e9))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        skinny.push((flops, rate));
+        bar.inc(1);
+    }
+    let peak = points
+        .iter()
+        .chain(&skinny)
+        .map(|p| p.1)
+        .fold(0.0, f64::max);
+    let skinny_curve: Vec<(f64, f64)> = skinny
+        .iter()
+        .map(|&(f, r)| (f, (r / peak).clamp(1e-6, 1.0)))
+        .collect();
     let mut curve: Vec<(f64, f64)> = Vec::new();
     for &(flops, rate) in &points {
         // Keep the curve increasing in FLOPs (shapes are in that order).
@@ -914,6 +959,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     h.peak_flops_f32 = peak;
     h.peak_flops_bf16 = peak;
     h.matmul_efficiency = curve;
+    h.skinny_matmul_efficiency = skinny_curve;
     h.mem_bw = mem;
     h.host_bw = mem;
     h.host_mem_bw = mem;
@@ -968,6 +1014,10 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         (
             "kernel_bw",
             src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead"),
+        ),
+        (
+            "skinny_matmul_efficiency",
+            src("gemm_f32 rate per rank of 16 x s x s, s x 16 x s and s x s x 16 (mean) for s = 512..4096, over the best"),
         ),
         (
             "kernel_flops",
