@@ -10,10 +10,19 @@ use fsdpc_planner::auto::{short, Fixed, Search, Space};
 use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo};
 use std::time::Instant;
 
-fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool) {
+/// One search. `knobs_fixed`: the schedule knobs kept at their defaults
+/// (as `--auto` with `--backward-prefetch pre --forward-prefetch true
+/// --prefetch-depth 1 --limit-all-gathers 2` given), so only the structure
+/// (wrap, strategy and F, checkpointing, offload, precision) is searched.
+fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool, knobs_fixed: bool) {
     let label = format!(
-        "{spec}@{world} {preset}{}",
-        if allow_bf16 { ", bf16 allowed" } else { "" }
+        "{spec}@{world} {preset}{}{}",
+        if allow_bf16 { ", bf16 allowed" } else { "" },
+        if knobs_fixed {
+            ", schedule knobs fixed"
+        } else {
+            ""
+        }
     );
     let started = Instant::now();
     let m = match fsdpc_frontends::load(spec, &LoadOptions::default()) {
@@ -30,8 +39,14 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool) {
     };
     let cluster = Cluster::preset(preset, world, world.min(8)).expect("preset");
     let base = FsdpConfig::default();
-    let space =
-        Space::around(&base, &m.program, world, &Fixed::default(), allow_bf16).expect("space");
+    let fixed = Fixed {
+        backward_prefetch: knobs_fixed,
+        forward_prefetch: knobs_fixed,
+        prefetch_depth: knobs_fixed,
+        limit_all_gathers: knobs_fixed,
+        ..Fixed::default()
+    };
+    let space = Space::around(&base, &m.program, world, &fixed, allow_bf16).expect("space");
     let search = Search {
         program: &m.program,
         model: &info,
@@ -63,14 +78,15 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool) {
 }
 
 fn main() {
-    run("gpt2", "a100-80g-roce", 8, false);
-    run("gpt3-175b", "a100-80g-roce", 512, false);
-    run("gpt3-175b", "a100-80g-roce", 512, true);
+    run("gpt2", "a100-80g-roce", 8, false, false);
+    run("gpt3-175b", "a100-80g-roce", 512, false, true);
+    run("gpt3-175b", "a100-80g-roce", 512, true, true);
+    run("gpt3-175b", "a100-80g-roce", 512, false, false);
     if fsdpc_frontends::zoo::preset_names()
         .iter()
         .any(|n| n == "t5-11b")
     {
-        run("t5-11b", "a100-80g-roce", 8, true);
+        run("t5-11b", "a100-80g-roce", 8, true, true);
     } else {
         println!("t5-11b: not in the zoo yet");
     }

@@ -557,12 +557,14 @@ impl Probe {
                 _ => fixed += b.bytes,
             }
         }
-        // Staged shards (offload) are not persistent but scale as 1/F.
+        // Staged shards (offload) are not persistent but scale as 1/F: the
+        // ones live at the peak are not counted as transient.
         slack += plan
-            .buffers
+            .memory
+            .breakdown
             .iter()
-            .filter(|b| matches!(b.kind, BufferKind::StagedParams | BufferKind::StagedGrads))
-            .map(|b| b.bytes)
+            .filter(|(k, _)| matches!(k, BufferKind::StagedParams | BufferKind::StagedGrads))
+            .map(|(_, b)| *b)
             .sum::<u64>();
         for u in &plan.units {
             // Padding of gathered buffers (parameters and gradients, at
