@@ -1203,7 +1203,7 @@ fn render(weighed: &[Weighed], knobs_per_class: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "  {:<11} {:<72} {:>10} {:>10}  {:<4} verdict",
+        "  {:<11} {:<84} {:>10} {:>10}  {:<4} verdict",
         "#", "config", "step (s)", "peak", "fits"
     );
     let per = knobs_per_class.max(1);
@@ -1215,7 +1215,7 @@ fn render(weighed: &[Weighed], knobs_per_class: usize) -> String {
             let fits = !matches!(w.verdict, Verdict::OverMemory { .. });
             let _ = writeln!(
                 out,
-                "  {:<11} {:<72} {:>10.4} {:>10}  {:<4} {}",
+                "  {:<11} {:<84} {:>10.4} {:>10}  {:<4} {}",
                 w.candidate.index,
                 w.candidate.short(),
                 w.step_time_s.unwrap_or(0.0),
@@ -1250,7 +1250,7 @@ fn render(weighed: &[Weighed], knobs_per_class: usize) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:<11} {:<72} {:>10} {:>10}  {:<4} {}",
+            "  {:<11} {:<84} {:>10} {:>10}  {:<4} {}",
             idx,
             cfg,
             "-",
