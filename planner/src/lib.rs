@@ -22,7 +22,10 @@
 //!    `clip::insert` and, for fp16, `scaler::insert` rewrite the optimizer
 //!    tail);
 //! 4. `memory::plan_memory`: lifetimes, arena offsets, fences, exact peak;
-//! 5. `simulate::estimate`: cost model and discrete-event simulation.
+//! 5. `overlap::relieve_stalls`: simulates the step (`simulate`: cost model
+//!    and discrete-event simulation) and, where a memory fence stalls a
+//!    stream, plans memory again with those buffers apart (arena bytes for
+//!    overlap, while the arena fits the rank's memory); sets the estimates.
 //!
 //! The plan is validated after the passes in every build (`Plan::validate`);
 //! a violation is `PlanError::Invalid`, a bug in a pass, never a plan handed on.
@@ -41,10 +44,11 @@ pub mod freeze;
 pub mod hb;
 pub mod inspect;
 pub mod memory;
+pub mod overlap;
 pub mod plan;
 pub mod precision;
-pub mod scaler;
 pub mod report;
+pub mod scaler;
 pub mod schedule;
 pub mod simulate;
 pub mod trace;
@@ -122,7 +126,8 @@ pub fn compile_unchecked(
         scaler::insert(&mut sched, &program, s, groups)?;
     }
     let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
-    let mut memory = memory::plan_memory(&mut sched);
+    let scheduled = sched.clone();
+    let (mut memory, fences) = memory::plan_memory(&mut sched, &memory::Apart::new());
     memory.heap_bytes = heap_bytes;
     memory.rank_bytes = memory.arena_bytes + memory.host_arena_bytes + heap_bytes;
     let mut plan = Plan {
@@ -171,7 +176,7 @@ pub fn compile_unchecked(
         estimates: Estimates::default(),
         training: program,
     };
-    plan.estimates = simulate::estimate(&plan);
+    overlap::relieve_stalls(&mut plan, &scheduled, fences, heap_bytes, cluster);
     plan.validate().map_err(PlanError::Invalid)?;
     Ok(plan)
 }

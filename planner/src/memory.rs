@@ -24,27 +24,49 @@
 //! Fences: all streams run concurrently, so when buffer B gets bytes that
 //! buffer A held earlier, A's `Free` must happen before B's first write. Where
 //! the schedule does not already order them, a `Record` is inserted after the
-//! free and a `Wait` before the writer.
+//! free and a `Wait` before the writer. `plan_memory` returns these fences.
+//!
+//! Apart pairs: a fence whose wait stalls its stream (a backward kernel
+//! waiting for the reduce-scatter that frees the bytes it writes) serialises
+//! communication with compute. The overlap pass (after simulating) may plan
+//! again with such pairs of buffers kept apart: they never share bytes, as
+//! if their lifetimes overlapped, so that fence is not needed. That trades
+//! arena bytes for overlap; `peak_bytes` (live bytes) does not change.
 
 use crate::hb::Clocks;
 use crate::plan::*;
 use crate::schedule::Schedule;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Arena alignment of every buffer, bytes.
 pub const ALIGN: u64 = 64;
 
-/// Plans the schedule's memory in place and returns its summary.
-pub fn plan_memory(s: &mut Schedule) -> MemorySummary {
+/// Pairs of buffers that must not share arena bytes, each as
+/// `(smaller id, larger id)` (see the module header).
+pub type Apart = BTreeSet<(BufferId, BufferId)>;
+
+/// A fence the memory pass inserted: `written` reuses bytes of `freed`, so
+/// the `Wait` on `event` before `written`'s first write waits for `freed`'s
+/// `Free`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub event: EventId,
+    pub freed: BufferId,
+    pub written: BufferId,
+}
+
+/// Plans the schedule's memory in place, keeping the `apart` pairs apart;
+/// returns its summary and the fences it inserted.
+pub fn plan_memory(s: &mut Schedule, apart: &Apart) -> (MemorySummary, Vec<Fence>) {
     set_lifetimes(&mut s.buffers, &s.instructions);
-    let arena_bytes = choose_offsets(s);
+    let arena_bytes = choose_offsets(s, &Keep::new(apart, s.buffers.len()));
     let host_arena_bytes = host_offsets(&mut s.buffers);
-    insert_fences(s);
+    let fences = insert_fences(s);
     set_lifetimes(&mut s.buffers, &s.instructions);
     let mut summary = summarize(&s.buffers, s.instructions.len(), arena_bytes);
     summary.host_arena_bytes = host_arena_bytes;
     summary.rank_bytes += host_arena_bytes;
-    summary
+    (summary, fences)
 }
 
 /// Packs the host buffers end to end (each aligned) from offset 0 of the
@@ -122,16 +144,16 @@ fn staged_region(b: &Buffer) -> Option<u8> {
 /// other's bytes) and segregated (communication buffers in their own region,
 /// so they never reuse activation bytes or the reverse); keeps the
 /// segregated packing when it needs fewer fences at no extra arena.
-fn choose_offsets(s: &mut Schedule) -> u64 {
+fn choose_offsets(s: &mut Schedule, keep: &Keep) -> u64 {
     let clocks = Clocks::new(&s.instructions, s.events);
-    let mixed_arena = assign_offsets(&mut s.buffers, false);
+    let mixed_arena = assign_offsets(&mut s.buffers, false, keep);
     let mixed: Vec<u64> = s.buffers.iter().map(|b| b.offset).collect();
-    let mixed_fences = needed_fences(s, &clocks).len();
+    let mixed_fences = fence_count(s, &clocks);
     if mixed_fences == 0 {
         return mixed_arena;
     }
-    let seg_arena = assign_offsets(&mut s.buffers, true);
-    if seg_arena <= mixed_arena && needed_fences(s, &clocks).len() < mixed_fences {
+    let seg_arena = assign_offsets(&mut s.buffers, true, keep);
+    if seg_arena <= mixed_arena && fence_count(s, &clocks) < mixed_fences {
         return seg_arena;
     }
     for (b, off) in s.buffers.iter_mut().zip(mixed) {
@@ -142,8 +164,9 @@ fn choose_offsets(s: &mut Schedule) -> u64 {
 
 /// Assigns arena offsets; returns the arena size. With `segregate`,
 /// communication buffers are packed first and the others above them.
-/// Host buffers are left to `host_offsets`.
-fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
+/// Buffers whose lifetimes overlap get disjoint bytes, and so do those that
+/// `keep` keeps apart. Host buffers are left to `host_offsets`.
+fn assign_offsets(buffers: &mut [Buffer], segregate: bool, keep: &Keep) -> u64 {
     let mut base = 0u64;
     let device = |b: &Buffer| b.location == Location::Device;
     for b in buffers.iter_mut().filter(|b| b.persistent() && device(b)) {
@@ -171,8 +194,9 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
             i,
         )
     });
-    // Placed buffers as (offset, end offset, start, end), sorted by offset.
-    let mut placed: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(order.len());
+    // Placed buffers as (offset, end offset, start, end, index), sorted by
+    // offset.
+    let mut placed: Vec<(u64, u64, u32, u32, u32)> = Vec::with_capacity(order.len());
     let mut arena = base;
     let mut region = 0u8;
     for i in order {
@@ -183,8 +207,8 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
         let size = align(buffers[i].bytes);
         let (s, e) = (buffers[i].start, buffers[i].end.unwrap_or(u32::MAX));
         let mut cand = base;
-        for &(off, end_off, ps, pe) in &placed {
-            if ps > e || s > pe {
+        for &(off, end_off, ps, pe, j) in &placed {
+            if (ps > e || s > pe) && !keep.apart(i, j) {
                 continue;
             }
             if off >= cand + size {
@@ -194,15 +218,50 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool) -> u64 {
         }
         buffers[i].offset = cand;
         let at = placed.partition_point(|p| p.0 <= cand);
-        placed.insert(at, (cand, cand + size, s, e));
+        placed.insert(at, (cand, cand + size, s, e, i as u32));
         arena = arena.max(cand + buffers[i].bytes);
     }
     arena
 }
 
-/// Pairs (free index of A, first-write index of B) where B reuses A's bytes
-/// after A's lifetime and nothing orders A's free before B's write.
-fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize)> {
+/// `Apart` as a sorted list of partners per buffer index.
+struct Keep(Vec<Vec<u32>>);
+
+impl Keep {
+    fn new(apart: &Apart, n: usize) -> Keep {
+        let mut of = vec![Vec::new(); if apart.is_empty() { 0 } else { n }];
+        for &(a, b) in apart {
+            if a.index() < n && b.index() < n {
+                of[a.index()].push(b.0);
+                of[b.index()].push(a.0);
+            }
+        }
+        for v in &mut of {
+            v.sort_unstable();
+        }
+        Keep(of)
+    }
+
+    /// Whether buffers `a` and `b` must not share bytes even though their
+    /// lifetimes are disjoint.
+    fn apart(&self, a: usize, b: u32) -> bool {
+        self.0.get(a).is_some_and(|v| v.binary_search(&b).is_ok())
+    }
+}
+
+/// How many (free, write) pairs `needed_fences` would fence.
+fn fence_count(s: &Schedule, clocks: &Clocks) -> usize {
+    let mut pairs: Vec<(usize, usize)> = needed_fences(s, clocks)
+        .into_iter()
+        .map(|(f, w, _, _)| (f, w))
+        .collect();
+    pairs.dedup();
+    pairs.len()
+}
+
+/// `(free index of A, first-write index of B, A, B)` where B reuses A's
+/// bytes after A's lifetime and nothing orders A's free before B's write.
+fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize, BufferId, BufferId)> {
     let mut order: Vec<&Buffer> = s
         .buffers
         .iter()
@@ -218,7 +277,7 @@ fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize)> {
             for (x, y) in [(a, b), (b, a)] {
                 if let Some(f) = x.end.filter(|&f| f < y.start) {
                     if !clocks.hb(f as usize, y.start as usize) {
-                        out.push((f as usize, y.start as usize));
+                        out.push((f as usize, y.start as usize, x.id, y.id));
                     }
                 }
             }
@@ -230,19 +289,25 @@ fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize)> {
 }
 
 /// Inserts a `Record` after each free and a `Wait` before each writer that
-/// `needed_fences` found.
-fn insert_fences(s: &mut Schedule) {
+/// `needed_fences` found; returns them.
+fn insert_fences(s: &mut Schedule) -> Vec<Fence> {
     let clocks = Clocks::new(&s.instructions, s.events);
-    let fences = needed_fences(s, &clocks);
-    if fences.is_empty() {
-        return;
+    let needed = needed_fences(s, &clocks);
+    let mut fences = Vec::with_capacity(needed.len());
+    if needed.is_empty() {
+        return fences;
     }
     let mut record_after: BTreeMap<usize, EventId> = BTreeMap::new();
     let mut wait_before: BTreeMap<usize, Vec<EventId>> = BTreeMap::new();
-    for (free, write) in fences {
+    for (free, write, freed, written) in needed {
         let event = *record_after.entry(free).or_insert_with(|| {
             s.events += 1;
             EventId(s.events - 1)
+        });
+        fences.push(Fence {
+            event,
+            freed,
+            written,
         });
         let waits = wait_before.entry(write).or_default();
         if !waits.contains(&event) {
@@ -266,6 +331,7 @@ fn insert_fences(s: &mut Schedule) {
             });
         }
     }
+    fences
 }
 
 /// Live bytes at every instruction index.
