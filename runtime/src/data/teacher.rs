@@ -12,6 +12,14 @@ use std::collections::HashMap;
 const X_KEY: u64 = 0xF1EA_7E00;
 const W_KEY: u64 = 0x7EAC_4E50;
 
+/// Most teacher weights kept in memory (classes x features); a larger
+/// teacher draws its weights again for every label.
+const KEPT_WEIGHTS: usize = 1 << 22;
+
+/// Classes scored together per pass over the features: their running sums
+/// live on the stack, so a step's data loading allocates nothing.
+const CLASS_CHUNK: usize = 64;
+
 /// The teacher task.
 #[derive(Clone, Debug)]
 pub struct Teacher {
@@ -19,6 +27,10 @@ pub struct Teacher {
     features: usize,
     classes: u64,
     seed: u64,
+    /// The teacher's weights, class-major, when there are at most
+    /// `KEPT_WEIGHTS` (drawn once, at set-up, before any rank's memory is
+    /// counted); empty otherwise.
+    weights: Vec<f64>,
 }
 
 impl Teacher {
@@ -43,30 +55,60 @@ impl Teacher {
                 None
             })?;
         let features = (x.ty.numel() as usize) / b.max(1);
-        Some(Teacher {
+        let mut t = Teacher {
             x: x.name.clone(),
             features,
             classes,
             seed,
-        })
+            weights: Vec::new(),
+        };
+        if (classes as usize).saturating_mul(features) <= KEPT_WEIGHTS {
+            t.weights = (0..classes)
+                .flat_map(|c| (0..features).map(move |f| (c, f)))
+                .map(|(c, f)| t.weight(c, f))
+                .collect();
+        }
+        Some(t)
     }
 
     fn feature(&self, step: u64, sample: u64, f: usize) -> f64 {
         normal(&[self.seed, step, sample, X_KEY, f as u64])
     }
 
+    fn weight(&self, class: u64, f: usize) -> f64 {
+        let kept = (class as usize)
+            .checked_mul(self.features)
+            .and_then(|i| self.weights.get(i + f));
+        match kept {
+            Some(&w) => w,
+            None => normal(&[self.seed, W_KEY, class, f as u64]),
+        }
+    }
+
+    /// The arg-max over classes of the teacher's score (the first class on
+    /// ties). Each score sums feature x weight over the features in order;
+    /// classes are scored `CLASS_CHUNK` at a time, each feature drawn once
+    /// per chunk.
     fn label(&self, step: u64, sample: u64) -> i64 {
-        // Features are drawn again per class rather than kept: a step's
-        // data loading allocates nothing.
-        let score = |c: u64| {
-            (0..self.features)
-                .map(|f| self.feature(step, sample, f) * normal(&[self.seed, W_KEY, c, f as u64]))
-                .sum::<f64>()
-        };
-        (0..self.classes)
-            .map(|c| (score(c), c))
-            .fold((f64::NEG_INFINITY, 0), |a, b| if b.0 > a.0 { b } else { a })
-            .1 as i64
+        let mut best = (f64::NEG_INFINITY, 0u64);
+        let mut first = 0u64;
+        while first < self.classes {
+            let n = (self.classes - first).min(CLASS_CHUNK as u64) as usize;
+            let mut score = [0f64; CLASS_CHUNK];
+            for f in 0..self.features {
+                let x = self.feature(step, sample, f);
+                for (k, s) in score[..n].iter_mut().enumerate() {
+                    *s += x * self.weight(first + k as u64, f);
+                }
+            }
+            for (k, &s) in score[..n].iter().enumerate() {
+                if s > best.0 {
+                    best = (s, first + k as u64);
+                }
+            }
+            first += n as u64;
+        }
+        best.1 as i64
     }
 
     /// Fills the features or the labels; gives `out` back for any other input.
