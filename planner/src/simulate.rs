@@ -300,7 +300,8 @@ pub fn run(plan: &Plan, cluster: &Cluster) -> Simulation {
                 .enumerate()
                 .filter(|(_, ins)| ins.stream == s)
                 .map(|(i, _)| tl.end[i] - tl.start[i])
-                .sum();
+                // From +0.0: `sum` of nothing is -0.0, printed "-0.0%".
+                .fold(0.0, |a, b| a + b);
             (
                 s,
                 if tl.step_time_s > 0.0 {
