@@ -34,7 +34,8 @@
 //!   both give the same best candidate and that no bound exceeded what its
 //!   compile gave.
 //! - Memory is `Plan::memory.peak_bytes` against `Cluster::memory_bytes`,
-//!   as `compile` checks it; time is `simulate::estimate_on`.
+//!   as `compile` checks it; time is the step `compile` simulated on the
+//!   cluster (`Plan::estimates`, after the overlap pass).
 
 use crate::cluster::Cluster;
 use crate::config::FsdpConfig;
@@ -238,7 +239,8 @@ impl Search<'_> {
     fn evaluate(&self, cfg: &FsdpConfig) -> Result<Evaluated, AutoError> {
         match self.compile(cfg) {
             Ok(plan) => {
-                let step = simulate::estimate_on(&plan, self.cluster).step_time_s;
+                // `compile` simulated the plan on this cluster already.
+                let step = plan.estimates.step_time_s;
                 Ok(Ok((plan, step)))
             }
             Err(e @ (PlanError::BadConfig { .. } | PlanError::Program { .. })) => {
