@@ -13,42 +13,10 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+mod common;
+use common::cli::{check_error, dir, ok, s};
 use std::time::{Duration, Instant};
-
-fn fsdpc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fsdpc"))
-        .args(args)
-        .output()
-        .expect("fsdpc runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = fsdpc(args);
-    assert!(
-        o.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn check_error(args: &[&str], needle: &str) {
-    let o = fsdpc(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{args:?} succeeded");
-    assert!(err.contains(needle), "{args:?}: `{err}` lacks `{needle}`");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-}
-
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdpc-report-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// The Chromium binary, or why there is none (a failure under CI).
 fn chromium() -> Option<PathBuf> {

@@ -5,24 +5,9 @@
 //! the edit says; bad cluster files are clear errors.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn fsdpc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fsdpc"))
-        .args(args)
-        .output()
-        .expect("fsdpc runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = fsdpc(args);
-    assert!(
-        o.status.success(),
-        "fsdpc {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+mod common;
+use common::cli::{fsdpc, ok};
 
 fn err(args: &[&str]) -> String {
     let o = fsdpc(args);

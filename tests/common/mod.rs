@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
+
 use fsdpc_frontends::LoadOptions;
 use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy};
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
