@@ -53,7 +53,8 @@ pub fn relieve_stalls(
 ) {
     let mut apart = Apart::new();
     let mut tl = simulate::simulate(plan, cluster);
-    let mut best_step = tl.step_time_s;
+    // The timeline of the best layout so far.
+    let mut best_tl = tl.clone();
     // The best layout so far when the plan holds a later, slower one.
     let mut best: Option<Layout> = None;
     for _ in 0..MAX_ROUNDS {
@@ -78,8 +79,8 @@ pub fn relieve_stalls(
         .install(plan);
         tl = simulate::simulate(plan, cluster);
         fences = next;
-        if tl.step_time_s < best_step * (1.0 - MIN_GAIN) {
-            best_step = tl.step_time_s;
+        if tl.step_time_s < best_tl.step_time_s * (1.0 - MIN_GAIN) {
+            best_tl = tl.clone();
             best = None;
         } else if best.is_none() {
             best = Some(previous);
@@ -88,7 +89,7 @@ pub fn relieve_stalls(
     if let Some(layout) = best {
         layout.install(plan);
     }
-    plan.estimates = simulate::estimate_on(plan, cluster);
+    plan.estimates = simulate::estimates(plan, cluster, &best_tl);
 }
 
 /// The buffer pairs of `fences` whose `Wait` starts later than its stream

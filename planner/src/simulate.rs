@@ -331,7 +331,8 @@ pub fn estimate_on(plan: &Plan, cluster: &Cluster) -> Estimates {
     estimates(plan, cluster, &tl)
 }
 
-fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
+/// The estimates of `plan` from its simulated timeline `tl` on `cluster`.
+pub fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
     let peak = cluster.hardware.peak_flops(plan.config.param_dtype);
     let achieved = if tl.step_time_s > 0.0 {
         tl.model_flops / tl.step_time_s
