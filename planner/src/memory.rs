@@ -194,11 +194,10 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool, keep: &Keep) -> u64 {
             i,
         )
     });
-    // Placed buffers as (offset, end offset, start, end, index), sorted by
-    // offset.
-    let mut placed: Vec<(u64, u64, u32, u32, u32)> = Vec::with_capacity(order.len());
+    let mut placed = Placed::new(buffers, &order);
     let mut arena = base;
     let mut region = 0u8;
+    let mut conflicts: Vec<(u64, u64)> = Vec::new();
     for i in order {
         if class(&buffers[i]) != region {
             region = class(&buffers[i]);
@@ -206,22 +205,107 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool, keep: &Keep) -> u64 {
         }
         let size = align(buffers[i].bytes);
         let (s, e) = (buffers[i].start, buffers[i].end.unwrap_or(u32::MAX));
+        // First fit: the lowest offset from `base` whose `size` bytes meet
+        // no placed buffer that is live at the same time or kept apart.
+        placed.conflicts(i, s, e, keep, &mut conflicts);
+        conflicts.sort_unstable();
         let mut cand = base;
-        for &(off, end_off, ps, pe, j) in &placed {
-            if (ps > e || s > pe) && !keep.apart(i, j) {
-                continue;
-            }
+        for &(off, end_off) in &conflicts {
             if off >= cand + size {
                 break;
             }
             cand = cand.max(end_off);
         }
         buffers[i].offset = cand;
-        let at = placed.partition_point(|p| p.0 <= cand);
-        placed.insert(at, (cand, cand + size, s, e, i as u32));
+        placed.insert(i, cand, cand + size, s, e);
         arena = arena.max(cand + buffers[i].bytes);
     }
     arena
+}
+
+/// The buffers `assign_offsets` has placed, indexed by time: each in every
+/// bucket of `BUCKET` instruction indices its lifetime touches, so finding
+/// the ones live at the same time as a new buffer reads only the buckets
+/// of its own lifetime.
+struct Placed {
+    /// Per bucket: the indices of the placed buffers live in it.
+    buckets: Vec<Vec<u32>>,
+    /// Per buffer index: `(offset, end offset, start, end)` once placed.
+    at: Vec<Option<(u64, u64, u32, u32)>>,
+    /// Per buffer index: the query that last reported it (to report each
+    /// once).
+    seen: Vec<u32>,
+    query: u32,
+}
+
+/// Instruction indices per time bucket of `Placed`.
+const BUCKET: u32 = 64;
+
+impl Placed {
+    fn new(buffers: &[Buffer], order: &[usize]) -> Placed {
+        let last = order
+            .iter()
+            .map(|&i| {
+                buffers[i]
+                    .end
+                    .unwrap_or(buffers[i].start)
+                    .max(buffers[i].start)
+            })
+            .max()
+            .unwrap_or(0);
+        Placed {
+            buckets: vec![Vec::new(); (last / BUCKET) as usize + 1],
+            at: vec![None; buffers.len()],
+            seen: vec![0; buffers.len()],
+            query: 0,
+        }
+    }
+
+    /// The buckets a lifetime `[s, e]` touches (`e` capped at the last).
+    fn span(&self, s: u32, e: u32) -> std::ops::RangeInclusive<usize> {
+        let last = self.buckets.len().saturating_sub(1);
+        ((s / BUCKET) as usize).min(last)..=((e / BUCKET) as usize).min(last)
+    }
+
+    fn insert(&mut self, i: usize, off: u64, end_off: u64, s: u32, e: u32) {
+        self.at[i] = Some((off, end_off, s, e));
+        for b in self.span(s, e) {
+            self.buckets[b].push(i as u32);
+        }
+    }
+
+    /// Into `out`, the byte ranges of the placed buffers that buffer `i`
+    /// (live `[s, e]`) may not share bytes with, unsorted.
+    fn conflicts(&mut self, i: usize, s: u32, e: u32, keep: &Keep, out: &mut Vec<(u64, u64)>) {
+        out.clear();
+        self.query += 1;
+        for b in self.span(s, e) {
+            for &j in &self.buckets[b] {
+                let j = j as usize;
+                if self.seen[j] == self.query {
+                    continue;
+                }
+                // Marked only when reported: a buffer live at another time
+                // may still be a partner kept apart (below).
+                if let Some((off, end_off, ps, pe)) = self.at[j] {
+                    if !(ps > e || s > pe) {
+                        self.seen[j] = self.query;
+                        out.push((off, end_off));
+                    }
+                }
+            }
+        }
+        for &j in keep.partners(i) {
+            let j = j as usize;
+            if self.seen.get(j) == Some(&self.query) {
+                continue;
+            }
+            if let Some((off, end_off, _, _)) = self.at.get(j).copied().flatten() {
+                self.seen[j] = self.query;
+                out.push((off, end_off));
+            }
+        }
+    }
 }
 
 /// `Apart` as a sorted list of partners per buffer index.
@@ -242,10 +326,10 @@ impl Keep {
         Keep(of)
     }
 
-    /// Whether buffers `a` and `b` must not share bytes even though their
+    /// The buffers `a` must not share bytes with even when their
     /// lifetimes are disjoint.
-    fn apart(&self, a: usize, b: u32) -> bool {
-        self.0.get(a).is_some_and(|v| v.binary_search(&b).is_ok())
+    fn partners(&self, a: usize) -> &[u32] {
+        self.0.get(a).map_or(&[], |v| v.as_slice())
     }
 }
 
@@ -262,23 +346,29 @@ fn fence_count(s: &Schedule, clocks: &Clocks) -> usize {
 /// `(free index of A, first-write index of B, A, B)` where B reuses A's
 /// bytes after A's lifetime and nothing orders A's free before B's write.
 fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize, BufferId, BufferId)> {
-    let mut order: Vec<&Buffer> = s
+    /// A buffer as the pair loop reads it: offset, end offset, first write,
+    /// free (`u32::MAX`: none), id.
+    type Span = (u64, u64, u32, u32, BufferId);
+    let mut order: Vec<Span> = s
         .buffers
         .iter()
         .filter(|b| !b.persistent() && b.bytes > 0 && b.location == Location::Device)
+        .map(|b| {
+            let end = b.end.unwrap_or(u32::MAX);
+            (b.offset, b.offset + b.bytes, b.start, end, b.id)
+        })
         .collect();
-    order.sort_by_key(|b| (b.offset, b.id));
+    order.sort_unstable_by_key(|b| (b.0, b.4));
     let mut out = Vec::new();
     for (i, a) in order.iter().enumerate() {
         for b in &order[i + 1..] {
-            if b.offset >= a.offset + a.bytes {
+            if b.0 >= a.1 {
                 break;
             }
             for (x, y) in [(a, b), (b, a)] {
-                if let Some(f) = x.end.filter(|&f| f < y.start) {
-                    if !clocks.hb(f as usize, y.start as usize) {
-                        out.push((f as usize, y.start as usize, x.id, y.id));
-                    }
+                let f = x.3;
+                if f != u32::MAX && f < y.2 && !clocks.hb(f as usize, y.2 as usize) {
+                    out.push((f as usize, y.2 as usize, x.4, y.4));
                 }
             }
         }
@@ -391,5 +481,60 @@ pub fn summarize(all: &[Buffer], n_instrs: usize, arena_bytes: u64) -> MemorySum
         rank_bytes: arena_bytes,
         host_peak_bytes,
         host_arena_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fsdpc_ir::DType;
+
+    fn activation(id: u32, bytes: u64, start: u32, end: u32) -> Buffer {
+        Buffer {
+            id: BufferId(id),
+            kind: BufferKind::Activation,
+            unit: None,
+            value: None,
+            dtype: DType::F32,
+            bytes,
+            offset: 0,
+            start,
+            end: Some(end),
+            stream: None,
+            location: Location::Device,
+        }
+    }
+
+    fn disjoint(a: &Buffer, b: &Buffer) -> bool {
+        a.offset + a.bytes <= b.offset || b.offset + b.bytes <= a.offset
+    }
+
+    /// Buffers live at different times share bytes unless kept apart; a
+    /// pair kept apart gets disjoint bytes even when both lie in one time
+    /// bucket of `Placed` (a regression: the bucket scan marked a
+    /// time-disjoint partner as reported without reporting it).
+    #[test]
+    fn kept_apart_pairs_get_disjoint_bytes() {
+        let buffers = || {
+            vec![
+                activation(0, 1024, 0, 3),
+                activation(1, 1024, 5, 8),
+                activation(2, 1024, 10, 12),
+            ]
+        };
+        let mut free = buffers();
+        let arena = assign_offsets(&mut free, false, &Keep::new(&Apart::new(), 3));
+        assert_eq!(arena, 1024, "time-disjoint buffers reuse one region");
+        let mut apart = Apart::new();
+        apart.insert((BufferId(0), BufferId(1)));
+        let mut kept = buffers();
+        assign_offsets(&mut kept, false, &Keep::new(&apart, 3));
+        assert!(disjoint(&kept[0], &kept[1]), "{kept:?}");
+        // Far apart in time (different buckets), too.
+        let mut far = buffers();
+        far[1].start = 5 * BUCKET;
+        far[1].end = Some(5 * BUCKET + 2);
+        assign_offsets(&mut far, false, &Keep::new(&apart, 3));
+        assert!(disjoint(&far[0], &far[1]), "{far:?}");
     }
 }
