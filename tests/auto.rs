@@ -86,7 +86,7 @@ fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, 
     assert_eq!(pruned.plan.validate(), Ok(()), "{label}");
     // Bounds hold: each pruned-search bound is at most what the grid's
     // compile of the same candidate gave.
-    let mut by_memory = 0;
+    let (mut by_memory, mut screened_over) = (0, 0);
     for (g, p) in grid.weighed.iter().zip(&pruned.weighed) {
         assert_eq!(g.candidate.index, p.candidate.index);
         let (Some(step), Some(peak)) = (g.step_time_s, g.peak_bytes) else {
@@ -108,12 +108,24 @@ fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, 
             by_memory += 1;
             assert!(peak > cluster.memory_bytes, "{label}: pruned one that fits");
         }
+        // A screened candidate's peak is the compiled one, exactly.
+        if let (None, Some(screened)) = (p.step_time_s, p.peak_bytes) {
+            assert_eq!(
+                screened,
+                peak,
+                "{label}: {} screened peak",
+                p.candidate.short()
+            );
+            if matches!(p.verdict, Verdict::OverMemory { .. }) {
+                screened_over += 1;
+            }
+        }
     }
     let r = &pruned.record;
     assert_eq!(
-        r.compiled + r.pruned_by_memory + r.pruned_by_time,
+        r.compiled + r.pruned_by_memory + r.pruned_by_time + screened_over,
         space.len() as u64,
-        "{label}: every candidate compiled or pruned"
+        "{label}: every candidate compiled, pruned or screened over memory"
     );
     assert_eq!(r.pruned_by_memory, by_memory, "{label}");
     assert!(r.compiled < space.len() as u64, "{label}: something pruned");

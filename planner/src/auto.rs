@@ -42,7 +42,6 @@ use crate::config::FsdpConfig;
 use crate::error::PlanError;
 use crate::inspect::human_bytes;
 use crate::plan::*;
-use crate::simulate;
 use fsdpc_ir::{DType, TrainingProgram};
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -212,6 +211,10 @@ impl Probe {
 /// A compiled candidate and its step time, or the planner's refusal.
 type Evaluated = Result<(Plan, f64), String>;
 
+/// A screened candidate (`crate::quick`: exact peak, step lower bound), or
+/// the planner's refusal.
+type Screened = Result<crate::Quick, String>;
+
 /// The inputs of a search.
 pub struct Search<'a> {
     pub program: &'a TrainingProgram,
@@ -243,6 +246,19 @@ impl Search<'_> {
                 let step = plan.estimates.step_time_s;
                 Ok(Ok((plan, step)))
             }
+            Err(e @ (PlanError::BadConfig { .. } | PlanError::Program { .. })) => {
+                Ok(Err(e.to_string()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Screens one candidate: every pass but memory planning, giving its
+    /// exact peak and a lower bound of its step (`crate::quick`), or the
+    /// planner's refusal of its configuration.
+    fn screen(&self, cfg: &FsdpConfig) -> Result<Screened, AutoError> {
+        match crate::quick(self.program.clone(), self.model.clone(), self.cluster, cfg) {
+            Ok(q) => Ok(Ok(q)),
             Err(e @ (PlanError::BadConfig { .. } | PlanError::Program { .. })) => {
                 Ok(Err(e.to_string()))
             }
@@ -288,17 +304,22 @@ impl Search<'_> {
             .sum()
     }
 
-    /// Runs the pruned search, in two passes over the classes.
+    /// Runs the pruned search, in two passes over the classes. A candidate
+    /// is screened (`screen`: its exact peak and a step lower bound) before
+    /// it is compiled, and compiled only when it fits and its lower bound
+    /// can beat the best step found.
     ///
     /// 1. In order of compute bound, then index: the structure's
     ///    least-memory member when the structure has no probe yet (it
     ///    bounds the memory of the whole structure at every F), else the
     ///    class's first member no bound prunes. Each gives its class's busy
-    ///    bound and a first best.
+    ///    bound and, compiled, a first best.
     /// 2. In order of the classes' time bounds, then index: every member no
-    ///    bound prunes, compiled in parallel and recorded in index order
-    ///    (so the result and the table do not depend on the number of
-    ///    threads). The rest are pruned.
+    ///    class bound prunes is screened (in parallel); those that fit are
+    ///    weighed in order of their own lower bound, then index, and
+    ///    compiled until the bound cannot beat the best. The rest are
+    ///    pruned. The result and the table do not depend on the number of
+    ///    threads.
     pub fn run(&self) -> Result<AutoResult, AutoError> {
         let classes = self.space.classes();
         let knobs = self.space.knobs();
@@ -327,9 +348,11 @@ impl Search<'_> {
                 && floor <= cap
                 && !beaten(t.best, bound[ci], ci * per + least_at);
             let first = if probe {
-                let r = self.evaluate(&apply(self.base, class, least))?;
-                if let Ok((plan, _)) = &r {
-                    known.structure.insert(key.clone(), Probe::from_plan(plan));
+                let r = self.screen(&apply(self.base, class, least))?;
+                if let Ok(q) = &r {
+                    known
+                        .structure
+                        .insert(key.clone(), Probe::from_plan(&q.plan));
                 }
                 Some((least_at, r))
             } else {
@@ -345,18 +368,20 @@ impl Search<'_> {
                 None => match (0..per)
                     .find(|&ki| mem[ci] <= cap && !beaten(t.best, bound[ci], ci * per + ki))
                 {
-                    Some(ki) => Some((ki, self.evaluate(&apply(self.base, class, knobs[ki]))?)),
+                    Some(ki) => Some((ki, self.screen(&apply(self.base, class, knobs[ki]))?)),
                     None => None,
                 },
             };
             if let Some((ki, r)) = first {
+                if let Ok(q) = &r {
+                    bound[ci] = bound[ci].max(q.busy_s);
+                }
                 let cand = Candidate {
                     index: ci * per + ki,
                     config: apply(self.base, class, knobs[ki]),
                 };
-                let (w, busy) = self.record(cand, r, &mut t, bound[ci], mem[ci]);
+                let w = self.weigh(cand, r, &mut t, bound[ci], mem[ci])?;
                 t.weighed[ci * per + ki] = Some(w);
-                bound[ci] = bound[ci].max(busy.unwrap_or(0.0));
             }
         }
         order.sort_by(|&a, &b| bound[a].total_cmp(&bound[b]).then(a.cmp(&b)));
@@ -366,12 +391,15 @@ impl Search<'_> {
                 .filter(|&ki| t.weighed[ci * per + ki].is_none())
                 .filter(|&ki| mem[ci] <= cap && !beaten(t.best, bound[ci], ci * per + ki))
                 .collect();
-            for (ki, r) in self.evaluate_all(class, &knobs, &todo)? {
+            let mut screened = self.screen_all(class, &knobs, &todo)?;
+            let lower = |r: &Screened| r.as_ref().map_or(0.0, |q| q.step_lower_s);
+            screened.sort_by(|a, b| lower(&a.1).total_cmp(&lower(&b.1)).then(a.0.cmp(&b.0)));
+            for (ki, r) in screened {
                 let cand = Candidate {
                     index: ci * per + ki,
                     config: apply(self.base, class, knobs[ki]),
                 };
-                let (w, _) = self.record(cand, r, &mut t, bound[ci], mem[ci]);
+                let w = self.weigh(cand, r, &mut t, bound[ci], mem[ci])?;
                 t.weighed[ci * per + ki] = Some(w);
             }
             // Whatever is left was pruned.
@@ -406,22 +434,66 @@ impl Search<'_> {
         self.finish(t)
     }
 
-    /// Compiles the members `todo` of `class` in parallel, in `todo`
-    /// order.
-    fn evaluate_all(
+    /// Screens the members `todo` of `class` in parallel, in `todo` order.
+    fn screen_all(
         &self,
         class: &Class,
         knobs: &[Knobs],
         todo: &[usize],
-    ) -> Result<Vec<(usize, Evaluated)>, AutoError> {
+    ) -> Result<Vec<(usize, Screened)>, AutoError> {
         use rayon::prelude::*;
         todo.par_iter()
-            .map(|&ki| Ok((ki, self.evaluate(&apply(self.base, class, knobs[ki]))?)))
+            .map(|&ki| Ok((ki, self.screen(&apply(self.base, class, knobs[ki]))?)))
             .collect()
     }
 
-    /// Records a compiled (or refused) candidate; returns its row and the
-    /// busiest stream's seconds.
+    /// Weighs a screened candidate: refused; over memory (the screen's
+    /// peak is the compiled one); pruned by its own lower bound (or the
+    /// class's, whichever is larger) when that cannot beat the best; else
+    /// compiled and recorded.
+    fn weigh(
+        &self,
+        cand: Candidate,
+        r: Screened,
+        t: &mut Table,
+        bound_s: f64,
+        bound_bytes: u64,
+    ) -> Result<Weighed, AutoError> {
+        let cap = self.cluster.memory_bytes;
+        let row = |verdict, peak_bytes, bound_s| Weighed {
+            candidate: cand.clone(),
+            verdict,
+            step_time_s: None,
+            peak_bytes,
+            bound_s,
+            bound_bytes,
+        };
+        let q = match r {
+            Err(reason) => return Ok(row(Verdict::Refused { reason }, None, bound_s)),
+            Ok(q) => q,
+        };
+        if q.peak_bytes > cap {
+            let by_bytes = q.peak_bytes - cap;
+            return Ok(row(
+                Verdict::OverMemory { by_bytes },
+                Some(q.peak_bytes),
+                bound_s,
+            ));
+        }
+        let lower = bound_s.max(q.step_lower_s);
+        if beaten(t.best, lower, cand.index) {
+            let best_s = t.best.map_or(f64::INFINITY, |b| b.0);
+            let verdict = Verdict::TimeBound {
+                bound_s: lower,
+                best_s,
+            };
+            return Ok(row(verdict, Some(q.peak_bytes), lower));
+        }
+        let r = self.evaluate(&cand.config)?;
+        Ok(self.record(cand, r, t, lower, bound_bytes))
+    }
+
+    /// Records a compiled (or refused) candidate; returns its row.
     fn record(
         &self,
         cand: Candidate,
@@ -429,31 +501,22 @@ impl Search<'_> {
         t: &mut Table,
         bound_s: f64,
         bound_bytes: u64,
-    ) -> (Weighed, Option<f64>) {
+    ) -> Weighed {
         let cap = self.cluster.memory_bytes;
         let (plan, step) = match r {
             Err(reason) => {
-                return (
-                    Weighed {
-                        candidate: cand,
-                        verdict: Verdict::Refused { reason },
-                        step_time_s: None,
-                        peak_bytes: None,
-                        bound_s,
-                        bound_bytes,
-                    },
-                    None,
-                )
+                return Weighed {
+                    candidate: cand,
+                    verdict: Verdict::Refused { reason },
+                    step_time_s: None,
+                    peak_bytes: None,
+                    bound_s,
+                    bound_bytes,
+                }
             }
             Ok(x) => x,
         };
         let peak = plan.memory.peak_bytes;
-        let sim = simulate::run(&plan, self.cluster);
-        let busy = sim
-            .busy
-            .iter()
-            .map(|(_, f)| f * sim.step_time_s)
-            .fold(0.0, f64::max);
         let verdict = if peak > cap {
             Verdict::OverMemory {
                 by_bytes: peak - cap,
@@ -466,17 +529,14 @@ impl Search<'_> {
             }
             Verdict::Slower { by: 0.0 }
         };
-        (
-            Weighed {
-                candidate: cand,
-                verdict,
-                step_time_s: Some(step),
-                peak_bytes: Some(peak),
-                bound_s,
-                bound_bytes,
-            },
-            Some(busy),
-        )
+        Weighed {
+            candidate: cand,
+            verdict,
+            step_time_s: Some(step),
+            peak_bytes: Some(peak),
+            bound_s,
+            bound_bytes,
+        }
     }
 
     /// The chosen plan and the final verdicts, or why nothing fits.
@@ -499,6 +559,10 @@ impl Search<'_> {
         let record = AutoRecord {
             candidates: weighed.len() as u64,
             compiled: compiled as u64,
+            screened: weighed
+                .iter()
+                .filter(|w| !w.compiled() && w.peak_bytes.is_some())
+                .count() as u64,
             pruned_by_memory: count(|v| matches!(v, Verdict::MemoryBound { .. })) as u64,
             pruned_by_time: count(|v| matches!(v, Verdict::TimeBound { .. })) as u64,
             searched: self.space.searched(),

@@ -390,9 +390,10 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(a) = &s.auto {
         let _ = writeln!(
             out,
-            "chosen    by fsdpc compile --auto: the fastest of {} candidates that fits ({} compiled, {} pruned by the memory bound, {} by the time bound); searched {}",
+            "chosen    by fsdpc compile --auto: the fastest of {} candidates that fits ({} compiled, {} screened without compiling, {} pruned by the memory bound, {} by a time bound); searched {}",
             a.candidates,
             a.compiled,
+            a.screened,
             a.pruned_by_memory,
             a.pruned_by_time,
             if a.searched.is_empty() {

@@ -91,6 +91,101 @@ pub fn compile_unchecked(
     cluster: &Cluster,
     cfg: &FsdpConfig,
 ) -> Result<Plan, PlanError> {
+    let Lowered {
+        mut plan,
+        sched,
+        heap_bytes,
+    } = lower(program, model, cluster, cfg)?;
+    let scheduled = sched.clone();
+    let mut sched = sched;
+    let (mut memory, fences) = memory::plan_memory(&mut sched, &memory::Apart::new());
+    memory.heap_bytes = heap_bytes;
+    memory.rank_bytes = memory.arena_bytes + memory.host_arena_bytes + heap_bytes;
+    plan.buffers = sched.buffers;
+    plan.events = sched.events;
+    plan.instructions = sched.instructions;
+    plan.memory = memory;
+    overlap::relieve_stalls(&mut plan, &scheduled, fences, heap_bytes, cluster);
+    plan.validate().map_err(PlanError::Invalid)?;
+    Ok(plan)
+}
+
+/// A configuration judged without planning its arena: the exact peak and a
+/// lower bound of the step `compile_unchecked` would simulate, at a small
+/// fraction of its cost (the auto-planner's screen).
+#[derive(Clone, Debug)]
+pub struct Quick {
+    /// The plan before memory planning: buffers with lifetimes but no
+    /// offsets, no fences, `memory` with the exact peaks (`arena_bytes` 0,
+    /// `rank_bytes` the device and host peaks plus the heap bound: at most
+    /// the compiled figure) and no estimates.
+    pub plan: Plan,
+    /// `memory.peak_bytes` of the compiled plan: live bytes do not depend on
+    /// offsets, and the fences memory planning inserts (records and waits)
+    /// write and free nothing.
+    pub peak_bytes: u64,
+    /// At most the compiled plan's simulated step. Without contention: the
+    /// simulated step of the schedule without fences (fences only add
+    /// waits, and in the one-pass simulation a wait never makes anything
+    /// start earlier). With contention, where slowing one stream may speed
+    /// another: the busiest stream's total work at full speed.
+    pub step_lower_s: f64,
+    /// The busiest stream's total work at full speed (a bound for every
+    /// schedule that runs the same instructions).
+    pub busy_s: f64,
+}
+
+/// Runs every pass up to memory planning and judges the result (`Quick`).
+pub fn quick(
+    program: TrainingProgram,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Quick, PlanError> {
+    let Lowered {
+        mut plan,
+        mut sched,
+        heap_bytes,
+    } = lower(program, model, cluster, cfg)?;
+    memory::set_lifetimes(&mut sched.buffers, &sched.instructions);
+    let mut memory = memory::summarize(&sched.buffers, sched.instructions.len(), 0);
+    memory.heap_bytes = heap_bytes;
+    memory.rank_bytes = memory.peak_bytes + memory.host_peak_bytes + heap_bytes;
+    plan.buffers = sched.buffers;
+    plan.events = sched.events;
+    plan.instructions = sched.instructions;
+    plan.memory = memory;
+    let busy_s = simulate::busiest_stream_s(&plan, cluster);
+    let step_lower_s = if simulate::contends(cluster) {
+        busy_s
+    } else {
+        simulate::simulate(&plan, cluster).step_time_s
+    };
+    Ok(Quick {
+        peak_bytes: plan.memory.peak_bytes,
+        plan,
+        step_lower_s,
+        busy_s,
+    })
+}
+
+/// What the passes before memory planning give: the plan without its
+/// buffers, instructions, memory and estimates, and the schedule that
+/// holds them.
+struct Lowered {
+    plan: Plan,
+    sched: schedule::Schedule,
+    heap_bytes: u64,
+}
+
+/// Passes 0 to 3 (freeze, precision, units, checkpointing, flat layout,
+/// schedule, clipping, the loss scaler, workspaces).
+fn lower(
+    program: TrainingProgram,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Lowered, PlanError> {
     cfg.check()?;
     let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;
     let reshard = cfg.reshard(shard_factor)?;
@@ -126,11 +221,7 @@ pub fn compile_unchecked(
         scaler::insert(&mut sched, &program, s, groups)?;
     }
     let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
-    let scheduled = sched.clone();
-    let (mut memory, fences) = memory::plan_memory(&mut sched, &memory::Apart::new());
-    memory.heap_bytes = heap_bytes;
-    memory.rank_bytes = memory.arena_bytes + memory.host_arena_bytes + heap_bytes;
-    let mut plan = Plan {
+    let plan = Plan {
         schema: SCHEMA.to_string(),
         // Each rank processes `grad_accum` micro-batches per step.
         model: ModelInfo {
@@ -168,17 +259,19 @@ pub fn compile_unchecked(
             .into_iter()
             .filter(|&s| s != Stream::Offload || cfg.cpu_offload)
             .collect(),
-        buffers: sched.buffers,
-        events: sched.events,
+        buffers: Vec::new(),
+        events: 0,
         loss: sched.loss,
-        instructions: sched.instructions,
-        memory,
+        instructions: Vec::new(),
+        memory: MemorySummary::default(),
         estimates: Estimates::default(),
         training: program,
     };
-    overlap::relieve_stalls(&mut plan, &scheduled, fences, heap_bytes, cluster);
-    plan.validate().map_err(PlanError::Invalid)?;
-    Ok(plan)
+    Ok(Lowered {
+        plan,
+        sched,
+        heap_bytes,
+    })
 }
 
 /// Runs the checkpointing pass; when it rewrote the program, assigns units

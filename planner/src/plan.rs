@@ -295,6 +295,11 @@ pub struct AutoRecord {
     pub candidates: u64,
     /// Candidates compiled and simulated.
     pub compiled: u64,
+    /// Candidates screened (every pass but memory planning: the exact peak
+    /// and a lower bound of the step) and not compiled: over memory, or
+    /// their bound could not beat the best step (absent in older plans).
+    #[serde(default)]
+    pub screened: u64,
     /// Candidates skipped because a memory lower bound exceeded the
     /// capacity.
     pub pruned_by_memory: u64,

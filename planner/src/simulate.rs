@@ -67,6 +67,26 @@ pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
     tl
 }
 
+/// Whether `simulate` slows overlapping work on `cluster` (contention
+/// factors above 1), so that its event loop, not one pass, gives the step.
+pub fn contends(cluster: &Cluster) -> bool {
+    cluster
+        .hardware
+        .comm_compute_contention
+        .as_ref()
+        .is_some_and(|c| c.comm_slowdown > 1.0 || c.compute_slowdown > 1.0)
+}
+
+/// Seconds of work on the plan's busiest stream, each instruction at its
+/// cost alone: no schedule of these instructions takes less.
+pub fn busiest_stream_s(plan: &Plan, cluster: &Cluster) -> f64 {
+    let mut busy = [0f64; Stream::ALL.len()];
+    for ins in &plan.instructions {
+        busy[ins.stream.index()] += cost::instr_cost(plan, cluster, ins).0;
+    }
+    busy.into_iter().fold(0.0, f64::max)
+}
+
 /// The simulation without contention: one pass in instruction order.
 fn one_pass(plan: &Plan, costs: &[(f64, u64)], tl: &mut Timeline) {
     let mut t = [0f64; Stream::ALL.len()];

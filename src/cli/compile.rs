@@ -202,14 +202,15 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     let result = search.run()?;
     let r = &result.record;
     let mut text = format!(
-        "auto: {} on {}, world {} ({} per rank): {} candidates, {} compiled, {} pruned by the \
-         memory bound, {} by the time bound ({:.2} s)\n",
+        "auto: {} on {}, world {} ({} per rank): {} candidates, {} compiled, {} screened without \
+         compiling, {} pruned by the memory bound, {} by a time bound ({:.2} s)\n",
         info.name,
         cluster.preset,
         cluster.world,
         fsdpc_planner::inspect::human_bytes(cluster.memory_bytes),
         r.candidates,
         r.compiled,
+        r.screened,
         r.pruned_by_memory,
         r.pruned_by_time,
         started.elapsed().as_secs_f64()

@@ -15,7 +15,7 @@ impl Search<'_> {
         };
         for cand in candidates(self.space, self.base) {
             let r = self.evaluate(&cand.config)?;
-            let (w, _) = self.record(cand, r, &mut t, 0.0, 0);
+            let w = self.record(cand, r, &mut t, 0.0, 0);
             t.weighed.push(Some(w));
         }
         self.finish(t)
