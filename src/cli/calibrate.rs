@@ -975,6 +975,17 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     }
     h.kernel_bw = kernel_bw;
     h.kernel_flops = kernel_flops;
+    h.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
+    if let Some(g) = &h.cpu_gemm {
+        let _ = writeln!(
+            table,
+            "gemm blocking (f32): {} lanes, {} x {} micro-kernel, {} KiB packing slab per thread",
+            g.simd_lanes,
+            g.mr,
+            g.nr,
+            g.slab_bytes >> 10
+        );
+    }
     if let Some(ag2) = fits
         .iter()
         .find(|f| f.op == CollectiveKind::AllGather && f.ranks == 2)
@@ -1047,6 +1058,10 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         ("inter_latency_s", src("as intra_latency_s: one node")),
         ("host_bw", src("as mem_bw: host and device are one memory")),
         ("host_mem_bw", src("as mem_bw")),
+        (
+            "cpu_gemm",
+            src("the f32 micro-kernel gemm 0.19 dispatches to on this CPU (AVX-512F, FMA or scalar) and the L2 size its cache detection reads"),
+        ),
     ] {
         file.sources.insert(k.to_string(), v);
     }

@@ -139,9 +139,16 @@ fn generic(
     let per = per_sample(out.dims());
     let key = name_key(&desc.name);
     if desc.ty.dtype.is_float() {
+        // Keys (seed, step, sample, name, element): the prefix is hashed
+        // once per sample (`rng::normal_of`).
+        let mut prefix = (u64::MAX, 0);
         for i in 0..out.numel() {
             let (s, e) = ((i / per) as u64 + batch.first_sample, (i % per) as u64);
-            out.set_f64(i, crate::rng::normal(&[seed, batch.step, s, key, e]));
+            if prefix.0 != s {
+                prefix = (s, crate::rng::hash(&[seed, batch.step, s, key]));
+            }
+            let h = crate::rng::hash_step(prefix.1, e);
+            out.set_f64(i, crate::rng::normal_of(h));
         }
         return Ok(());
     }

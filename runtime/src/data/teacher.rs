@@ -5,7 +5,7 @@
 
 use super::{Batch, InputDesc};
 use crate::error::RuntimeError;
-use crate::rng::normal;
+use crate::rng::{hash, hash_step, normal, normal_of};
 use crate::tensor::TensorMut;
 use std::collections::HashMap;
 
@@ -71,8 +71,15 @@ impl Teacher {
         Some(t)
     }
 
-    fn feature(&self, step: u64, sample: u64, f: usize) -> f64 {
-        normal(&[self.seed, step, sample, X_KEY, f as u64])
+    /// The hash of a sample's feature keys without the feature index:
+    /// feature `f` is `normal_of(hash_step(prefix, f))`, the value of
+    /// `normal(&[seed, step, sample, X_KEY, f])`.
+    fn sample_prefix(&self, step: u64, sample: u64) -> u64 {
+        hash(&[self.seed, step, sample, X_KEY])
+    }
+
+    fn feature(prefix: u64, f: usize) -> f64 {
+        normal_of(hash_step(prefix, f as u64))
     }
 
     fn weight(&self, class: u64, f: usize) -> f64 {
@@ -91,12 +98,13 @@ impl Teacher {
     /// per chunk.
     fn label(&self, step: u64, sample: u64) -> i64 {
         let mut best = (f64::NEG_INFINITY, 0u64);
+        let prefix = self.sample_prefix(step, sample);
         let mut first = 0u64;
         while first < self.classes {
             let n = (self.classes - first).min(CLASS_CHUNK as u64) as usize;
             let mut score = [0f64; CLASS_CHUNK];
             for f in 0..self.features {
-                let x = self.feature(step, sample, f);
+                let x = Self::feature(prefix, f);
                 for (k, s) in score[..n].iter_mut().enumerate() {
                     *s += x * self.weight(first + k as u64, f);
                 }
@@ -121,11 +129,9 @@ impl Teacher {
         let b = out.dims().first().copied().unwrap_or(1);
         if name == self.x {
             for s in 0..b {
+                let prefix = self.sample_prefix(batch.step, batch.first_sample + s as u64);
                 for f in 0..self.features {
-                    out.set_f64(
-                        s * self.features + f,
-                        self.feature(batch.step, batch.first_sample + s as u64, f),
-                    );
+                    out.set_f64(s * self.features + f, Self::feature(prefix, f));
                 }
             }
             return Ok(None);
