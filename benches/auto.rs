@@ -47,13 +47,7 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool, knobs_fixed: bool
         ..Fixed::default()
     };
     let space = Space::around(&base, &m.program, world, &fixed, allow_bf16).expect("space");
-    let search = Search {
-        program: &m.program,
-        model: &info,
-        cluster: &cluster,
-        base: &base,
-        space: &space,
-    };
+    let search = Search::new(&m.program, &info, &cluster, &base, &space);
     match search.run() {
         Ok(r) => {
             let secs = started.elapsed().as_secs_f64();

@@ -50,13 +50,7 @@ fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, 
     if let Some(c) = capacity {
         cluster.memory_bytes = c;
     }
-    let search = Search {
-        program: &program,
-        model: &info,
-        cluster: &cluster,
-        base: &base,
-        space: &space,
-    };
+    let search = Search::new(&program, &info, &cluster, &base, &space);
     let label = format!("{spec} on {preset} at world {world}, capacity {capacity:?}");
     let grid = search.exhaustive().expect("grid finds a plan");
     let pruned = search.run().expect("search finds a plan");
@@ -128,6 +122,22 @@ fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, 
         "{label}: every candidate compiled, pruned or screened over memory"
     );
     assert_eq!(r.pruned_by_memory, by_memory, "{label}");
+    // With a gap the chosen step is within it of the fastest, for no more
+    // compiles than the exact search.
+    for gap in [0.005, 0.05] {
+        let near = Search::new(&program, &info, &cluster, &base, &space)
+            .with_gap(gap)
+            .run()
+            .expect("search with a gap finds a plan");
+        let fastest = grid.plan.estimates.step_time_s;
+        assert!(
+            near.plan.estimates.step_time_s <= fastest * (1.0 + gap),
+            "{label}, gap {gap}: {} > {fastest} x (1 + gap)",
+            near.plan.estimates.step_time_s
+        );
+        assert!(near.record.compiled <= r.compiled, "{label}, gap {gap}");
+        assert_eq!(near.record.gap, gap);
+    }
     assert!(r.compiled < space.len() as u64, "{label}: something pruned");
     eprintln!(
         "{label}: {} candidates, {} compiled, {} pruned by memory, {} by time; chosen {}",
@@ -204,13 +214,7 @@ fn fits_nowhere_names_the_smallest_world_that_fits() {
         ..base.clone()
     };
     cluster.memory_bytes = at(6, &lean(6)).memory.peak_bytes;
-    let search = Search {
-        program: &program,
-        model: &info,
-        cluster: &cluster,
-        base: &base,
-        space: &space,
-    };
+    let search = Search::new(&program, &info, &cluster, &base, &space);
     let err = search.run().expect_err("nothing fits at world 2");
     let text = err.to_string();
     eprintln!("{text}");
@@ -270,15 +274,9 @@ fn chosen_plan_trains_like_one_rank() {
     let cluster = Cluster::preset("cpu-local", 2, 2).expect("preset");
     let space = small_space(&program, 2, false);
     let base = FsdpConfig::default();
-    let r = Search {
-        program: &program,
-        model: &info,
-        cluster: &cluster,
-        base: &base,
-        space: &space,
-    }
-    .run()
-    .expect("a plan");
+    let r = Search::new(&program, &info, &cluster, &base, &space)
+        .run()
+        .expect("a plan");
     assert_eq!(r.plan.validate(), Ok(()));
     let record = r.plan.config.auto.as_ref().expect("auto record");
     assert_eq!(record.compiled, r.record.compiled);
@@ -329,6 +327,8 @@ fn cli_auto_prints_the_table_and_writes_the_plan() {
         "1",
         "--forward-prefetch",
         "true",
+        "--auto-gap",
+        "0",
         "-o",
         out_s,
     ];
@@ -344,6 +344,7 @@ fn cli_auto_prints_the_table_and_writes_the_plan() {
         "chosen",
         "step (s)",
         "slower than the chosen by",
+        "the fastest of the space",
         "searched  sharding: no_shard@1 full_shard@2 shard_grad_op@2",
         "the flags' only (--auto-precision bf16 also searches bf16)",
     ] {
@@ -379,10 +380,15 @@ fn cli_auto_prints_the_table_and_writes_the_plan() {
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(!text.contains("searched  sharding"), "{text}");
+    assert!(
+        text.contains("at most 0.5% slower than the fastest of the space (--auto-gap)"),
+        "{text}"
+    );
     for (extra, needle) in [
         (vec!["--auto-precision", "fp8"], "expected given or bf16"),
         (vec!["--no-fit-check"], "--no-fit-check does not apply"),
         (vec!["--shard-factor", "3"], "must divide the world"),
+        (vec!["--auto-gap", "150"], "--auto-gap must be a percentage"),
     ] {
         let mut a = vec![
             "compile",

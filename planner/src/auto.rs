@@ -29,8 +29,9 @@
 //!   the transient bytes of the structure's least-memory member (schedule
 //!   knobs least first: no prefetch, depth 1, limit 1) plus the persistent
 //!   bytes at F. A candidate whose memory bound exceeds the capacity, or
-//!   whose time bound cannot beat the best found so far, is pruned without
-//!   compiling. `exhaustive` compiles every candidate; the tests check that
+//!   whose time bound cannot beat the best found so far by more than the
+//!   optimality gap (`Search::with_gap`; `--auto-gap`, 0.5% by default), is
+//!   pruned without compiling. `exhaustive` compiles every candidate; the tests check that
 //!   both give the same best candidate and that no bound exceeded what its
 //!   compile gave.
 //! - Memory is `Plan::memory.peak_bytes` against `Cluster::memory_bytes`,
@@ -44,6 +45,7 @@ use crate::inspect::human_bytes;
 use crate::plan::*;
 use fsdpc_ir::{DType, TrainingProgram};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 mod grid;
@@ -64,8 +66,8 @@ pub enum Verdict {
     OverMemory { by_bytes: u64 },
     /// Not compiled: its memory bound exceeds the capacity by this much.
     MemoryBound { by_bytes: u64 },
-    /// Not compiled: its time bound is no better than the best step found
-    /// when it was reached.
+    /// Not compiled: its time bound cannot beat the best step by more than
+    /// the search's gap (`Search::with_gap`).
     TimeBound { bound_s: f64, best_s: f64 },
     /// The planner refused it (e.g. a policy that does not apply).
     Refused { reason: String },
@@ -215,13 +217,56 @@ type Evaluated = Result<(Plan, f64), String>;
 /// the planner's refusal.
 type Screened = Result<crate::Quick, String>;
 
-/// The inputs of a search.
+/// A search: its inputs (`Search::new`), its optimality gap, and the
+/// programs it prepared.
 pub struct Search<'a> {
-    pub program: &'a TrainingProgram,
-    pub model: &'a ModelInfo,
-    pub cluster: &'a Cluster,
-    pub base: &'a FsdpConfig,
-    pub space: &'a Space,
+    program: &'a TrainingProgram,
+    model: &'a ModelInfo,
+    cluster: &'a Cluster,
+    base: &'a FsdpConfig,
+    space: &'a Space,
+    gap: f64,
+    prepared: Prepare,
+}
+
+impl<'a> Search<'a> {
+    /// A search of `space` around `base` for `program` on `cluster`, exact
+    /// (gap 0).
+    pub fn new(
+        program: &'a TrainingProgram,
+        model: &'a ModelInfo,
+        cluster: &'a Cluster,
+        base: &'a FsdpConfig,
+        space: &'a Space,
+    ) -> Search<'a> {
+        Search {
+            program,
+            model,
+            cluster,
+            base,
+            space,
+            gap: 0.0,
+            prepared: Prepare::default(),
+        }
+    }
+
+    /// The optimality gap, a fraction: a candidate is not compiled when
+    /// its step's lower bound is at least the best step found divided by
+    /// `1 + gap`, so the chosen step is at most `1 + gap` times the fastest
+    /// of the space. 0: the fastest exactly (as `exhaustive` finds it).
+    pub fn with_gap(self, gap: f64) -> Search<'a> {
+        Search { gap, ..self }
+    }
+}
+
+/// A screened candidate that fits, waiting to be compiled.
+struct Ready {
+    /// The larger of its class's bound and its own screen's.
+    lower: f64,
+    index: usize,
+    peak_bytes: u64,
+    bound_bytes: u64,
+    candidate: Candidate,
 }
 
 /// The space's candidates with their verdicts, and the best index.
@@ -231,9 +276,41 @@ struct Table {
     plans: BTreeMap<usize, Plan>,
 }
 
+/// Prepared programs by `Prepared::key`: candidates that differ only in
+/// strategy, F, offload or schedule knobs share one.
+#[derive(Default)]
+struct Prepare(Mutex<BTreeMap<String, Arc<crate::Prepared>>>);
+
+impl Prepare {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<crate::Prepared>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of `cfg`'s prepared program, prepared on first use.
+    fn get(
+        &self,
+        program: &TrainingProgram,
+        cfg: &FsdpConfig,
+    ) -> Result<crate::Prepared, PlanError> {
+        let key = crate::Prepared::key(cfg);
+        let known = self.lock().get(&key).cloned();
+        let p = match known {
+            Some(p) => p,
+            None => {
+                let p = Arc::new(crate::prepare(program.clone(), cfg)?);
+                self.lock().insert(key, p.clone());
+                p
+            }
+        };
+        Ok((*p).clone())
+    }
+}
+
 impl Search<'_> {
     fn compile(&self, cfg: &FsdpConfig) -> Result<Plan, PlanError> {
-        crate::compile_unchecked(self.program.clone(), self.model.clone(), self.cluster, cfg)
+        crate::check(self.cluster, cfg)?;
+        let prepared = self.prepared.get(self.program, cfg)?;
+        crate::compile_prepared(prepared, self.model.clone(), self.cluster, cfg)
     }
 
     /// Compiles one candidate: its plan, or the planner's refusal of its
@@ -257,7 +334,12 @@ impl Search<'_> {
     /// exact peak and a lower bound of its step (`crate::quick`), or the
     /// planner's refusal of its configuration.
     fn screen(&self, cfg: &FsdpConfig) -> Result<Screened, AutoError> {
-        match crate::quick(self.program.clone(), self.model.clone(), self.cluster, cfg) {
+        let quick = || -> Result<crate::Quick, PlanError> {
+            crate::check(self.cluster, cfg)?;
+            let prepared = self.prepared.get(self.program, cfg)?;
+            crate::quick_prepared(prepared, self.model.clone(), self.cluster, cfg)
+        };
+        match quick() {
             Ok(q) => Ok(Ok(q)),
             Err(e @ (PlanError::BadConfig { .. } | PlanError::Program { .. })) => {
                 Ok(Err(e.to_string()))
@@ -304,22 +386,24 @@ impl Search<'_> {
             .sum()
     }
 
-    /// Runs the pruned search, in two passes over the classes. A candidate
-    /// is screened (`screen`: its exact peak and a step lower bound) before
-    /// it is compiled, and compiled only when it fits and its lower bound
-    /// can beat the best step found.
+    /// Runs the pruned search: every candidate is screened (`screen`: its
+    /// exact peak and a step lower bound) before it is compiled, and
+    /// compiled only while its lower bound can beat the best step found by
+    /// more than the gap (`Search::gap`).
     ///
-    /// 1. In order of compute bound, then index: the structure's
-    ///    least-memory member when the structure has no probe yet (it
-    ///    bounds the memory of the whole structure at every F), else the
-    ///    class's first member no bound prunes. Each gives its class's busy
-    ///    bound and, compiled, a first best.
-    /// 2. In order of the classes' time bounds, then index: every member no
-    ///    class bound prunes is screened (in parallel); those that fit are
-    ///    weighed in order of their own lower bound, then index, and
-    ///    compiled until the bound cannot beat the best. The rest are
-    ///    pruned. The result and the table do not depend on the number of
-    ///    threads.
+    /// 1. One screen per class, in parallel: first the least-memory member
+    ///    of each structure's first class (in order of compute bound, then
+    ///    index) whose persistent bytes fit (it bounds the memory of the
+    ///    whole structure at every F), then the first member of every
+    ///    other class whose memory bound fits. Each gives its class's busy
+    ///    bound and a first candidate to compile.
+    /// 2. Best first: the screened candidate with the smallest lower bound
+    ///    is compiled when no class still unexplored has a bound smaller by
+    ///    more than the gap; otherwise the class with the smallest bound is
+    ///    explored (its other members screened, in parallel). The search
+    ///    stops when neither can beat the best; the rest are pruned. Ties
+    ///    go to the smaller index, and the result and the table do not
+    ///    depend on the number of threads.
     pub fn run(&self) -> Result<AutoResult, AutoError> {
         let classes = self.space.classes();
         let knobs = self.space.knobs();
@@ -338,71 +422,112 @@ impl Search<'_> {
             .map(|c| self.compute_bound(c.precision))
             .collect();
         let mut mem = vec![0u64; classes.len()];
+        let mut ready: Vec<Ready> = Vec::new();
         let mut order: Vec<usize> = (0..classes.len()).collect();
         order.sort_by(|&a, &b| bound[a].total_cmp(&bound[b]).then(a.cmp(&b)));
+        // 1a. One probe per structure: its first class in order whose
+        // persistent bytes fit, screened at the least-memory knobs.
+        let floor: Vec<u64> = classes.iter().map(|c| self.persistent_bound(c)).collect();
+        let mut probes: Vec<usize> = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
         for &ci in &order {
-            let class = &classes[ci];
-            let key = class.structure();
-            let floor = self.persistent_bound(class);
-            let probe = !known.structure.contains_key(&key)
-                && floor <= cap
-                && !beaten(t.best, bound[ci], ci * per + least_at);
-            let first = if probe {
-                let r = self.screen(&apply(self.base, class, least))?;
-                if let Ok(q) = &r {
-                    known
-                        .structure
-                        .insert(key.clone(), Probe::from_plan(&q.plan));
-                }
-                Some((least_at, r))
-            } else {
-                None
-            };
-            mem[ci] = known
-                .structure
-                .get(&key)
-                .map_or(0, |p| p.bound(class.sharding.1))
-                .max(floor);
-            let first = match first {
-                Some(x) => Some(x),
-                None => match (0..per)
-                    .find(|&ki| mem[ci] <= cap && !beaten(t.best, bound[ci], ci * per + ki))
-                {
-                    Some(ki) => Some((ki, self.screen(&apply(self.base, class, knobs[ki]))?)),
-                    None => None,
-                },
-            };
-            if let Some((ki, r)) = first {
-                if let Ok(q) = &r {
-                    bound[ci] = bound[ci].max(q.busy_s);
-                }
-                let cand = Candidate {
-                    index: ci * per + ki,
-                    config: apply(self.base, class, knobs[ki]),
-                };
-                let w = self.weigh(cand, r, &mut t, bound[ci], mem[ci])?;
-                t.weighed[ci * per + ki] = Some(w);
+            if floor[ci] <= cap && seen.insert(classes[ci].structure()) {
+                probes.push(ci);
             }
         }
-        order.sort_by(|&a, &b| bound[a].total_cmp(&bound[b]).then(a.cmp(&b)));
-        for &ci in &order {
-            let class = &classes[ci];
-            let todo: Vec<usize> = (0..per)
-                .filter(|&ki| t.weighed[ci * per + ki].is_none())
-                .filter(|&ki| mem[ci] <= cap && !beaten(t.best, bound[ci], ci * per + ki))
-                .collect();
-            let mut screened = self.screen_all(class, &knobs, &todo)?;
-            let lower = |r: &Screened| r.as_ref().map_or(0.0, |q| q.step_lower_s);
-            screened.sort_by(|a, b| lower(&a.1).total_cmp(&lower(&b.1)).then(a.0.cmp(&b.0)));
-            for (ki, r) in screened {
-                let cand = Candidate {
-                    index: ci * per + ki,
-                    config: apply(self.base, class, knobs[ki]),
-                };
-                let w = self.weigh(cand, r, &mut t, bound[ci], mem[ci])?;
-                t.weighed[ci * per + ki] = Some(w);
+        let mut first: BTreeMap<usize, (usize, Screened)> = BTreeMap::new();
+        for (ci, r) in self.screen_each(&probes, |ci| apply(self.base, &classes[ci], least))? {
+            if let Ok(q) = &r {
+                known
+                    .structure
+                    .insert(classes[ci].structure(), Probe::from_plan(&q.plan));
             }
-            // Whatever is left was pruned.
+            first.insert(ci, (least_at, r));
+        }
+        for ci in 0..classes.len() {
+            mem[ci] = known
+                .structure
+                .get(&classes[ci].structure())
+                .map_or(0, |p| p.bound(classes[ci].sharding.1))
+                .max(floor[ci]);
+        }
+        // 1b. Every other class that may fit: its first member.
+        let rest: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|ci| !first.contains_key(ci) && mem[*ci] <= cap)
+            .collect();
+        for (ci, r) in self.screen_each(&rest, |ci| apply(self.base, &classes[ci], knobs[0]))? {
+            first.insert(ci, (0, r));
+        }
+        for (ci, (ki, r)) in first {
+            if let Ok(q) = &r {
+                bound[ci] = bound[ci].max(q.busy_s);
+            }
+            let cand = Candidate {
+                index: ci * per + ki,
+                config: apply(self.base, &classes[ci], knobs[ki]),
+            };
+            self.admit(cand, r, &mut t, &mut ready, bound[ci], mem[ci]);
+        }
+        // Classes left to explore, by bound then index.
+        let mut open: Vec<usize> = (0..classes.len()).filter(|&ci| mem[ci] <= cap).collect();
+        open.sort_by(|&a, &b| bound[b].total_cmp(&bound[a]).then(b.cmp(&a)));
+        ready.sort_by(|a, b| b.lower.total_cmp(&a.lower).then(b.index.cmp(&a.index)));
+        loop {
+            // Both lists are sorted largest first: the last is the next.
+            let s = ready
+                .last()
+                .filter(|r| !self.pruned(t.best, r.lower, r.index));
+            let c = open
+                .last()
+                .copied()
+                .filter(|&ci| !self.pruned(t.best, bound[ci], ci * per));
+            let compile_next = match (s, c) {
+                (None, None) => break,
+                (Some(r), c) => c.is_none_or(|ci| r.lower <= bound[ci] * (1.0 + self.gap)),
+                (None, Some(_)) => false,
+            };
+            if compile_next {
+                let Some(r) = ready.pop() else { break };
+                let evaluated = self.evaluate(&r.candidate.config)?;
+                let index = r.candidate.index;
+                let w = self.record(r.candidate, evaluated, &mut t, r.lower, r.bound_bytes);
+                t.weighed[index] = Some(w);
+            } else if let Some(ci) = c {
+                open.pop();
+                let todo: Vec<usize> = (0..per)
+                    .filter(|&ki| t.weighed[ci * per + ki].is_none())
+                    .filter(|&ki| !ready.iter().any(|r| r.candidate.index == ci * per + ki))
+                    .collect();
+                for (ki, r) in self.screen_all(&classes[ci], &knobs, &todo)? {
+                    let cand = Candidate {
+                        index: ci * per + ki,
+                        config: apply(self.base, &classes[ci], knobs[ki]),
+                    };
+                    self.admit(cand, r, &mut t, &mut ready, bound[ci], mem[ci]);
+                }
+                ready.sort_by(|a, b| b.lower.total_cmp(&a.lower).then(b.index.cmp(&a.index)));
+            }
+        }
+        // Whatever is left was pruned: screened candidates by their own
+        // bound, the rest by their class's.
+        let best_s = t.best.map_or(f64::INFINITY, |b| b.0);
+        for r in ready {
+            let index = r.candidate.index;
+            t.weighed[index] = Some(Weighed {
+                candidate: r.candidate,
+                verdict: Verdict::TimeBound {
+                    bound_s: r.lower,
+                    best_s,
+                },
+                step_time_s: None,
+                peak_bytes: Some(r.peak_bytes),
+                bound_s: r.lower,
+                bound_bytes: r.bound_bytes,
+            });
+        }
+        for (ci, class) in classes.iter().enumerate() {
             for (ki, &k) in knobs.iter().enumerate() {
                 let index = ci * per + ki;
                 if t.weighed[index].is_some() {
@@ -415,7 +540,7 @@ impl Search<'_> {
                 } else {
                     Verdict::TimeBound {
                         bound_s: bound[ci],
-                        best_s: t.best.map_or(f64::INFINITY, |b| b.0),
+                        best_s,
                     }
                 };
                 t.weighed[index] = Some(Weighed {
@@ -434,6 +559,65 @@ impl Search<'_> {
         self.finish(t)
     }
 
+    /// Whether a candidate at `index` whose step is at least `bound` need
+    /// not be compiled: it cannot beat `best` by more than the gap.
+    fn pruned(&self, best: Option<(f64, usize)>, bound: f64, index: usize) -> bool {
+        beaten(best, bound * (1.0 + self.gap), index)
+    }
+
+    /// Takes a screened candidate in: refused and over-memory ones (the
+    /// screen's peak is the compiled one) get their row; the others wait in
+    /// `ready` with their lower bound, the larger of the class's and their
+    /// own.
+    fn admit(
+        &self,
+        cand: Candidate,
+        r: Screened,
+        t: &mut Table,
+        ready: &mut Vec<Ready>,
+        bound_s: f64,
+        bound_bytes: u64,
+    ) {
+        let index = cand.index;
+        let row = |cand, verdict, peak_bytes| Weighed {
+            candidate: cand,
+            verdict,
+            step_time_s: None,
+            peak_bytes,
+            bound_s,
+            bound_bytes,
+        };
+        match r {
+            Err(reason) => t.weighed[index] = Some(row(cand, Verdict::Refused { reason }, None)),
+            Ok(q) if q.peak_bytes > self.cluster.memory_bytes => {
+                let by_bytes = q.peak_bytes - self.cluster.memory_bytes;
+                let verdict = Verdict::OverMemory { by_bytes };
+                t.weighed[index] = Some(row(cand, verdict, Some(q.peak_bytes)));
+            }
+            Ok(q) => ready.push(Ready {
+                lower: bound_s.max(q.step_lower_s),
+                index,
+                peak_bytes: q.peak_bytes,
+                bound_bytes,
+                candidate: cand,
+            }),
+        }
+    }
+
+    /// Screens `config(i)` for each `i` of `items` in parallel, in `items`
+    /// order.
+    fn screen_each(
+        &self,
+        items: &[usize],
+        config: impl Fn(usize) -> FsdpConfig + Sync,
+    ) -> Result<Vec<(usize, Screened)>, AutoError> {
+        use rayon::prelude::*;
+        items
+            .par_iter()
+            .map(|&i| Ok((i, self.screen(&config(i))?)))
+            .collect()
+    }
+
     /// Screens the members `todo` of `class` in parallel, in `todo` order.
     fn screen_all(
         &self,
@@ -445,52 +629,6 @@ impl Search<'_> {
         todo.par_iter()
             .map(|&ki| Ok((ki, self.screen(&apply(self.base, class, knobs[ki]))?)))
             .collect()
-    }
-
-    /// Weighs a screened candidate: refused; over memory (the screen's
-    /// peak is the compiled one); pruned by its own lower bound (or the
-    /// class's, whichever is larger) when that cannot beat the best; else
-    /// compiled and recorded.
-    fn weigh(
-        &self,
-        cand: Candidate,
-        r: Screened,
-        t: &mut Table,
-        bound_s: f64,
-        bound_bytes: u64,
-    ) -> Result<Weighed, AutoError> {
-        let cap = self.cluster.memory_bytes;
-        let row = |verdict, peak_bytes, bound_s| Weighed {
-            candidate: cand.clone(),
-            verdict,
-            step_time_s: None,
-            peak_bytes,
-            bound_s,
-            bound_bytes,
-        };
-        let q = match r {
-            Err(reason) => return Ok(row(Verdict::Refused { reason }, None, bound_s)),
-            Ok(q) => q,
-        };
-        if q.peak_bytes > cap {
-            let by_bytes = q.peak_bytes - cap;
-            return Ok(row(
-                Verdict::OverMemory { by_bytes },
-                Some(q.peak_bytes),
-                bound_s,
-            ));
-        }
-        let lower = bound_s.max(q.step_lower_s);
-        if beaten(t.best, lower, cand.index) {
-            let best_s = t.best.map_or(f64::INFINITY, |b| b.0);
-            let verdict = Verdict::TimeBound {
-                bound_s: lower,
-                best_s,
-            };
-            return Ok(row(verdict, Some(q.peak_bytes), lower));
-        }
-        let r = self.evaluate(&cand.config)?;
-        Ok(self.record(cand, r, t, lower, bound_bytes))
     }
 
     /// Records a compiled (or refused) candidate; returns its row.
@@ -566,6 +704,7 @@ impl Search<'_> {
             pruned_by_memory: count(|v| matches!(v, Verdict::MemoryBound { .. })) as u64,
             pruned_by_time: count(|v| matches!(v, Verdict::TimeBound { .. })) as u64,
             searched: self.space.searched(),
+            gap: self.gap,
         };
         let mut plan = t
             .plans

@@ -91,11 +91,23 @@ pub fn compile_unchecked(
     cluster: &Cluster,
     cfg: &FsdpConfig,
 ) -> Result<Plan, PlanError> {
+    check(cluster, cfg)?;
+    compile_prepared(prepare(program, cfg)?, model, cluster, cfg)
+}
+
+/// `compile_unchecked` from a prepared program (`prepare`, with `cfg`'s
+/// `Prepared::key`).
+pub fn compile_prepared(
+    prepared: Prepared,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Plan, PlanError> {
     let Lowered {
         mut plan,
         sched,
         heap_bytes,
-    } = lower(program, model, cluster, cfg)?;
+    } = lower(prepared, model, cluster, cfg)?;
     let scheduled = sched.clone();
     let mut sched = sched;
     let (mut memory, fences) = memory::plan_memory(&mut sched, &memory::Apart::new());
@@ -142,11 +154,23 @@ pub fn quick(
     cluster: &Cluster,
     cfg: &FsdpConfig,
 ) -> Result<Quick, PlanError> {
+    check(cluster, cfg)?;
+    quick_prepared(prepare(program, cfg)?, model, cluster, cfg)
+}
+
+/// `quick` from a prepared program (`prepare`, with `cfg`'s
+/// `Prepared::key`).
+pub fn quick_prepared(
+    prepared: Prepared,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Quick, PlanError> {
     let Lowered {
         mut plan,
         mut sched,
         heap_bytes,
-    } = lower(program, model, cluster, cfg)?;
+    } = lower(prepared, model, cluster, cfg)?;
     memory::set_lifetimes(&mut sched.buffers, &sched.instructions);
     let mut memory = memory::summarize(&sched.buffers, sched.instructions.len(), 0);
     memory.heap_bytes = heap_bytes;
@@ -178,17 +202,46 @@ struct Lowered {
     heap_bytes: u64,
 }
 
-/// Passes 0 to 3 (freeze, precision, units, checkpointing, flat layout,
-/// schedule, clipping, the loss scaler, workspaces).
-fn lower(
-    program: TrainingProgram,
-    model: ModelInfo,
-    cluster: &Cluster,
-    cfg: &FsdpConfig,
-) -> Result<Lowered, PlanError> {
+/// The configuration's own checks and the sharding factor it gives on
+/// `cluster` (what every compile refuses first).
+fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForward), PlanError> {
     cfg.check()?;
     let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;
     let reshard = cfg.reshard(shard_factor)?;
+    Ok((shard_factor, reshard))
+}
+
+/// The program side of lowering, passes 0 to 2b (freeze, precision,
+/// units, checkpointing): what depends on the program and on the settings
+/// `Prepared::key` names only, not on the strategy, F, offload or the
+/// schedule knobs. The auto-planner prepares once per key and lowers every
+/// candidate from a copy.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    program: TrainingProgram,
+    assign: units::UnitAssignment,
+    checkpointed_units: Vec<UnitId>,
+}
+
+impl Prepared {
+    /// The settings `prepare` reads: configurations with the same key
+    /// prepare the same program.
+    pub fn key(cfg: &FsdpConfig) -> String {
+        format!(
+            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+            cfg.freeze,
+            cfg.param_dtype,
+            cfg.reduce_dtype,
+            cfg.buffer_dtype,
+            cfg.wrap,
+            cfg.shared_params,
+            cfg.activation_checkpointing
+        )
+    }
+}
+
+/// Passes 0 to 2b on `program` (`Prepared`).
+pub fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prepared, PlanError> {
     let program = freeze::apply(program, &cfg.freeze)?;
     let program = precision::apply(program, cfg)?;
     let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
@@ -197,6 +250,27 @@ fn lower(
             .into_iter()
             .collect();
     let (program, assign) = checkpointed(program, assign, cfg)?;
+    Ok(Prepared {
+        program,
+        assign,
+        checkpointed_units,
+    })
+}
+
+/// Passes 2c to 3 (flat layout, schedule, clipping, the loss scaler,
+/// workspaces) on a prepared program.
+fn lower(
+    prepared: Prepared,
+    model: ModelInfo,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Lowered, PlanError> {
+    let (shard_factor, reshard) = check(cluster, cfg)?;
+    let Prepared {
+        program,
+        assign,
+        checkpointed_units,
+    } = prepared;
     let mut units = flat::layout_units(&program.graph, &assign, shard_factor)?;
     cfg.reshard_units(shard_factor, reshard, &mut units)?;
     let mut sched = schedule::lower(&schedule::LowerInput {

@@ -309,6 +309,14 @@ pub struct AutoRecord {
     /// The dimensions searched (`sharding: full_shard@8 ...`); the others
     /// were fixed by the user's flags.
     pub searched: Vec<String>,
+    /// The optimality gap the search ran with (`auto::Search::gap`, a
+    /// fraction; absent in older plans: 0, exact).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub gap: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn reshard_full() -> ReshardAfterForward {

@@ -50,6 +50,13 @@ pub struct CompileArgs {
     /// numerics.
     #[arg(long, value_name = "given|bf16", requires = "auto")]
     pub auto_precision: Option<String>,
+    /// With --auto: the optimality gap in percent. A candidate is not
+    /// compiled once its step's lower bound is within this much of the
+    /// best step found, so the chosen step is at most this much slower
+    /// than the fastest of the space; 0 compiles until the fastest is
+    /// certain (slower: the bounds of close candidates overlap).
+    #[arg(long, value_name = "PERCENT", default_value_t = 0.5, requires = "auto")]
+    pub auto_gap: f64,
 }
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
@@ -191,14 +198,14 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         prefetch_depth: given("--prefetch-depth"),
         limit_all_gathers: given("--limit-all-gathers"),
     };
+    if !(a.auto_gap.is_finite() && (0.0..=100.0).contains(&a.auto_gap)) {
+        return Err(CliError::Usage(format!(
+            "--auto-gap must be a percentage from 0 to 100, not {}",
+            a.auto_gap
+        )));
+    }
     let space = Space::around(&cfg, &program, cluster.world, &fixed, allow_bf16)?;
-    let search = Search {
-        program: &program,
-        model: &info,
-        cluster: &cluster,
-        base: &cfg,
-        space: &space,
-    };
+    let search = Search::new(&program, &info, &cluster, &cfg, &space).with_gap(a.auto_gap / 100.0);
     let result = search.run()?;
     let r = &result.record;
     let mut text = format!(
@@ -229,10 +236,18 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     }
     text.push_str(&result.table());
     text.push_str(&format!(
-        "chosen: {} (step {:.4} s, peak {})\n",
+        "chosen: {} (step {:.4} s, peak {}; {})\n",
         fsdpc_planner::auto::short(&config_of(&result.plan, &cfg)),
         result.plan.estimates.step_time_s,
-        fsdpc_planner::inspect::human_bytes(result.plan.memory.peak_bytes)
+        fsdpc_planner::inspect::human_bytes(result.plan.memory.peak_bytes),
+        if a.auto_gap > 0.0 {
+            format!(
+                "at most {}% slower than the fastest of the space (--auto-gap)",
+                a.auto_gap
+            )
+        } else {
+            "the fastest of the space".to_string()
+        }
     ));
     // The plan itself may go to standard output: the table then goes to
     // standard error.

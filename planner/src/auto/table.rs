@@ -21,8 +21,11 @@ fn verdict_text(w: &Weighed) -> String {
             human_bytes(w.bound_bytes),
             human_bytes(*by_bytes)
         ),
+        Verdict::TimeBound { bound_s, best_s } if bound_s < best_s => format!(
+            "bound-pruned: step >= {bound_s:.4} s, within the gap of the best {best_s:.4} s"
+        ),
         Verdict::TimeBound { bound_s, best_s } => {
-            format!("bound-pruned: step >= {bound_s:.4} s, best so far {best_s:.4} s")
+            format!("bound-pruned: step >= {bound_s:.4} s, best {best_s:.4} s")
         }
         Verdict::Refused { reason } => format!("refused: {reason}"),
     }
