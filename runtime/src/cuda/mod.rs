@@ -26,6 +26,8 @@ pub mod attention;
 pub mod blas;
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(all(test, feature = "cuda"))]
+mod emulate;
 #[cfg(feature = "cuda")]
 pub mod exec;
 #[cfg(feature = "cuda")]
