@@ -697,6 +697,31 @@ fn reductions_match_the_cpu() {
             &[ty(dt, &[4, 1])],
         );
         check(&dev, Op::SumTo { shape: vec![5] }, &[x], &[ty(dt, &[5])]);
+        // Long enough for the chunked kernels (the sum's association
+        // differs from the CPU's: tolerance for 5000 terms).
+        let long = rand(dt, &[5000, 3], 122, -1.0, 1.0);
+        check_with(
+            &dev,
+            Op::SumTo { shape: vec![3] },
+            &[long.clone()],
+            &[ty(dt, &[3])],
+            &KernelCtx::default(),
+            50.0,
+        );
+        for f in [ReduceFn::Sum, ReduceFn::Mean, ReduceFn::Max] {
+            check_with(
+                &dev,
+                Op::Reduce {
+                    f,
+                    axes: vec![0],
+                    keepdims: false,
+                },
+                &[long.clone()],
+                &[ty(dt, &[3])],
+                &KernelCtx::default(),
+                50.0,
+            );
+        }
     }
 }
 

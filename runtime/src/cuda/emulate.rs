@@ -8,6 +8,8 @@
 //! cuda`. The GPU tests (`runtime/tests/cuda.rs`) check the kernels
 //! themselves.
 
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
 use super::blas::Gemm;
 use super::device::{Arg, Launch, Ptr};
 use super::geometry::{Geo, RGeo};
@@ -20,26 +22,39 @@ use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType}
 /// Where the emulated device memory starts (a null pointer stays invalid).
 const BASE: u64 = 1 << 20;
 
-struct Mem(Vec<u8>);
+/// Operands from `BASE`, then the scratch (placed at `SCRATCH`).
+struct Mem(Vec<u8>, Vec<u8>);
 
 impl Mem {
+    fn slot(&mut self, p: u64, len: usize) -> &mut [u8] {
+        if p >= SCRATCH {
+            let a = (p - SCRATCH) as usize;
+            &mut self.1[a..a + len]
+        } else {
+            let a = (p - BASE) as usize;
+            &mut self.0[a..a + len]
+        }
+    }
     fn at(&self, p: u64) -> usize {
         (p - BASE) as usize
     }
-    fn f32(&self, p: u64, i: i64) -> f32 {
-        let a = self.at(p) + 4 * i as usize;
-        f32::from_le_bytes(self.0[a..a + 4].try_into().unwrap())
+    fn f32(&mut self, p: u64, i: i64) -> f32 {
+        f32::from_le_bytes(self.slot(p + 4 * i as u64, 4).try_into().unwrap())
     }
     fn set_f32(&mut self, p: u64, i: i64, v: f32) {
-        let a = self.at(p) + 4 * i as usize;
-        self.0[a..a + 4].copy_from_slice(&v.to_le_bytes());
+        self.slot(p + 4 * i as u64, 4)
+            .copy_from_slice(&v.to_le_bytes());
     }
 }
+
+/// The emulated scratch's address (`Ptr::Scratch` offsets add to it).
+const SCRATCH: u64 = 1 << 40;
 
 fn ptr(a: &Arg) -> u64 {
     match a {
         Arg::Ptr(Ptr::Abs(p)) => *p,
-        other => panic!("not an absolute pointer: {other:?}"),
+        Arg::Ptr(Ptr::Scratch(off)) => SCRATCH + off,
+        other => panic!("not a pointer: {other:?}"),
     }
 }
 fn int(a: &Arg) -> i64 {
@@ -158,24 +173,67 @@ fn launch(m: &mut Mem, l: &Launch) {
                 m.set_f32(y, o, acc);
             }
         }
+        "reduce_partial" => {
+            let (x, part, n, f, g) = (ptr(&a[0]), ptr(&a[2]), int(&a[3]), int(&a[4]), rgeo(&a[5]));
+            let chunks = l.grid.1 as i64;
+            let per = (g.count + chunks - 1) / chunks;
+            for c in 0..chunks {
+                let (r0, r1) = (c * per, ((c + 1) * per).min(g.count));
+                for o in 0..n {
+                    let base = roff(&g.kdims, &g.kst, g.nk, o);
+                    let mut acc = if f == 2 { f32::NEG_INFINITY } else { 0.0 };
+                    for r in r0..r1 {
+                        let v = m.f32(x, base + roff(&g.rdims, &g.rst, g.nr, r));
+                        acc = if f == 2 { acc.max(v) } else { acc + v };
+                    }
+                    m.set_f32(part, c * n + o, acc);
+                }
+            }
+        }
+        "reduce_finish" => {
+            let (part, chunks, y, n, f, count) = (
+                ptr(&a[0]),
+                int(&a[1]),
+                ptr(&a[2]),
+                int(&a[4]),
+                int(&a[5]),
+                int(&a[6]),
+            );
+            for o in 0..n {
+                let mut acc = if f == 2 { f32::NEG_INFINITY } else { 0.0 };
+                for c in 0..chunks {
+                    let v = m.f32(part, c * n + o);
+                    acc = if f == 2 { acc.max(v) } else { acc + v };
+                }
+                if f == 1 && count > 0 {
+                    acc /= count as f32;
+                }
+                m.set_f32(y, o, acc);
+            }
+        }
         k => panic!("kernel {k} is not emulated"),
     }
 }
 
 /// cuBLAS's column-major `C = op1(X1) op2(X2)`, batch by batch (f32).
 fn gemm(m: &mut Mem, g: &Gemm) {
-    let el =
-        |mem: &Mem, (p, ld, _): (u64, i32, i64), b: i32, stride: i64, t: bool, i: i64, j: i64| {
-            let (r, c) = if t { (j, i) } else { (i, j) };
-            mem.f32(p, b as i64 * stride + r + c * ld as i64)
-        };
+    let el = |mem: &mut Mem,
+              (p, ld, _): (u64, i32, i64),
+              b: i32,
+              stride: i64,
+              t: bool,
+              i: i64,
+              j: i64| {
+        let (r, c) = if t { (j, i) } else { (i, j) };
+        mem.f32(p, b as i64 * stride + r + c * ld as i64)
+    };
     for b in 0..g.batch {
         for i in 0..g.m as i64 {
             for j in 0..g.n as i64 {
                 let mut s = 0f32;
                 for k in 0..g.k as i64 {
-                    s += el(m, g.x1, b, g.x1.2, g.trans1, i, k)
-                        * el(m, g.x2, b, g.x2.2, g.trans2, k, j);
+                    let u = el(m, g.x1, b, g.x1.2, g.trans1, i, k);
+                    s += u * el(m, g.x2, b, g.x2.2, g.trans2, k, j);
                 }
                 m.set_f32(g.c.0, b as i64 * g.c.2 + i + j * g.c.1 as i64, s);
             }
@@ -193,7 +251,7 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
     };
     let ip: Vec<u64> = ins.iter().map(|t| place(t.ty.bytes())).collect();
     let op_: Vec<u64> = outs.iter().map(|t| place(t.bytes())).collect();
-    let mut mem = Mem(vec![0xAB; (at - BASE) as usize]);
+    let mut mem = Mem(vec![0xAB; (at - BASE) as usize], Vec::new());
     for (t, p) in ins.iter().zip(&ip) {
         let a = mem.at(*p);
         mem.0[a..a + t.bytes().len()].copy_from_slice(t.bytes());
@@ -209,6 +267,7 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
         .map(|(t, p)| Operand { ptr: *p, ty: t })
         .collect();
     let l = lower(&op, &xs, &ys, None, 0, 0).unwrap();
+    mem.1 = vec![0xCD; l.scratch as usize];
     for a in &l.actions {
         match a {
             Action::Launch(x) => launch(&mut mem, x),
@@ -376,6 +435,20 @@ fn reductions_and_broadcasts_lower_to_the_cpus_results() {
         &[ty(&[4, 1])],
     );
     same(Op::SumTo { shape: vec![5] }, &[x.clone()], &[ty(&[5])]);
+    // Long enough for the chunked form.
+    let long = t(&[4100, 3], 10);
+    same(Op::SumTo { shape: vec![3] }, &[long.clone()], &[ty(&[3])]);
+    for f in [ReduceFn::Sum, ReduceFn::Mean, ReduceFn::Max] {
+        same(
+            Op::Reduce {
+                f,
+                axes: vec![0],
+                keepdims: false,
+            },
+            &[long.clone()],
+            &[ty(&[3])],
+        );
+    }
     for (a, b) in [
         (vec![3, 4, 5], vec![4, 1]),
         (vec![1, 5], vec![3, 4, 5]),
@@ -400,7 +473,14 @@ fn reductions_and_broadcasts_lower_to_the_cpus_results() {
 
 #[test]
 fn matrix_products_map_onto_cublas_column_major_calls() {
-    let cases: [(&[usize], &[usize], bool, bool, &[usize]); 9] = [
+    type Product = (
+        &'static [usize],
+        &'static [usize],
+        bool,
+        bool,
+        &'static [usize],
+    );
+    let cases: [Product; 9] = [
         (&[7, 5], &[5, 3], false, false, &[7, 3]),
         (&[5, 7], &[5, 3], true, false, &[7, 3]),
         (&[7, 5], &[3, 5], false, true, &[7, 3]),

@@ -9,7 +9,7 @@
 
 use super::blas::Gemm;
 use super::device::{blocks_for, Arg, Launch, Ptr, THREADS};
-use super::geometry::{broadcast, broadcast_strides, geo, reduction, strides};
+use super::geometry::{self, broadcast, broadcast_strides, geo, reduction, strides};
 use fsdpc_ir::{BinaryFn, CompareFn, DType, LogicalFn, Op, ReduceFn, TensorType, UnaryFn};
 
 /// One operand: its device address and type.
@@ -655,20 +655,7 @@ fn lower_structured(
                 ReduceFn::Mean => 1,
                 ReduceFn::Max => 2,
             };
-            let n = y.numel();
-            l.actions.push(ew(
-                "reduce_to",
-                n,
-                vec![
-                    x.p(),
-                    x.dt(),
-                    y.p(),
-                    y.dt(),
-                    n_arg(n),
-                    Arg::I32(code),
-                    Arg::RGeo(g),
-                ],
-            ));
+            reduce(&x, &y, code, g, l);
         }
         Op::ReduceMaxGrad { axes, .. } => {
             let ([x, y, dy], dx) = (ins::<3>(xs)?, out1(ys)?);
@@ -710,24 +697,68 @@ fn lower_structured(
         Op::SumTo { .. } => {
             let ([dy], dx) = (ins::<1>(xs)?, out1(ys)?);
             let g = reduction(dy.dims(), dx.dims())?;
-            let n = dx.numel();
-            l.actions.push(ew(
-                "reduce_to",
-                n,
-                vec![
-                    dy.p(),
-                    dy.dt(),
-                    dx.p(),
-                    dx.dt(),
-                    n_arg(n),
-                    Arg::I32(0),
-                    Arg::RGeo(g),
-                ],
-            ));
+            reduce(&dy, &dx, 0, g, l);
         }
         _ => lower_shape(op, xs, ys, ws, l)?,
     }
     Ok(())
+}
+
+/// Reduced elements per output above which a reduction is split into
+/// chunks (one thread per output would walk them alone).
+const LONG_REDUCTION: i64 = 4096;
+/// Chunks of a long reduction.
+const REDUCE_CHUNKS: i64 = 64;
+
+/// `y = reduce(x)` with `f` (0 sum, 1 mean, 2 max) over `g`: one thread
+/// per output, or for a long reduction chunk partials in scratch combined
+/// in chunk order (the sum's association then differs from the CPU's
+/// row-major one).
+fn reduce(x: &Operand, y: &Operand, f: i32, g: geometry::RGeo, l: &mut Lowered) {
+    let n = y.numel();
+    if g.count < LONG_REDUCTION {
+        l.actions.push(ew(
+            "reduce_to",
+            n,
+            vec![
+                x.p(),
+                x.dt(),
+                y.p(),
+                y.dt(),
+                n_arg(n),
+                Arg::I32(f),
+                Arg::RGeo(g),
+            ],
+        ));
+        return;
+    }
+    let chunks = REDUCE_CHUNKS.min(g.count / 256).max(2) as u64;
+    l.scratch = 4 * chunks * n;
+    let part = Arg::Ptr(Ptr::Scratch(0));
+    l.actions.push(Action::Launch(Launch {
+        kernel: "reduce_partial",
+        grid: (
+            if n == 0 { 0 } else { blocks_for(n).min(65_535) },
+            chunks as u32,
+            1,
+        ),
+        block: THREADS,
+        smem: 0,
+        args: vec![x.p(), x.dt(), part, n_arg(n), Arg::I32(f), Arg::RGeo(g)],
+    }));
+    l.actions.push(ew(
+        "reduce_finish",
+        n,
+        vec![
+            part,
+            Arg::I32(chunks as i32),
+            y.p(),
+            y.dt(),
+            n_arg(n),
+            Arg::I32(f),
+            Arg::I64(g.count),
+        ],
+    ));
 }
 
 /// What a cross-entropy lowering computes.

@@ -59,7 +59,12 @@ pub const LAYOUT: KernelFile = KernelFile {
 pub const REDUCE: KernelFile = KernelFile {
     name: "reduce.cu",
     body: include_str!("kernels/reduce.cu"),
-    kernels: &["reduce_to", "reduce_max_grad"],
+    kernels: &[
+        "reduce_to",
+        "reduce_max_grad",
+        "reduce_partial",
+        "reduce_finish",
+    ],
 };
 
 /// Layer norm and RMS norm.

@@ -65,3 +65,36 @@ extern "C" __global__ void reduce_max_grad(const void* x, int xdt, const void* y
         }
     }
 }
+
+// The chunked form for long reductions: chunk blockIdx.y of gridDim.y
+// reduces its share of each output's reduced elements (in order) into
+// part[chunk * n_out + o]; reduce_finish then combines the chunks in order.
+extern "C" __global__ void reduce_partial(const void* x, int xdt, float* part, i64 n_out, int f,
+                                          RGeo g) {
+    const i64 chunks = gridDim.y, c = blockIdx.y;
+    const i64 per = (g.count + chunks - 1) / chunks;
+    const i64 r0 = c * per, r1 = r0 + per < g.count ? r0 + per : g.count;
+    for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < n_out; o += (i64)gridDim.x * blockDim.x) {
+        i64 base = kept_offset(g, o);
+        float acc = f == 2 ? NEG_INF : 0.0f;
+        for (i64 r = r0; r < r1; ++r) {
+            float v = ldf(x, xdt, base + reduced_offset(g, r));
+            acc = f == 2 ? fmaxf(acc, v) : acc + v;
+        }
+        part[c * n_out + o] = acc;
+    }
+}
+
+// y[o] = the chunks' partials combined in chunk order (mean: / count).
+extern "C" __global__ void reduce_finish(const float* part, int chunks, void* y, int ydt, i64 n_out,
+                                         int f, i64 count) {
+    GRID_STRIDE(o, n_out) {
+        float acc = f == 2 ? NEG_INF : 0.0f;
+        for (int c = 0; c < chunks; ++c) {
+            float v = part[(i64)c * n_out + o];
+            acc = f == 2 ? fmaxf(acc, v) : acc + v;
+        }
+        if (f == 1 && count > 0) acc /= (float)count;
+        stf(y, ydt, o, acc);
+    }
+}
