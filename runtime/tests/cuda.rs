@@ -922,3 +922,78 @@ fn plans_the_backend_does_not_run_are_refused_naming_what() {
     let e = train_cuda(&p, &opts, None, &CudaConfig::default(), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("offload"), "{e}");
 }
+
+/// Every instruction of a range of plans lowers to device work at address
+/// 0 (kernel coverage, shapes, collectives), without a GPU: what the
+/// executor does before it allocates. World 1 needs no communicator; world
+/// 2 full_shard one per collective stream; hybrid at world 4 the same.
+#[test]
+fn every_instruction_of_these_plans_lowers_without_a_gpu() {
+    use fsdpc_planner::plan::{CheckpointPolicy, Stream};
+    use fsdpc_planner::Strategy;
+    use fsdpc_runtime::cuda::exec::{check_plan, NcclUse};
+    type Edit = fn(&mut fsdpc_planner::FsdpConfig);
+    let cases: Vec<(&str, u32, Edit, usize)> = vec![
+        (GPT, 1, |_| {}, 0),
+        (GPT, 1, |c| c.param_dtype = DType::Bf16, 0),
+        (GPT, 1, |c| c.clip_grad_norm = Some(1.0), 0),
+        (GPT, 1, |c| c.grad_accum = 2, 0),
+        (
+            GPT,
+            1,
+            |c| c.activation_checkpointing = CheckpointPolicy::Units,
+            0,
+        ),
+        (GPT, 2, |_| {}, 2),
+        (
+            GPT,
+            2,
+            |c| {
+                c.param_dtype = DType::Bf16;
+                c.reduce_dtype = DType::Bf16;
+            },
+            2,
+        ),
+        (GPT, 2, |c| c.strategy = Strategy::NoShard, 1),
+        (GPT, 2, |c| c.strategy = Strategy::ShardGradOp, 2),
+        (
+            GPT,
+            4,
+            |c| {
+                c.strategy = Strategy::HybridShard;
+                c.shard_factor = Some(2);
+            },
+            2,
+        ),
+        (
+            "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2,dropout=0.1,lora=4",
+            1,
+            |_| {},
+            0,
+        ),
+        (
+            "mlp:layers=2,in=8,hidden=16,classes=4,batch=4",
+            2,
+            |_| {},
+            2,
+        ),
+        (
+            "t5:layers=1,hidden=32,ff=64,heads=2,vocab=64,seq=8,dec_seq=4,batch=2",
+            1,
+            |_| {},
+            0,
+        ),
+    ];
+    for (spec, world, edit, want) in cases {
+        let p = support::plan::plan_with(spec, world, edit);
+        let streams = check_plan(&p, world as usize, NcclUse::Auto)
+            .unwrap_or_else(|e| panic!("{spec} at world {world}: {e}"));
+        assert_eq!(streams.len(), want, "{spec} at world {world}: {streams:?}");
+        assert!(!streams.contains(&Stream::Offload));
+        let always = check_plan(&p, world as usize, NcclUse::Always).unwrap();
+        assert!(
+            !always.is_empty(),
+            "{spec}: NCCL at world 1 has communicators"
+        );
+    }
+}

@@ -782,6 +782,20 @@ pub fn comm_streams(
     Ok(out)
 }
 
+/// Everything the executor checks before it touches a device, for `plan`
+/// at `world`: the plan resolves, nothing unsupported is in it, every
+/// instruction lowers; returns the plan streams that need a world
+/// communicator.
+pub fn check_plan(
+    plan: &fsdpc_planner::plan::Plan,
+    world: usize,
+    nccl: NcclUse,
+) -> Result<Vec<Stream>, RuntimeError> {
+    let prep = crate::exec::prepare::prepare(plan)?;
+    refuse_unsupported(&prep)?;
+    comm_streams(&prep, world, nccl)
+}
+
 /// Refuses host buffers and the loss scaler, naming the instruction.
 pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
     let plan = prep.plan;
@@ -909,19 +923,30 @@ fn lower_step(
                     l.buffer(prep, *dst) + flat_at as u64 * de,
                 );
                 if use_nccl(*group) {
-                    if sdt != ddt {
-                        return Err(unsupported(
-                            "all_gather",
-                            format!("gathers {sdt} into {ddt}; NCCL moves one dtype"),
-                        ));
+                    let comm = comms.get(stream, *group);
+                    if sdt == ddt {
+                        items.push(Item::Coll(Coll::AllGather {
+                            comm,
+                            send: from,
+                            recv: into,
+                            count: n,
+                            dt: sdt,
+                        }));
+                    } else {
+                        // Mixed precision gathers the f32 shard as bf16/f16:
+                        // this member's part, converted, goes to its own
+                        // slot of the gathered buffer, then NCCL gathers in
+                        // place (send = this member's slot).
+                        let mine = into + position(*group) as u64 * n as u64 * de;
+                        items.push(convert(from, sdt, mine, ddt, n as u64, 1.0));
+                        items.push(Item::Coll(Coll::AllGather {
+                            comm,
+                            send: mine,
+                            recv: into,
+                            count: n,
+                            dt: ddt,
+                        }));
                     }
-                    items.push(Item::Coll(Coll::AllGather {
-                        comm: comms.get(stream, *group),
-                        send: from,
-                        recv: into,
-                        count: n,
-                        dt: sdt,
-                    }));
                 } else if sdt == ddt {
                     items.push(Item::Act(Action::Copy {
                         src: from,
