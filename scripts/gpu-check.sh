@@ -90,6 +90,8 @@ else
     cli=$CARGO_TARGET_DIR/release/fsdpc
 fi
 
+# On this machine a missing GPU or library is a failure, not a skip.
+export FSDPC_REQUIRE_GPU=1
 run "kernels compile with this NVRTC (sm_80, sm_90)" 120 "$tests_ptx" --nocapture
 run "GPU tests: kernels vs CPU, world-1 training vs CPU, NCCL at world 1" 240 \
     "$tests_cuda" --nocapture --test-threads=1

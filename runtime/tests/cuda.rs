@@ -26,10 +26,17 @@ use fsdpc_runtime::cuda::single::run_node;
 use fsdpc_runtime::cuda::{train_cuda, CudaConfig, CudaError, NcclMode};
 use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, TrainOptions, Workspace};
 
+/// Whether a missing GPU fails the tests instead of skipping them
+/// (`FSDPC_REQUIRE_GPU`, set by `scripts/gpu-check.sh` on a GPU machine).
+fn required() -> bool {
+    std::env::var_os("FSDPC_REQUIRE_GPU").is_some()
+}
+
 /// The GPU, or `None` with the reason printed.
 fn gpu() -> Option<Device> {
     match Device::open(0) {
         Ok(d) => Some(d),
+        Err(e) if required() => panic!("FSDPC_REQUIRE_GPU is set but there is no usable GPU: {e}"),
         Err(e) => {
             eprintln!("skipping: no usable GPU: {e}");
             None
@@ -825,7 +832,7 @@ fn cuda_train(
         Ok(r) => Some(r),
         Err(fsdpc_runtime::RuntimeError::Cuda(
             e @ (CudaError::NoDevice { .. } | CudaError::LibraryMissing { .. }),
-        )) => {
+        )) if !required() => {
             eprintln!("skipping: {e}");
             None
         }
