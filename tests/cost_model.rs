@@ -185,3 +185,35 @@ fn skinny_products_use_their_own_curve() {
     }
     assert!(products >= 6, "{products}");
 }
+
+/// `LoadInput` costs the per-kernel overhead plus its bytes at the rate
+/// calibration measured for the built-in data of its kind: float inputs
+/// at `load_input`, integer ones at `load_input_int`; without them, at
+/// memory bandwidth.
+#[test]
+fn loading_an_input_costs_its_bytes_at_the_data_rate() {
+    let (p, mut c) = two_ranks();
+    let loads: Vec<_> = p
+        .instructions
+        .iter()
+        .filter(|i| matches!(i.op, InstrOp::LoadInput { .. }))
+        .collect();
+    assert!(!loads.is_empty());
+    let bytes = |i: &fsdpc_planner::Instr| match &i.op {
+        InstrOp::LoadInput { dst, .. } => p.buffers[dst.buffer.index()].bytes as f64,
+        _ => unreachable!(),
+    };
+    for i in &loads {
+        let (t, _) = fsdpc_planner::cost::instr_cost(&p, &c, i);
+        assert!((t - bytes(i) / c.hardware.mem_bw).abs() <= 1e-15, "{t}");
+    }
+    c.hardware.kernel_overhead_s = 2e-6;
+    c.hardware.kernel_bw.insert("load_input_int".into(), 1e8);
+    c.hardware.kernel_bw.insert("load_input".into(), 5e7);
+    for i in &loads {
+        // The GPT's inputs are token ids and labels: integers.
+        let (t, _) = fsdpc_planner::cost::instr_cost(&p, &c, i);
+        let want = 2e-6 + bytes(i) / 1e8;
+        assert!((t - want).abs() <= 1e-12 * want, "{t} vs {want}");
+    }
+}

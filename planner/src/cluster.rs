@@ -84,6 +84,28 @@ pub struct Hardware {
     /// (`None`: streams do not contend, as on GPUs with copy engines).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_compute_contention: Option<Contention>,
+    /// How the CPU ranks' matrix-product library blocks f32 products, so
+    /// the memory plan bounds its packing buffers for this machine
+    /// (`workspace::gemm_heap`) instead of for every CPU it supports
+    /// (`None`: presets, older files and GPU clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_gemm: Option<GemmBlocking>,
+}
+
+/// The blocking of `gemm` 0.19's f32 kernels on one machine (what
+/// `fsdpc calibrate` detects: the instruction set gemm dispatches to and
+/// the L2 size it reads from the CPU).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemmBlocking {
+    /// f32 lanes of one SIMD register (`N`: 8 with AVX2, 16 with AVX-512).
+    pub simd_lanes: u32,
+    /// Rows of the micro-kernel (`MR`, a multiple of `simd_lanes`).
+    pub mr: u32,
+    /// Columns of the micro-kernel (`NR`).
+    pub nr: u32,
+    /// The per-thread slab gemm keeps for packing its left-hand operand:
+    /// the L2 cache size it detects.
+    pub slab_bytes: u64,
 }
 
 /// A collective kind, as the cost model and calibration name it.
@@ -569,6 +591,14 @@ impl ClusterFile {
                 "hardware.cache_bytes must be a number >= 0, it is {}",
                 h.cache_bytes
             ));
+        }
+        if let Some(g) = &h.cpu_gemm {
+            if g.simd_lanes == 0 || g.nr == 0 || g.mr == 0 || g.mr % g.simd_lanes != 0 {
+                return bad(format!(
+                    "hardware.cpu_gemm: simd_lanes, mr and nr must be at least 1 and mr a multiple of simd_lanes, they are {}, {} and {}",
+                    g.simd_lanes, g.mr, g.nr
+                ));
+            }
         }
         if !(h.kernel_overhead_s.is_finite() && h.kernel_overhead_s >= 0.0) {
             return bad(format!(

@@ -433,10 +433,21 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
             ),
             0,
         ),
-        InstrOp::LoadInput { dst, .. } => (
-            bytes_of(&dst.buffer) as f64 / cluster.hardware.mem_bw.max(1.0),
-            0,
-        ),
+        InstrOp::LoadInput { dst, .. } => {
+            // The data source writes the input: at the rate calibration
+            // measured for the built-in data of its kind (`load_input`,
+            // `load_input_int`), else at memory bandwidth.
+            let buf = plan.buffers.get(dst.buffer.index());
+            let family = match buf.map(|b| b.dtype.is_float()) {
+                Some(false) => "load_input_int",
+                _ => "load_input",
+            };
+            let bw = cluster.hardware.kernel_bandwidth(family).max(1.0);
+            (
+                cluster.hardware.kernel_overhead_s + bytes_of(&dst.buffer) as f64 / bw,
+                0,
+            )
+        }
         InstrOp::OptimizerStep { params, state, .. } => {
             // Reads params, grads and state, writes params and state.
             let b = bytes_of(params) * (3 + 2 * state.len() as u64);

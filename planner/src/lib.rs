@@ -220,7 +220,11 @@ fn lower(
         };
         scaler::insert(&mut sched, &program, s, groups)?;
     }
-    let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
+    let heap_bytes = workspace::plan_workspaces(
+        &mut sched,
+        &program.graph,
+        cluster.hardware.cpu_gemm.as_ref(),
+    );
     let plan = Plan {
         schema: SCHEMA.to_string(),
         // Each rank processes `grad_accum` micro-batches per step.

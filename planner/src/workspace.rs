@@ -18,6 +18,7 @@
 //!
 //! The planner never runs a kernel: these are sizes, stated from the types.
 
+use crate::cluster::GemmBlocking;
 use crate::plan::{Buffer, BufferId, BufferKind, InstrOp, Location, Stream};
 use crate::schedule::Schedule;
 use fsdpc_ir::{DType, Graph, Op, TensorType};
@@ -40,25 +41,75 @@ const NR_MAX: u64 = 16;
 /// machine; a host with a larger L2 holds more than planned.
 pub const GEMM_SLAB_BYTES: u64 = 1 << 20;
 
-/// Bytes `gemm` allocates during one call of an `m x k x n` product with
-/// `k <= K_PANEL`. `gemm` works column-major, so for our row-major output it
-/// computes the transposed product: its right-hand operand has our `m`
-/// columns and its left-hand one our `n` rows. It packs a `kc x nc` block of
-/// the former (`kc = k`, `nc` at most `m` rounded up to `NR`) and, when it
-/// pre-packs the latter (only for `n <= 2 mc <= 16 MR`), `kc x n` rounded up
-/// to `MR`; plus two 128-byte alignments and its flag vector. An upper
-/// bound: `gemm` sizes its blocks from the caches it detects and packs less
-/// when they are small, or for vector shapes (`m` or `n` of 1).
-pub fn gemm_call_bytes(m: u64, k: u64, n: u64) -> u64 {
+/// One call into the matrix-product library: `out[m x n] = a[m x k] b[k x
+/// n]`, with `a` or `b` stored transposed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GemmCall {
+    pub m: u64,
+    pub k: u64,
+    pub n: u64,
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
+
+/// `gemm`'s right-hand-operand packing threshold on x86-64, in micro-kernel
+/// rows (`DEFAULT_RHS_PACKING_THRESHOLD`): a contiguous operand is packed
+/// only for products wider than this many `MR`.
+const RHS_PACKING_THRESHOLD: u64 = 128;
+
+/// Bytes `gemm` allocates during one call with `k <= K_PANEL`. `gemm` works
+/// column-major, so for our row-major output it computes the transposed
+/// product: its right-hand operand is our `a` (our `m` columns), its
+/// left-hand one our `b` (our `n` rows). It packs a `kc x nc` block of the
+/// former (`kc = k`, `nc` at most `m` rounded up to `NR`) when that operand
+/// is strided (`trans_a`) and `n > 2 MR`, or contiguous and `n > 128 MR`;
+/// it pre-packs `kc x n` of the latter (rounded up to `MR`) when `n <= 2
+/// mc <= 16 MR` and `b` is strided (`trans_b`) or `n` is not a multiple of
+/// the SIMD width; plus two 128-byte alignments and its flag vector.
+///
+/// With `blocking` (this machine's, from `fsdpc calibrate`) those are the
+/// conditions `gemm` 0.19 tests. Without, an upper bound over every CPU it
+/// supports: `MR <= MR_MAX`, `NR <= NR_MAX`, both operands packed whenever
+/// `n <= 16 MR_MAX`, the right-hand one always.
+pub fn gemm_call_bytes(c: GemmCall, blocking: Option<&GemmBlocking>) -> u64 {
+    let GemmCall { m, k, n, .. } = c;
     if m == 0 || n == 0 || k == 0 {
         return 0;
     }
     let kc = k.min(K_PANEL);
-    let rhs = kc * (m + NR_MAX - 1);
-    let lhs = if n <= 16 * MR_MAX {
-        kc * (n + MR_MAX - 1)
-    } else {
-        0
+    let (rhs, lhs) = match blocking {
+        Some(g) => {
+            let (mr, nr, lanes) = (u64::from(g.mr), u64::from(g.nr), u64::from(g.simd_lanes));
+            let pack_rhs = if c.trans_a {
+                n > 2 * mr
+            } else {
+                n > RHS_PACKING_THRESHOLD * mr
+            };
+            let prepack_lhs = n <= 16 * mr && (c.trans_b || n % lanes != 0);
+            (
+                if pack_rhs {
+                    kc * m.next_multiple_of(nr)
+                } else {
+                    0
+                },
+                if prepack_lhs {
+                    kc * n.next_multiple_of(mr)
+                } else {
+                    0
+                },
+            )
+        }
+        None => {
+            let prepack_lhs = n <= 16 * MR_MAX;
+            (
+                kc * (m + NR_MAX - 1),
+                if prepack_lhs {
+                    kc * (n + MR_MAX - 1)
+                } else {
+                    0
+                },
+            )
+        }
     };
     4 * (rhs + lhs) + 2 * 128 + 16
 }
@@ -66,38 +117,49 @@ pub fn gemm_call_bytes(m: u64, k: u64, n: u64) -> u64 {
 /// Bytes `gemm` allocates at once, outside the arena, in one kernel of
 /// `op`: the largest of its products' calls (`gemm_call_bytes`); zero for
 /// kernels that multiply no matrices.
-pub fn gemm_heap(op: &Op, ins: &[&TensorType]) -> u64 {
+pub fn gemm_heap(op: &Op, ins: &[&TensorType], blocking: Option<&GemmBlocking>) -> u64 {
     let dims = |i: usize| ins.get(i).map(|t| t.shape.0.as_slice()).unwrap_or(&[]);
-    match op {
+    let call = |m, k, n, trans_a, trans_b| GemmCall {
+        m,
+        k,
+        n,
+        trans_a,
+        trans_b,
+    };
+    let calls = match op {
         Op::MatMul { trans_a, trans_b } => {
-            let (m, k, n) = matmul_call(dims(0), dims(1), *trans_a, *trans_b);
-            gemm_call_bytes(m, k, n)
+            vec![matmul_call(dims(0), dims(1), *trans_a, *trans_b)]
         }
         Op::Attention { .. } | Op::AttentionGrad { .. } => {
             let at = |d: &[usize], i: usize| d.get(i).copied().unwrap_or(0) as u64;
             let (q, k, v) = (dims(0), dims(1), dims(2));
             let (sq, sk, d, dv) = (at(q, 2), at(k, 2), at(q, 3), at(v, 3));
-            // Forward: S = Q K^T, O = P V; backward also dP = dY V^T,
-            // dV = P^T dY, dQ = dS K, dK = dS^T Q.
-            let mut calls = vec![(sq, d, sk), (sq, sk, dv)];
+            // Forward: S = Q K^T, O = P V; backward also dV = P^T dY,
+            // dP = dY V^T, dQ = dS K, dK = dS^T Q (the CPU kernels' calls).
+            let mut calls = vec![call(sq, d, sk, false, true), call(sq, sk, dv, false, false)];
             if matches!(op, Op::AttentionGrad { .. }) {
-                calls.extend([(sq, dv, sk), (sk, sq, dv), (sq, sk, d), (sk, sq, d)]);
+                calls.extend([
+                    call(sk, sq, dv, true, false),
+                    call(sq, dv, sk, false, true),
+                    call(sq, sk, d, false, false),
+                    call(sk, sq, d, true, false),
+                ]);
             }
             calls
-                .into_iter()
-                .map(|(m, k, n)| gemm_call_bytes(m, k, n))
-                .max()
-                .unwrap_or(0)
         }
-        _ => 0,
-    }
+        _ => Vec::new(),
+    };
+    calls
+        .into_iter()
+        .map(|c| gemm_call_bytes(c, blocking))
+        .max()
+        .unwrap_or(0)
 }
 
-/// The `(m, k, n)` of the calls one `MatMul` kernel makes: one product with
-/// the batch folded into the rows when `b` has no batch and `a` is not
-/// transposed, else one per batch element (rank-1 operands are a row or a
-/// column vector).
-fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (u64, u64, u64) {
+/// The calls one `MatMul` kernel makes: one product with the batch folded
+/// into the rows when `b` has no batch and `a` is not transposed, else one
+/// per batch element (rank-1 operands are a row or a column vector).
+fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> GemmCall {
     let pa: Vec<u64> = match a {
         [x] => vec![1, *x as u64],
         _ => a.iter().map(|&x| x as u64).collect(),
@@ -106,8 +168,15 @@ fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (u64, 
         [x] => vec![*x as u64, 1],
         _ => b.iter().map(|&x| x as u64).collect(),
     };
+    let call = |m, k, n| GemmCall {
+        m,
+        k,
+        n,
+        trans_a,
+        trans_b,
+    };
     if pa.len() < 2 || pb.len() < 2 {
-        return (0, 0, 0);
+        return call(0, 0, 0);
     }
     let (ra, rb) = (pa.len() - 2, pb.len() - 2);
     let (m, k) = if trans_a {
@@ -120,18 +189,19 @@ fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (u64, 
     let b_batch: u64 = pb[..rb].iter().product();
     if !trans_a && b_batch == 1 {
         // Folded when a's batch is the whole output batch (b has none).
-        (a_batch * m, k, n)
+        call(a_batch * m, k, n)
     } else {
-        (m, k, n)
+        call(m, k, n)
     }
 }
 
 /// Sets every kernel instruction's `workspace_bytes`, appends one
 /// `Workspace` buffer per stream whose kernels need any, and returns the
 /// most bytes the matrix-product library allocates at once outside the
-/// arena: its slab (`GEMM_SLAB_BYTES`) and the largest kernel's packing
-/// (`gemm_heap`), or zero when no kernel multiplies matrices.
-pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
+/// arena: its slab (`blocking`'s, else `GEMM_SLAB_BYTES`) and the largest
+/// kernel's packing (`gemm_heap`), or zero when no kernel multiplies
+/// matrices.
+pub fn plan_workspaces(s: &mut Schedule, graph: &Graph, blocking: Option<&GemmBlocking>) -> u64 {
     let mut per_stream = [0u64; Stream::ALL.len()];
     let mut pack = 0u64;
     for ins in &mut s.instructions {
@@ -151,7 +221,7 @@ pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
                 .map(|v| graph.value_type(v))
                 .collect();
             *workspace_bytes = kernel_workspace(&n.op, &in_types, &n.outputs);
-            pack = pack.max(gemm_heap(&n.op, &in_types));
+            pack = pack.max(gemm_heap(&n.op, &in_types, blocking));
             let w = &mut per_stream[ins.stream.index()];
             *w = (*w).max(*workspace_bytes);
         }
@@ -179,7 +249,7 @@ pub fn plan_workspaces(s: &mut Schedule, graph: &Graph) -> u64 {
     if pack == 0 {
         0
     } else {
-        GEMM_SLAB_BYTES + pack
+        blocking.map_or(GEMM_SLAB_BYTES, |g| g.slab_bytes) + pack
     }
 }
 

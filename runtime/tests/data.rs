@@ -110,7 +110,7 @@ fn shorter_labels_are_the_next_tokens_of_the_first_positions() {
 }
 
 #[test]
-fn mlp_teacher_task_is_learnable() {
+fn mlp_mixture_task_is_learnable() {
     let p = plan(
         "mlp:layers=2,in=16,hidden=32,classes=4,batch=32",
         2,

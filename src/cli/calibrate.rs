@@ -23,6 +23,8 @@
 //!   copy gives `mem_bw`, what kernels beyond the cache run at;
 //! - attention and its gradient through the same dispatch: FLOP/s
 //!   (`kernel_flops`);
+//! - the runtime's synthetic data source writing float features and token
+//!   ids (`load_input`, `load_input_int`: what `LoadInput` costs);
 //! - the shared-memory communicator: all-gather, reduce-scatter and
 //!   all-reduce over groups of 2..=R rank threads (at least 2) at three
 //!   sizes, fitted by least squares to `latency + ring wire bytes / bw`
@@ -459,6 +461,57 @@ fn optimizer_time(ranks: usize, n: usize, sets: usize) -> Result<(f64, f64), Cli
     Ok((best(&times) / sets as f64, (4 * n * 7) as f64))
 }
 
+/// The built-in data a calibration times (`load_input` families): a
+/// float input of a classifier (the Gaussian-mixture features: one normal
+/// draw per element) and the token ids of a language model.
+const DATA_CASES: [(&str, &str, &str); 2] = [
+    (
+        "load_input",
+        "mlp:layers=1,in=1024,hidden=16,classes=10,batch=64",
+        "x",
+    ),
+    (
+        "load_input_int",
+        "gpt:layers=1,hidden=16,heads=1,seq=256,vocab=1024,batch=16",
+        "ids",
+    ),
+];
+
+/// Per-call seconds of the runtime's synthetic data source writing input
+/// `input` of `spec`'s model (each rank its own samples, every rank at
+/// once), and the bytes it writes.
+fn data_time(ranks: usize, spec: &str, input: &str) -> Result<(f64, f64), CliError> {
+    let what = || format!("data source for {input} of {spec}");
+    let m = fsdpc_frontends::load(spec, &fsdpc_frontends::LoadOptions::default())
+        .map_err(|e| fail(&what(), e))?;
+    let graph = &m.program.graph;
+    let ty = fsdpc_runtime::data::analyse(graph)
+        .into_iter()
+        .find(|d| d.name == input)
+        .map(|d| d.ty)
+        .ok_or_else(|| fail(&what(), "the model has no such input"))?;
+    let source = fsdpc_runtime::data::open(&fsdpc_runtime::DataSpec::Synthetic, graph, 1)
+        .map_err(|e| fail(&what(), e))?;
+    let bytes = ty.bytes() as usize;
+    let b = ty.shape.0.first().copied().unwrap_or(1) as u64;
+    let times = lockstep(ranks, 8, |rank| {
+        let mut out = Aligned::new(bytes, &[0]);
+        let (ty, source, input) = (ty.clone(), source.clone(), input.to_string());
+        let mut step = 0;
+        Ok(Box::new(move || {
+            step += 1;
+            let view = TensorMut::new(&ty, out.bytes_mut()).map_err(|e| e.0)?;
+            let batch = fsdpc_runtime::Batch {
+                step,
+                first_sample: rank as u64 * b,
+            };
+            source.fill(&input, batch, view).map_err(|e| e.to_string())
+        }) as Body)
+    })
+    .map_err(|e| fail(&what(), e))?;
+    Ok((best(&times), bytes as f64))
+}
+
 /// Bytes moved per second by a 64 MiB copy (read plus write) on every rank
 /// at once.
 fn copy_rate(ranks: usize) -> Result<f64, CliError> {
@@ -746,6 +799,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         + bf16_cases.len()
         + 4
         + 2
+        + DATA_CASES.len()
         + group_sizes.len() * CollectiveKind::ALL.len() * coll_sizes.len()
         + 1;
     let bar = if progress {
@@ -886,6 +940,20 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     );
     kernel_bw.insert("optimizer".to_string(), bw);
     bar.inc(1);
+    for (family, spec, input) in DATA_CASES {
+        bar.set_message(format!("data: {input}"));
+        let (t, bytes) = data_time(ranks, spec, input)?;
+        let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
+        let _ = writeln!(
+            table,
+            "  {:<22} {:>8.1} us {:>8.2} GB/s",
+            format!("{family} ({input})"),
+            t * 1e6,
+            bw / 1e9
+        );
+        kernel_bw.insert(family.to_string(), bw);
+        bar.inc(1);
+    }
     bar.set_message("memory copy");
     let mem = copy_rate(ranks)?;
     let _ = writeln!(
@@ -975,6 +1043,17 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     }
     h.kernel_bw = kernel_bw;
     h.kernel_flops = kernel_flops;
+    h.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
+    if let Some(g) = &h.cpu_gemm {
+        let _ = writeln!(
+            table,
+            "gemm blocking (f32): {} lanes, {} x {} micro-kernel, {} KiB packing slab per thread",
+            g.simd_lanes,
+            g.mr,
+            g.nr,
+            g.slab_bytes >> 10
+        );
+    }
     if let Some(ag2) = fits
         .iter()
         .find(|f| f.op == CollectiveKind::AllGather && f.ranks == 2)
@@ -1013,7 +1092,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         ),
         (
             "kernel_bw",
-            src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead"),
+            src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead; load_input and load_input_int: the synthetic data source writing a classifier's 64 x 1024 f32 features and a language model's 16 x 256 token ids, bytes written over the time less the overhead"),
         ),
         (
             "skinny_matmul_efficiency",
@@ -1047,6 +1126,10 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         ("inter_latency_s", src("as intra_latency_s: one node")),
         ("host_bw", src("as mem_bw: host and device are one memory")),
         ("host_mem_bw", src("as mem_bw")),
+        (
+            "cpu_gemm",
+            src("the f32 micro-kernel gemm 0.19 dispatches to on this CPU (AVX-512F, FMA or scalar) and the L2 size its cache detection reads"),
+        ),
     ] {
         file.sources.insert(k.to_string(), v);
     }

@@ -6,6 +6,7 @@ use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::Node;
+use fsdpc_planner::cluster::GemmBlocking;
 use gemm::Parallelism;
 
 /// Settings of the CPU backend.
@@ -68,5 +69,36 @@ impl Backend for CpuBackend {
 
     fn optimizer_step(&self, args: OptimizerArgs<'_>) -> KResult<()> {
         crate::optim::step(args)
+    }
+}
+
+/// How `gemm` 0.19 blocks f32 products on this CPU, for the memory plan's
+/// bound of its packing buffers (`fsdpc_planner::workspace::gemm_call_bytes`):
+/// the micro-kernel it dispatches to (its `gemm_def!`: AVX-512F, which
+/// this crate's `x86-v4` feature compiles in, else FMA, else the scalar
+/// kernel) and the L2 size its cache detection reads, which sizes its
+/// per-thread packing slab. `None` off x86-64, where the plan keeps its
+/// bound over every CPU.
+pub fn gemm_blocking() -> Option<GemmBlocking> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (simd_lanes, mr, nr) = if std::arch::is_x86_feature_detected!("avx512f") {
+            (16, 64, 6)
+        } else if std::arch::is_x86_feature_detected!("fma") {
+            (8, 16, 6)
+        } else {
+            (1, 2, 4)
+        };
+        let slab_bytes = gemm_common::cache::CACHE_INFO[1].cache_bytes as u64;
+        Some(GemmBlocking {
+            simd_lanes,
+            mr,
+            nr,
+            slab_bytes,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
     }
 }

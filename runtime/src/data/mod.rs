@@ -8,7 +8,7 @@
 //! ids shifted by one position, or equal to them when the graph shifts the
 //! labels itself (a Hugging Face causal LM; `lm` says which labels it will
 //! not guess). Classifiers (an `x` float input and `labels` i64 `[b]`) get
-//! a learnable teacher task. Any other input gets standard normal floats or
+//! a learnable Gaussian-mixture task (`mixture`). Any other input gets standard normal floats or
 //! uniform integers in the range its consumer (an embedding, a loss) allows.
 //!
 //! `GivenData` instead feeds tensors the caller gives (recorded inputs), for
@@ -17,7 +17,7 @@
 mod given;
 mod inputs;
 mod lm;
-mod teacher;
+mod mixture;
 
 pub use given::GivenData;
 pub use inputs::{analyse, InputDesc};
@@ -62,8 +62,8 @@ pub trait DataSource: Send + Sync {
 enum Task {
     /// `ids`/`labels` windows of a token stream.
     Lm(lm::Lm),
-    /// Teacher-labelled Gaussian features.
-    Teacher(teacher::Teacher),
+    /// Gaussian features around their label's mean.
+    Mixture(mixture::Mixture),
     /// Only generic inputs.
     Generic,
 }
@@ -94,8 +94,8 @@ pub fn open(
             "file data needs a language model with an integer `ids` or `input_ids` input \
              [batch, seq]",
         ));
-    } else if let Some(t) = teacher::Teacher::detect(&inputs, seed) {
-        Task::Teacher(t)
+    } else if let Some(t) = mixture::Mixture::detect(&inputs, seed) {
+        Task::Mixture(t)
     } else {
         Task::Generic
     };
@@ -119,7 +119,7 @@ impl DataSource for GraphData {
         }
         let handled = match &self.task {
             Task::Lm(l) => l.fill(name, batch, out)?,
-            Task::Teacher(t) => t.fill(name, batch, out)?,
+            Task::Mixture(t) => t.fill(name, batch, out)?,
             Task::Generic => Some(out),
         };
         match handled {
@@ -139,9 +139,16 @@ fn generic(
     let per = per_sample(out.dims());
     let key = name_key(&desc.name);
     if desc.ty.dtype.is_float() {
+        // Keys (seed, step, sample, name, element): the prefix is hashed
+        // once per sample (`rng::normal_of`).
+        let mut prefix = (u64::MAX, 0);
         for i in 0..out.numel() {
             let (s, e) = ((i / per) as u64 + batch.first_sample, (i % per) as u64);
-            out.set_f64(i, crate::rng::normal(&[seed, batch.step, s, key, e]));
+            if prefix.0 != s {
+                prefix = (s, crate::rng::hash(&[seed, batch.step, s, key]));
+            }
+            let h = crate::rng::hash_step(prefix.1, e);
+            out.set_f64(i, crate::rng::normal_of(h));
         }
         return Ok(());
     }
