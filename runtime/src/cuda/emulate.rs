@@ -211,7 +211,285 @@ fn launch(m: &mut Mem, l: &Launch) {
                 m.set_f32(y, o, acc);
             }
         }
+        "attn_fwd" | "attn_bwd_dq" | "attn_bwd_dkdv" => attention(m, l),
+        "norm_bwd_dx" => {
+            let (x, g, dy, dx) = (ptr(&a[0]), ptr(&a[2]), ptr(&a[4]), ptr(&a[6]));
+            let (rows, d, eps, rms, stats) = (
+                int(&a[8]),
+                int(&a[9]),
+                float(&a[10]),
+                int(&a[11]) != 0,
+                ptr(&a[12]),
+            );
+            for r in 0..rows {
+                let b = r * d;
+                let xs: Vec<f32> = (0..d).map(|j| m.f32(x, b + j)).collect();
+                let mean = if rms {
+                    0.0
+                } else {
+                    xs.iter().sum::<f32>() / d as f32
+                };
+                let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+                let scale = 1.0 / (var + eps).sqrt();
+                let gy: Vec<f32> = (0..d).map(|j| m.f32(dy, b + j) * m.f32(g, j)).collect();
+                let mg = gy.iter().sum::<f32>() / d as f32;
+                let mgx = (0..d as usize)
+                    .map(|j| gy[j] * if rms { xs[j] } else { (xs[j] - mean) * scale })
+                    .sum::<f32>()
+                    / d as f32;
+                for j in 0..d as usize {
+                    let v = if rms {
+                        scale * gy[j] - xs[j] * (scale * scale * scale * mgx)
+                    } else {
+                        scale * (gy[j] - mg - (xs[j] - mean) * scale * mgx)
+                    };
+                    m.set_f32(dx, b + j as i64, v);
+                }
+                m.set_f32(stats, 2 * r, mean);
+                m.set_f32(stats, 2 * r + 1, scale);
+            }
+        }
+        "norm_bwd_params_partial" => {
+            let (x, dy, rows, d, stats, part, has_beta) = (
+                ptr(&a[0]),
+                ptr(&a[2]),
+                int(&a[4]),
+                int(&a[5]),
+                ptr(&a[6]),
+                ptr(&a[7]),
+                int(&a[8]) != 0,
+            );
+            let chunks = l.grid.1 as i64;
+            let per = (rows + chunks - 1) / chunks;
+            for c in 0..chunks {
+                for j in 0..d {
+                    let (mut sg, mut sb) = (0f32, 0f32);
+                    for r in c * per..((c + 1) * per).min(rows) {
+                        let gv = m.f32(dy, r * d + j);
+                        sg += gv
+                            * ((m.f32(x, r * d + j) - m.f32(stats, 2 * r))
+                                * m.f32(stats, 2 * r + 1));
+                        sb += gv;
+                    }
+                    m.set_f32(part, c * d + j, sg);
+                    if has_beta {
+                        m.set_f32(part, (chunks + c) * d + j, sb);
+                    }
+                }
+            }
+        }
+        "norm_bwd_params_finish" => {
+            let (part, chunks, d, dg, db) = (
+                ptr(&a[0]),
+                int(&a[1]),
+                int(&a[2]),
+                ptr(&a[3]),
+                nullable(&a[5]),
+            );
+            for j in 0..d {
+                let sg: f32 = (0..chunks).map(|c| m.f32(part, c * d + j)).sum();
+                m.set_f32(dg, j, sg);
+                if let Some(db) = db {
+                    let sb: f32 = (0..chunks).map(|c| m.f32(part, (chunks + c) * d + j)).sum();
+                    m.set_f32(db, j, sb);
+                }
+            }
+        }
         k => panic!("kernel {k} is not emulated"),
+    }
+}
+
+fn float(a: &Arg) -> f32 {
+    match a {
+        Arg::F32(v) => *v,
+        other => panic!("not an f32: {other:?}"),
+    }
+}
+
+fn nullable(a: &Arg) -> Option<u64> {
+    match a {
+        Arg::Ptr(Ptr::Abs(0)) => None,
+        other => Some(ptr(other)),
+    }
+}
+
+/// The three attention kernels of kernels/attention.cu, block by block
+/// and tile by tile as they run (the warp of each row, its causal key
+/// range, the block's tile bounds), lanes folded into plain loops.
+fn attention(m: &mut Mem, l: &Launch) {
+    const WARPS: i64 = 8;
+    let a = &l.args;
+    let (q, k, v) = (ptr(&a[0]), ptr(&a[1]), ptr(&a[2]));
+    let dot = |m: &mut Mem, x: u64, xi: i64, y: u64, yi: i64, w: i64| {
+        (0..w)
+            .map(|e| m.f32(x, xi + e) * m.f32(y, yi + e))
+            .sum::<f32>()
+    };
+    let (gx, bh_n) = (l.grid.0 as i64, l.grid.1 as i64);
+    match l.kernel {
+        "attn_fwd" => {
+            let (o, sq, sk, d, dv, scale, causal, t) = (
+                nullable(&a[4]),
+                int(&a[6]),
+                int(&a[7]),
+                int(&a[8]),
+                int(&a[9]),
+                float(&a[10]),
+                int(&a[11]) != 0,
+                int(&a[12]),
+            );
+            let (lse, dy, delta) = (nullable(&a[13]), nullable(&a[14]), nullable(&a[16]));
+            for bh in 0..bh_n {
+                for bx in 0..gx {
+                    let last_row = (bx * WARPS + WARPS - 1).min(sq - 1);
+                    let kend = if causal { (last_row + 1).min(sk) } else { sk };
+                    for warp in 0..WARPS {
+                        let row = bx * WARPS + warp;
+                        if row >= sq {
+                            continue;
+                        }
+                        let (mut mx, mut sum, mut acc) =
+                            (f32::NEG_INFINITY, 0f32, vec![0f32; dv as usize]);
+                        let mut j0 = 0;
+                        while j0 < kend {
+                            let mut jend = (j0 + t).min(sk);
+                            if causal && jend > row + 1 {
+                                jend = row + 1;
+                            }
+                            for j in j0..jend {
+                                let s =
+                                    dot(m, q, (bh * sq + row) * d, k, (bh * sk + j) * d, d) * scale;
+                                let mn = mx.max(s);
+                                let (corr, p) = ((mx - mn).exp(), (s - mn).exp());
+                                sum = sum * corr + p;
+                                for (e, x) in acc.iter_mut().enumerate() {
+                                    *x = *x * corr + p * m.f32(v, (bh * sk + j) * dv + e as i64);
+                                }
+                                mx = mn;
+                            }
+                            j0 += t;
+                        }
+                        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                        let r = bh * sq + row;
+                        if let Some(o) = o {
+                            for (e, x) in acc.iter().enumerate() {
+                                m.set_f32(o, r * dv + e as i64, x * inv);
+                            }
+                        }
+                        if let Some(lse) = lse {
+                            m.set_f32(lse, r, mx + sum.ln());
+                        }
+                        if let (Some(delta), Some(dy)) = (delta, dy) {
+                            let s: f32 = acc
+                                .iter()
+                                .enumerate()
+                                .map(|(e, x)| m.f32(dy, r * dv + e as i64) * x * inv)
+                                .sum();
+                            m.set_f32(delta, r, s);
+                        }
+                    }
+                }
+            }
+        }
+        "attn_bwd_dq" => {
+            let (dy, lse, delta, dq) = (ptr(&a[4]), ptr(&a[6]), ptr(&a[7]), ptr(&a[8]));
+            let (sq, sk, d, dv, scale, causal, t) = (
+                int(&a[10]),
+                int(&a[11]),
+                int(&a[12]),
+                int(&a[13]),
+                float(&a[14]),
+                int(&a[15]) != 0,
+                int(&a[16]),
+            );
+            for bh in 0..bh_n {
+                for bx in 0..gx {
+                    let last_row = (bx * WARPS + WARPS - 1).min(sq - 1);
+                    let kend = if causal { (last_row + 1).min(sk) } else { sk };
+                    for warp in 0..WARPS {
+                        let row = bx * WARPS + warp;
+                        if row >= sq {
+                            continue;
+                        }
+                        let r = bh * sq + row;
+                        let (li, di) = (m.f32(lse, r), m.f32(delta, r));
+                        let mut acc = vec![0f32; d as usize];
+                        let mut j0 = 0;
+                        while j0 < kend {
+                            let mut jend = (j0 + t).min(sk);
+                            if causal && jend > row + 1 {
+                                jend = row + 1;
+                            }
+                            for j in j0..jend {
+                                let p =
+                                    (dot(m, q, r * d, k, (bh * sk + j) * d, d) * scale - li).exp();
+                                let ds = p * (dot(m, dy, r * dv, v, (bh * sk + j) * dv, dv) - di);
+                                for (e, x) in acc.iter_mut().enumerate() {
+                                    *x += ds * m.f32(k, (bh * sk + j) * d + e as i64);
+                                }
+                            }
+                            j0 += t;
+                        }
+                        for (e, x) in acc.iter().enumerate() {
+                            m.set_f32(dq, r * d + e as i64, x * scale);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {
+            let (dy, lse, delta, dk, dvo) =
+                (ptr(&a[4]), ptr(&a[6]), ptr(&a[7]), ptr(&a[8]), ptr(&a[9]));
+            let (sq, sk, d, dv, scale, causal, t) = (
+                int(&a[11]),
+                int(&a[12]),
+                int(&a[13]),
+                int(&a[14]),
+                float(&a[15]),
+                int(&a[16]) != 0,
+                int(&a[17]),
+            );
+            for bh in 0..bh_n {
+                for bx in 0..gx {
+                    let first = if causal { bx * WARPS } else { 0 };
+                    for warp in 0..WARPS {
+                        let col = bx * WARPS + warp;
+                        if col >= sk {
+                            continue;
+                        }
+                        let (mut dka, mut dva) = (vec![0f32; d as usize], vec![0f32; dv as usize]);
+                        let mut i0 = first;
+                        while i0 < sq {
+                            let istart = if causal { i0.max(col) } else { i0 };
+                            let iend = (i0 + t).min(sq);
+                            for i in istart..iend {
+                                let r = bh * sq + i;
+                                let p = (dot(m, k, (bh * sk + col) * d, q, r * d, d) * scale
+                                    - m.f32(lse, r))
+                                .exp();
+                                let ds = p
+                                    * (dot(m, v, (bh * sk + col) * dv, dy, r * dv, dv)
+                                        - m.f32(delta, r));
+                                for (e, x) in dva.iter_mut().enumerate() {
+                                    *x += p * m.f32(dy, r * dv + e as i64);
+                                }
+                                for (e, x) in dka.iter_mut().enumerate() {
+                                    *x += ds * m.f32(q, r * d + e as i64);
+                                }
+                            }
+                            i0 += t;
+                        }
+                        let c = bh * sk + col;
+                        for (e, x) in dka.iter().enumerate() {
+                            m.set_f32(dk, c * d + e as i64, x * scale);
+                        }
+                        for (e, x) in dva.iter().enumerate() {
+                            m.set_f32(dvo, c * dv + e as i64, *x);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -468,6 +746,70 @@ fn reductions_and_broadcasts_lower_to_the_cpus_results() {
         for f in [BinaryFn::Add, BinaryFn::Sub, BinaryFn::Div, BinaryFn::Max] {
             same(Op::Binary { f }, &[t(&a, 8), t(&b, 9)], &[ty(&out)]);
         }
+    }
+}
+
+#[test]
+fn fused_attention_tiles_and_causal_bounds_give_the_cpus_attention() {
+    // (batch, heads, sq, sk, d, dv, causal): rows and keys not multiples
+    // of the 8-row blocks or of the tiles; sq > sk and sq < sk.
+    for (b, h, sq, sk, d, dv, causal) in [
+        (1, 2, 19, 19, 8, 8, true),
+        (2, 1, 40, 40, 16, 12, true),
+        (1, 1, 9, 33, 8, 4, false),
+        (1, 1, 30, 12, 8, 8, true),
+        (1, 1, 70, 70, 200, 200, true),
+    ] {
+        let scale = 1.0 / (d as f64).sqrt();
+        let (q, k, v, dy) = (
+            t(&[b, h, sq, d], 1),
+            t(&[b, h, sk, d], 2),
+            t(&[b, h, sk, dv], 3),
+            t(&[b, h, sq, dv], 4),
+        );
+        let small = |x: HostTensor| {
+            HostTensor::from_f32(
+                &x.ty.shape.0,
+                &x.to_f32().iter().map(|v| v / 5.0).collect::<Vec<_>>(),
+            )
+            .unwrap()
+        };
+        let (q, k, v, dy) = (small(q), small(k), small(v), small(dy));
+        same(
+            Op::Attention { causal, scale },
+            &[q.clone(), k.clone(), v.clone()],
+            &[ty(&[b, h, sq, dv])],
+        );
+        same(
+            Op::AttentionGrad { causal, scale },
+            &[q, k, v, dy],
+            &[ty(&[b, h, sq, d]), ty(&[b, h, sk, d]), ty(&[b, h, sk, dv])],
+        );
+    }
+}
+
+#[test]
+fn norm_gradients_and_their_chunked_parameter_sums_give_the_cpus() {
+    for (rows, d) in [(3usize, 5usize), (70, 8), (130, 3)] {
+        let (x, g, dy) = (t(&[rows, d], 11), t(&[d], 12), t(&[rows, d], 13));
+        let (tx, tp) = (ty(&[rows, d]), ty(&[d]));
+        same(
+            Op::LayerNormGrad {
+                eps: 1e-5,
+                has_beta: true,
+            },
+            &[x.clone(), g.clone(), dy.clone()],
+            &[tx.clone(), tp.clone(), tp.clone()],
+        );
+        same(
+            Op::LayerNormGrad {
+                eps: 1e-5,
+                has_beta: false,
+            },
+            &[x.clone(), g.clone(), dy.clone()],
+            &[tx.clone(), tp.clone()],
+        );
+        same(Op::RmsNormGrad { eps: 1e-6 }, &[x, g, dy], &[tx, tp]);
     }
 }
 
