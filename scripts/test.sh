@@ -33,6 +33,22 @@ cargo test --workspace
 cargo clippy --features mpi --all-targets -- -D warnings
 cargo test --features mpi --test mpi
 
+# The cuda backend (`--features cuda`, runtime/src/cuda/) builds and lints
+# without CUDA. Its kernels compile with NVRTC alone, so pip's NVRTC (in a
+# throwaway venv under target/) compiles every kernel file for sm_80 and
+# sm_90 here (runtime/tests/cuda_ptx.rs fails under CI when NVRTC is
+# missing); its GPU tests (runtime/tests/cuda.rs) skip without a GPU, and
+# `fsdpc train --backend cuda` must say in one line what is missing.
+cuda_venv=target/cuda-venv
+if [ ! -x "$cuda_venv/bin/python" ]; then python3 -m venv "$cuda_venv"; fi
+"$cuda_venv/bin/pip" install -q "nvidia-cuda-nvrtc>=13,<14"
+FSDPC_CUDA_LIB_DIR=$("$cuda_venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
+export FSDPC_CUDA_LIB_DIR
+cargo clippy --workspace --features cuda --all-targets -- -D warnings
+cargo test --features cuda -p fsdpc-runtime --lib cuda::
+cargo test --features cuda -p fsdpc-runtime --test cuda_ptx --test cuda
+cargo test --features cuda --test cli cuda_backend
+
 # Fuzz the ONNX import for a minute, seeded with the committed corpus
 # (fuzz/corpus/onnx; frontends/tests/fuzz_corpus.rs replays it in every
 # `cargo test`). cargo-fuzz needs nightly flags: RUSTC_BOOTSTRAP=1 allows them

@@ -605,6 +605,49 @@ fn mpi_backend_says_it_was_not_compiled_in() {
     );
 }
 
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_backend_says_it_was_not_compiled_in() {
+    check_error(
+        &["train", "gpt:layers=1", "--backend", "cuda"],
+        "the cuda backend was not compiled in; build with --features cuda",
+    );
+}
+
+/// With the feature: on a machine without a GPU, one line saying what is
+/// missing (the driver, or a device), exit non-zero, no panic; with one,
+/// a run that prints the device's memory line.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_backend_trains_or_says_what_is_missing() {
+    let args = [
+        "train",
+        "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64,batch=2",
+        "--steps",
+        "2",
+        "--backend",
+        "cuda",
+    ];
+    let o = fsdpc(&args);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    if o.status.success() {
+        assert!(
+            out.contains("cuda: ") && out.contains("planned arena"),
+            "{out}"
+        );
+    } else {
+        assert!(
+            err.contains("libcuda") || err.contains("no CUDA device"),
+            "{err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
+
 /// A thread rank that never returns (`FSDPC_TEST_FAULT=1:hang:1`) does not
 /// keep `fsdpc train` alive: it exits non-zero within the collective
 /// timeout (the others give up) plus one more (the grace for the ranks to

@@ -168,6 +168,10 @@ pub enum RuntimeError {
     /// Writing or reading a checkpoint.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The CUDA backend (`cuda`): a missing library, no GPU, a device
+    /// error, an instruction it does not run.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 impl RuntimeError {

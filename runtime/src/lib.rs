@@ -7,6 +7,9 @@
 //! - `train`: the training API; `eval`: a plan-free reference evaluator.
 //! - `launch`: rank and world from torchrun, srun or mpirun, and a TCP
 //!   rendezvous for what ranks exchange before a communicator exists.
+//! - `cuda`: GPU ranks (feature `cuda`): NVRTC kernels, cuBLAS, NCCL, one
+//!   CUDA stream per plan stream; without the feature it says it was not
+//!   compiled in.
 //!
 //! Architecture invariant: the runtime decides nothing — units, buffers,
 //! offsets and the instruction order all come from the plan.
@@ -18,6 +21,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod comm;
 pub mod cpu;
+pub mod cuda;
 pub mod data;
 pub mod error;
 pub mod eval;

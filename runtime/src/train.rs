@@ -270,7 +270,7 @@ fn open_resume(
 }
 
 /// Every invariant of `plan`, or all its violations.
-fn validate(plan: &Plan) -> Result<(), RuntimeError> {
+pub(crate) fn validate(plan: &Plan) -> Result<(), RuntimeError> {
     plan.validate()
         .map_err(|violations| RuntimeError::InvalidPlan { violations })
 }
@@ -747,20 +747,20 @@ fn collect(
 /// The per-step record both launchers keep: every step's global loss and
 /// pre-clip gradient norm, the running measured peak, and the report each
 /// step gets.
-struct StepLog {
+pub(crate) struct StepLog {
     /// Tokens (all ranks) per step.
-    tokens: f64,
+    pub(crate) tokens: f64,
     planned: u64,
     last: Instant,
     peak: Option<u64>,
-    losses: Vec<f32>,
-    grad_norms: Vec<f32>,
-    loss_scales: Vec<f32>,
-    skipped_steps: Vec<u64>,
+    pub(crate) losses: Vec<f32>,
+    pub(crate) grad_norms: Vec<f32>,
+    pub(crate) loss_scales: Vec<f32>,
+    pub(crate) skipped_steps: Vec<u64>,
 }
 
 impl StepLog {
-    fn new(plan: &Plan, world: usize) -> StepLog {
+    pub(crate) fn new(plan: &Plan, world: usize) -> StepLog {
         StepLog {
             tokens: (plan.model.tokens_per_rank_step * world as u64) as f64,
             planned: plan.memory.rank_bytes,
@@ -776,7 +776,7 @@ impl StepLog {
     /// Records `step` from every rank's local-mean loss, summed in rank
     /// order (so both launchers compute the same bits), and reports it with
     /// the step's scalars, measured peak and step time.
-    fn record(
+    pub(crate) fn record(
         &mut self,
         step: u64,
         rank_losses: impl ExactSizeIterator<Item = f32>,
@@ -929,6 +929,26 @@ fn unshard<'s>(
 }
 
 /// Full parameters from the shards of the first shard group.
+/// The full parameters by name from the fp32 shards of the first shard
+/// group's ranks (`shards[rank][unit]`), for launchers outside this file
+/// (`cuda::train`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the cuda launcher's
+pub(crate) fn assemble_shards(
+    plan: &Plan,
+    shards: Vec<Vec<Vec<f32>>>,
+) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let outs: Vec<RankOut> = shards
+        .into_iter()
+        .map(|shards| RankOut {
+            shards,
+            measured: None,
+            debug_peak: None,
+            timeline: None,
+        })
+        .collect();
+    assemble(plan, &outs)
+}
+
 fn assemble(plan: &Plan, outs: &[RankOut]) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
     let f = plan.config.shard_factor as usize;
     let mut params = Vec::new();

@@ -1,6 +1,6 @@
 //! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]
 //! [--save-onnx out.onnx] [--save-safetensors out.safetensors]
-//! [--backend threads|mpi] [--collective-timeout SECS]`
+//! [--backend threads|mpi|cuda] [--collective-timeout SECS]`
 
 use super::compile::{optimizer, plan_model};
 use super::given::Given;
@@ -78,9 +78,11 @@ pub struct TrainArgs {
     /// factor or strategy differ.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// How the ranks run: `threads` (one process, a thread per rank) or
+    /// How the ranks run: `threads` (one process, a thread per rank),
     /// `mpi` (one process per rank, started by mpirun or srun; needs a build
-    /// with `--features mpi`). With `mpi`, --ranks defaults to the job's size.
+    /// with `--features mpi`) or `cuda` (one process per GPU, alone or
+    /// started by torchrun, srun or mpirun; needs `--features cuda`). With
+    /// `mpi` or `cuda`, --ranks defaults to the job's size.
     #[arg(long, value_enum, default_value = "threads")]
     pub backend: BackendKind,
     /// Seconds a rank waits for the others (a collective or an event) before
@@ -106,6 +108,8 @@ pub enum BackendKind {
     Threads,
     /// One process per rank, collectives through MPI.
     Mpi,
+    /// One process per GPU, kernels through CUDA, collectives through NCCL.
+    Cuda,
 }
 
 /// The launcher of this run's ranks, and this process's rank in it.
@@ -113,6 +117,9 @@ enum Launch {
     Threads,
     #[cfg(feature = "mpi")]
     Mpi(fsdpc_runtime::comm::mpi::MpiWorld),
+    /// This process's GPU rank, placed by a launcher or alone (world 1).
+    #[cfg(feature = "cuda")]
+    Cuda(Option<fsdpc_runtime::launch::LaunchInfo>),
 }
 
 impl Launch {
@@ -141,6 +148,14 @@ impl Launch {
             BackendKind::Mpi => fsdpc_runtime::comm::mpi::MpiWorld::init(timeout)
                 .map(|_| Launch::Threads)
                 .map_err(|e| CliError::Usage(e.to_string())),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => fsdpc_runtime::launch::detect_env()
+                .map(Launch::Cuda)
+                .map_err(|e| CliError::Usage(e.to_string())),
+            #[cfg(not(feature = "cuda"))]
+            BackendKind::Cuda => Err(CliError::Usage(
+                fsdpc_runtime::cuda::CudaError::NotCompiled.to_string(),
+            )),
         }
     }
 
@@ -150,6 +165,8 @@ impl Launch {
             Launch::Threads => 0,
             #[cfg(feature = "mpi")]
             Launch::Mpi(w) => w.rank(),
+            #[cfg(feature = "cuda")]
+            Launch::Cuda(l) => l.as_ref().map_or(0, |l| l.rank),
         }
     }
 
@@ -159,6 +176,8 @@ impl Launch {
             Launch::Threads => None,
             #[cfg(feature = "mpi")]
             Launch::Mpi(w) => Some(fsdpc_runtime::comm::World::size(w) as u32),
+            #[cfg(feature = "cuda")]
+            Launch::Cuda(l) => l.as_ref().map(|l| l.world as u32),
         }
     }
 
@@ -178,8 +197,43 @@ impl Launch {
                     Err(e) => w.abort(&e.to_string()),
                 }
             }
+            #[cfg(feature = "cuda")]
+            Launch::Cuda(l) => {
+                let cfg = fsdpc_runtime::cuda::CudaConfig::default();
+                let r = fsdpc_runtime::cuda::train_cuda(plan, opts, l.as_ref(), &cfg, on_step)?;
+                if self.rank() == 0 {
+                    print_out(&cuda_summary(plan, &r))?;
+                }
+                Ok(r.train)
+            }
         }
     }
+}
+
+/// The device and its memory after a `--backend cuda` run: the planned
+/// arena beside what `cuMemGetInfo` shows used, less the context.
+#[cfg(feature = "cuda")]
+fn cuda_summary(plan: &fsdpc_planner::plan::Plan, r: &fsdpc_runtime::cuda::CudaReport) -> String {
+    let m = &r.memory;
+    let mean = |v: &[std::time::Duration]| {
+        let s: Vec<f64> = v.iter().skip(1).map(|d| d.as_secs_f64()).collect();
+        if s.is_empty() {
+            f64::NAN
+        } else {
+            s.iter().sum::<f64>() / s.len() as f64
+        }
+    };
+    format!(
+        "cuda: {} ({}): planned arena {}, one allocation of {} (arena + kernel scratch + cuBLAS workspace); device memory used beyond the context: {} after set-up, {} after the steps (of {}); mean step {:.2} ms after the first\n",
+        r.device,
+        plan.model.name,
+        human_bytes(m.planned_arena),
+        human_bytes(m.allocated),
+        human_bytes(m.setup_used),
+        human_bytes(m.end_used),
+        human_bytes(m.total),
+        mean(&r.step_times) * 1e3,
+    )
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {

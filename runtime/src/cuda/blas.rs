@@ -1,0 +1,261 @@
+//! Matrix products through cuBLAS (`cublasGemmStridedBatchedEx`): f32
+//! operands with f32 compute (no TF32), bf16/f16 operands with f32
+//! accumulation. A row-major `C = op(A) op(B)` is cuBLAS's column-major
+//! `C^T = op(B)^T op(A)^T`, so B goes first. Leading (batch) dimensions
+//! broadcast: one strided-batched call when each operand's batch is either
+//! whole or absent, else one call per output matrix.
+
+use super::error::CudaError;
+use super::geometry::{broadcast_strides, strides};
+use super::ops::Operand;
+use cudarc::cublas::result as cb;
+use cudarc::cublas::sys;
+use cudarc::driver::CudaStream;
+use fsdpc_ir::DType;
+use std::ffi::c_void;
+
+/// One `cublasGemmStridedBatchedEx` call, in cuBLAS's (column-major) terms.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    /// Transpose the first operand (our B).
+    pub trans1: bool,
+    /// Transpose the second operand (our A).
+    pub trans2: bool,
+    /// cuBLAS m, n, k.
+    pub m: i32,
+    /// cuBLAS n.
+    pub n: i32,
+    /// cuBLAS k.
+    pub k: i32,
+    /// First operand, its leading dimension and batch stride (elements).
+    pub x1: (u64, i32, i64),
+    /// Second operand.
+    pub x2: (u64, i32, i64),
+    /// Output.
+    pub c: (u64, i32, i64),
+    /// Matrices in the batch.
+    pub batch: i32,
+    /// Element type of the operands and of the output.
+    pub dtype: (DType, DType),
+}
+
+fn to_i32(v: u64, what: &str) -> Result<i32, String> {
+    i32::try_from(v).map_err(|_| format!("matmul: {what} {v} exceeds cuBLAS's 32-bit sizes"))
+}
+
+/// The calls of `y = op(a) op(b)`.
+pub fn plan_matmul(
+    a: &Operand,
+    b: &Operand,
+    y: &Operand,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Vec<Gemm>, String> {
+    let (ad, bd) = (&a.ty.shape.0, &b.ty.shape.0);
+    let pa: Vec<usize> = if ad.len() == 1 {
+        vec![1, ad[0]]
+    } else {
+        ad.clone()
+    };
+    let pb: Vec<usize> = if bd.len() == 1 {
+        vec![bd[0], 1]
+    } else {
+        bd.clone()
+    };
+    if pa.len() < 2 || pb.len() < 2 {
+        return Err(format!(
+            "matmul needs operands of rank >= 1, got {ad:?} and {bd:?}"
+        ));
+    }
+    if a.ty.dtype != b.ty.dtype || !a.ty.dtype.is_float() {
+        return Err(format!(
+            "matmul of {} and {}: the operands must share one float dtype",
+            a.ty, b.ty
+        ));
+    }
+    let (ra, rb) = (pa.len() - 2, pb.len() - 2);
+    let (m, ka) = if trans_a {
+        (pa[ra + 1], pa[ra])
+    } else {
+        (pa[ra], pa[ra + 1])
+    };
+    let (kb, n) = if trans_b {
+        (pb[rb + 1], pb[rb])
+    } else {
+        (pb[rb], pb[rb + 1])
+    };
+    if ka != kb {
+        return Err(format!(
+            "matmul: inner dimensions {ka} and {kb} differ ({} x {})",
+            a.ty, b.ty
+        ));
+    }
+    let k = ka;
+    // The output batch: a's and b's batches broadcast together.
+    let (ba, bb) = (&pa[..ra], &pb[..rb]);
+    let nb = ba.len().max(bb.len());
+    let pad = |x: &[usize]| -> Vec<usize> {
+        std::iter::repeat_n(1, nb - x.len())
+            .chain(x.iter().copied())
+            .collect()
+    };
+    let (fa, fb) = (pad(ba), pad(bb));
+    let mut batch = Vec::with_capacity(nb);
+    for (&x, &z) in fa.iter().zip(&fb) {
+        batch.push(match (x, z) {
+            (x, z) if x == z => x,
+            (1, z) => z,
+            (x, 1) => x,
+            _ => {
+                return Err(format!(
+                    "matmul: batch dimensions {ba:?} and {bb:?} do not broadcast"
+                ))
+            }
+        });
+    }
+    let count: u64 = batch.iter().map(|&x| x as u64).product();
+    if y.numel() != count * (m * n) as u64 {
+        return Err(format!(
+            "matmul output {} does not match ({} x {})",
+            y.ty, a.ty, b.ty
+        ));
+    }
+    if y.ty.dtype != a.ty.dtype && y.ty.dtype != DType::F32 {
+        return Err(format!("matmul of {} into {} is not supported", a.ty, y.ty));
+    }
+    let sa = broadcast_strides(&fa, &batch)?;
+    let sb = broadcast_strides(&fb, &batch)?;
+    let (ma, mb, mc) = ((m * k) as u64, (k * n) as u64, (m * n) as u64);
+    let (ea, ec) = (a.ty.dtype.size() as u64, y.ty.dtype.size() as u64);
+    let base = Gemm {
+        trans1: trans_b,
+        trans2: trans_a,
+        m: to_i32(n as u64, "n")?,
+        n: to_i32(m as u64, "m")?,
+        k: to_i32(k as u64, "k")?,
+        x1: (b.ptr, to_i32(if trans_b { k } else { n } as u64, "ldb")?, 0),
+        x2: (a.ptr, to_i32(if trans_a { m } else { k } as u64, "lda")?, 0),
+        c: (y.ptr, to_i32(n as u64, "ldc")?, mc as i64),
+        batch: 1,
+        dtype: (a.ty.dtype, y.ty.dtype),
+    };
+    // One strided call when each operand's batch is whole or absent.
+    let full = strides(&batch);
+    let whole = |s: &[usize]| {
+        s.iter()
+            .zip(&full)
+            .zip(&batch)
+            .all(|((&x, &w), &d)| d == 1 || x == w)
+    };
+    let absent = |s: &[usize]| s.iter().all(|&x| x == 0);
+    let a_ok = absent(&sa) || whole(&sa);
+    let b_ok = absent(&sb) || whole(&sb);
+    if a_ok && b_ok && count <= i32::MAX as u64 {
+        let mut g = base;
+        g.batch = count as i32;
+        g.x1.2 = if absent(&sb) { 0 } else { mb as i64 };
+        g.x2.2 = if absent(&sa) { 0 } else { ma as i64 };
+        return Ok(vec![g]);
+    }
+    let st = strides(&batch);
+    let mut calls = Vec::new();
+    for o in 0..count as usize {
+        let (mut oa, mut ob) = (0u64, 0u64);
+        for d in 0..nb {
+            let c = (o / st[d]) % batch[d];
+            oa += (c * sa[d]) as u64;
+            ob += (c * sb[d]) as u64;
+        }
+        let mut g = base;
+        g.x2.0 = a.ptr + oa * ma * ea;
+        g.x1.0 = b.ptr + ob * mb * ea;
+        g.c.0 = y.ptr + o as u64 * mc * ec;
+        calls.push(g);
+    }
+    Ok(calls)
+}
+
+fn cuda_type(dt: DType) -> sys::cudaDataType {
+    match dt {
+        DType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        DType::F16 => sys::cudaDataType::CUDA_R_16F,
+        _ => sys::cudaDataType::CUDA_R_32F,
+    }
+}
+
+/// A cuBLAS handle bound to one stream, with its workspace in the arena.
+pub struct Blas {
+    handle: sys::cublasHandle_t,
+}
+
+// SAFETY: a handle is used by the one host thread that issues its stream's
+// work.
+unsafe impl Send for Blas {}
+
+impl Blas {
+    /// A handle on `stream` using `workspace` (device address, bytes) as its
+    /// scratch instead of allocating its own.
+    pub fn new(stream: &CudaStream, workspace: (u64, usize)) -> Result<Blas, CudaError> {
+        stream.context().bind_to_thread()?;
+        let handle = cb::create_handle()?;
+        let blas = Blas { handle };
+        // SAFETY: live handle and stream; the workspace lies in the arena
+        // allocation, which outlives the handle.
+        unsafe {
+            cb::set_stream(handle, stream.cu_stream() as _)?;
+            sys::cublasSetWorkspace_v2(handle, workspace.0 as *mut c_void, workspace.1).result()?;
+        }
+        Ok(blas)
+    }
+
+    /// Issues `g` on the handle's stream.
+    pub fn run(&self, g: &Gemm) -> Result<(), CudaError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let (dt, ct) = (cuda_type(g.dtype.0), cuda_type(g.dtype.1));
+        // SAFETY: the pointers are arena regions `plan_matmul` sized from
+        // the operands' types; alpha and beta are host f32 (compute 32F).
+        unsafe {
+            cb::gemm_strided_batched_ex(
+                self.handle,
+                op(g.trans1),
+                op(g.trans2),
+                g.m,
+                g.n,
+                g.k,
+                &alpha as *const f32 as *const c_void,
+                g.x1.0 as *const c_void,
+                dt,
+                g.x1.1,
+                g.x1.2,
+                g.x2.0 as *const c_void,
+                dt,
+                g.x2.1,
+                g.x2.2,
+                &beta as *const f32 as *const c_void,
+                g.c.0 as *mut c_void,
+                ct,
+                g.c.1,
+                g.c.2,
+                g.batch,
+                compute,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { cb::destroy_handle(self.handle) };
+    }
+}

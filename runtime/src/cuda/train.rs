@@ -1,0 +1,464 @@
+//! The training loop of one GPU rank (`fsdpc train --backend cuda`): one
+//! process per GPU, rank and world from torchrun, srun or mpirun (or world
+//! 1 alone), NCCL ids from rank 0 over the TCP rendezvous of `launch`. It
+//! reports what the CPU launchers report (losses, metrics, final
+//! parameters) and the device memory: `cuMemGetInfo` after the context is
+//! made (the baseline), after set-up and after the steps, beside the
+//! planned arena.
+
+use crate::error::RuntimeError;
+use crate::launch::LaunchInfo;
+use crate::train::{StepReport, TrainOptions, TrainReport};
+use std::time::Duration;
+
+/// How the CUDA rank runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// The GPU (default: the launcher's local rank).
+    pub device: Option<usize>,
+    /// When collectives go through NCCL.
+    pub nccl: NcclMode,
+    /// Time every instruction of the last this many steps with CUDA events
+    /// (the overlap figure; 0: none).
+    pub timed_steps: u64,
+}
+
+/// When collectives go through NCCL (`exec::NcclUse`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum NcclMode {
+    /// Only for groups of more than one rank.
+    #[default]
+    Auto,
+    /// For every group, even at world 1.
+    Always,
+}
+
+/// Device memory of a run (bytes), from `cuMemGetInfo`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Used once the context exists (the context itself and anything else
+    /// on the device): the baseline the other figures subtract.
+    pub baseline_used: u64,
+    /// Used after set-up, less the baseline: the allocation, the kernels'
+    /// modules, cuBLAS handles, NCCL communicators.
+    pub setup_used: u64,
+    /// Used after the last step, less the baseline.
+    pub end_used: u64,
+    /// The plan's arena (`memory.arena_bytes`).
+    pub planned_arena: u64,
+    /// The one allocation: the arena plus the kernels' scratch and the
+    /// cuBLAS workspaces.
+    pub allocated: u64,
+    /// The device's memory.
+    pub total: u64,
+}
+
+/// How much of the last step the unshard stream overlapped compute (from
+/// CUDA event timings of every instruction).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overlap {
+    /// The step, first instruction start to last end, ms.
+    pub step_ms: f64,
+    /// Time the compute stream was busy, ms.
+    pub compute_ms: f64,
+    /// Time the unshard stream was busy, ms.
+    pub unshard_ms: f64,
+    /// Time both were busy, ms.
+    pub both_ms: f64,
+}
+
+/// A finished CUDA run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaReport {
+    /// What every launcher reports.
+    pub train: TrainReport,
+    /// The device's name.
+    pub device: String,
+    /// Device memory.
+    pub memory: MemoryReport,
+    /// With `CudaConfig::timed_steps`: the last step's overlap.
+    pub overlap: Option<Overlap>,
+    /// Every step's wall time (issue to synchronisation).
+    pub step_times: Vec<Duration>,
+}
+
+/// Trains `plan` on this process's GPU as rank `launch.rank` of
+/// `launch.world` (world 1 when `launch` is `None`).
+#[cfg(not(feature = "cuda"))]
+pub fn train_cuda(
+    _plan: &fsdpc_planner::plan::Plan,
+    _opts: &TrainOptions,
+    _launch: Option<&LaunchInfo>,
+    _cfg: &CudaConfig,
+    _on_step: &mut dyn FnMut(&StepReport),
+) -> Result<CudaReport, RuntimeError> {
+    Err(super::CudaError::NotCompiled.into())
+}
+
+/// Trains `plan` on this process's GPU as rank `launch.rank` of
+/// `launch.world` (world 1 when `launch` is `None`).
+#[cfg(feature = "cuda")]
+pub fn train_cuda(
+    plan: &fsdpc_planner::plan::Plan,
+    opts: &TrainOptions,
+    launch: Option<&LaunchInfo>,
+    cfg: &CudaConfig,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<CudaReport, RuntimeError> {
+    imp::train_cuda(plan, opts, launch, cfg, on_step)
+}
+
+/// Intervals' total length after merging overlaps.
+fn union(mut v: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+fn length(v: &[(f64, f64)]) -> f64 {
+    v.iter().map(|(s, e)| e - s).sum()
+}
+
+/// The overlap of two merged interval lists.
+fn intersection(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    let (mut i, mut j, mut t) = (0, 0, 0.0);
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if e > s {
+            t += e - s;
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    t
+}
+
+/// The overlap figures of busy intervals on the compute and unshard
+/// streams (ms, any origin).
+pub fn overlap_of(compute: Vec<(f64, f64)>, unshard: Vec<(f64, f64)>) -> Overlap {
+    let lo = compute
+        .iter()
+        .chain(&unshard)
+        .map(|x| x.0)
+        .fold(f64::INFINITY, f64::min);
+    let hi = compute
+        .iter()
+        .chain(&unshard)
+        .map(|x| x.1)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let (c, u) = (union(compute), union(unshard));
+    Overlap {
+        step_ms: if hi > lo { hi - lo } else { 0.0 },
+        compute_ms: length(&c),
+        unshard_ms: length(&u),
+        both_ms: intersection(&c, &u),
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::*;
+    use crate::cuda::device::Device;
+    use crate::cuda::exec::{comm_streams, refuse_unsupported, CommSetup, GpuRank, Id, NcclUse};
+    use crate::cuda::libs::{self, Library};
+    use crate::cuda::nccl;
+    use crate::cuda::CudaError;
+    use crate::exec::prepare::prepare;
+    use crate::exec::ExecMode;
+    use crate::train::{assemble_shards, validate, StepLog, StepScalars};
+    use fsdpc_planner::plan::{BufferKind, Plan, Stream};
+    use std::time::Instant;
+
+    fn refuse(what: &str, reason: &str) -> RuntimeError {
+        CudaError::Unsupported {
+            instr: 0,
+            what: what.into(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+
+    /// Options the CUDA rank does not run, refused before any work.
+    fn check_options(opts: &TrainOptions, world: usize) -> Result<(), RuntimeError> {
+        if opts.checkpoint.is_some() || opts.resume.is_some() {
+            return Err(refuse(
+                "checkpoints",
+                "--checkpoint-dir and --resume are not implemented on the cuda backend yet",
+            ));
+        }
+        if opts.mode == ExecMode::DebugAlloc {
+            return Err(refuse(
+                "--debug-alloc",
+                "the cuda backend runs the arena only",
+            ));
+        }
+        if opts.trace_steps > 0 {
+            return Err(refuse(
+                "--trace",
+                "measured traces are not written by the cuda backend yet",
+            ));
+        }
+        if opts.fault.is_some() {
+            return Err(refuse(
+                "injected faults",
+                "the failure tests run on CPU ranks",
+            ));
+        }
+        if opts.keep_params && world > 1 {
+            return Err(refuse(
+                "--save-*",
+                "saving the trained parameters needs world 1 on the cuda backend",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The ids of every stream's world communicator and the loss
+    /// communicator's: made by rank 0, handed to the others.
+    fn exchange_ids(
+        streams: &[Stream],
+        world: usize,
+        rank: usize,
+        master: Option<&str>,
+        timeout: Duration,
+    ) -> Result<([Option<Id>; 4], Option<Id>), RuntimeError> {
+        let n = streams.len() + usize::from(world > 1);
+        if n == 0 {
+            return Ok(([None; 4], None));
+        }
+        libs::ensure(Library::Nccl)?;
+        let blob: Vec<u8> = if rank == 0 {
+            let mut b = Vec::with_capacity(n * nccl::ID_BYTES);
+            for _ in 0..n {
+                b.extend_from_slice(&nccl::unique_id()?);
+            }
+            b
+        } else {
+            Vec::new()
+        };
+        let blob = if world > 1 {
+            let addr = master.ok_or_else(|| refuse("the NCCL rendezvous", "world > 1 needs MASTER_ADDR and MASTER_PORT (rank 0's address and a free port)"))?;
+            crate::launch::rendezvous(
+                addr,
+                rank,
+                world,
+                (rank == 0).then_some(blob.as_slice()),
+                timeout,
+            )
+            .map_err(|e| RuntimeError::Comm {
+                rank,
+                source: crate::error::CommError::Mismatch {
+                    op: "rendezvous".into(),
+                    reason: e.to_string(),
+                },
+            })?
+        } else {
+            blob
+        };
+        if blob.len() != n * nccl::ID_BYTES {
+            return Err(RuntimeError::plan(format!(
+                "the rendezvous gave {} bytes of NCCL ids, {} expected",
+                blob.len(),
+                n * nccl::ID_BYTES
+            )));
+        }
+        let id = |k: usize| -> Id {
+            let mut x = [0u8; nccl::ID_BYTES];
+            x.copy_from_slice(&blob[k * nccl::ID_BYTES..(k + 1) * nccl::ID_BYTES]);
+            x
+        };
+        let mut ids = [None; 4];
+        for (k, s) in streams.iter().enumerate() {
+            ids[s.index()] = Some(id(k));
+        }
+        Ok((ids, (world > 1).then(|| id(streams.len()))))
+    }
+
+    fn used(dev: &Device) -> Result<u64, RuntimeError> {
+        let (free, total) = dev.mem_info()?;
+        Ok((total - free) as u64)
+    }
+
+    /// Fills every unit's fp32 shard on the host and copies it in.
+    fn init_shards(plan: &Plan, rank: &GpuRank, pos: u64, seed: u64) -> Result<(), RuntimeError> {
+        for (u, unit) in plan.units.iter().enumerate() {
+            let Some(b) = plan
+                .buffers
+                .iter()
+                .find(|b| b.kind == BufferKind::ShardParams && b.unit == Some(unit.id))
+            else {
+                continue;
+            };
+            let mut out = vec![0f32; (b.bytes / 4) as usize];
+            crate::init::fill_shard(
+                &plan.units[u],
+                &plan.training.graph.params,
+                pos,
+                seed,
+                &mut out,
+            )?;
+            rank.upload(b.id, 0, bytemuck::cast_slice(&out))?;
+        }
+        Ok(())
+    }
+
+    /// Every unit's fp32 shard, read back.
+    fn shards(plan: &Plan, rank: &GpuRank) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let mut out = Vec::new();
+        for unit in &plan.units {
+            let v = match plan
+                .buffers
+                .iter()
+                .find(|b| b.kind == BufferKind::ShardParams && b.unit == Some(unit.id))
+            {
+                Some(b) => rank
+                    .download(b.id, 0, b.bytes as usize)?
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                None => Vec::new(),
+            };
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    pub fn train_cuda(
+        plan: &Plan,
+        opts: &TrainOptions,
+        launch: Option<&LaunchInfo>,
+        cfg: &CudaConfig,
+        on_step: &mut dyn FnMut(&StepReport),
+    ) -> Result<CudaReport, RuntimeError> {
+        validate(plan)?;
+        let (rank, world, local, master) = launch.map_or((0, 1, 0, None), |l| {
+            (l.rank, l.world, l.local_rank, l.master.as_deref())
+        });
+        if plan.cluster.world as usize != world {
+            return Err(RuntimeError::WorldMismatch {
+                plan_world: plan.cluster.world as usize,
+                launcher_world: world,
+                launcher: launch.map_or("this process (world 1)".into(), |l| {
+                    l.launcher.name().to_string()
+                }),
+            });
+        }
+        check_options(opts, world)?;
+        let prep = prepare(plan)?;
+        refuse_unsupported(&prep)?;
+        let dev = Device::open(cfg.device.unwrap_or(local))?;
+        let device = dev.name.clone();
+        let baseline = used(&dev)?;
+        let total = dev.mem_info()?.1 as u64;
+        let data = crate::data::open(&opts.data, &plan.training.graph, opts.seed)?;
+        let nccl = match cfg.nccl {
+            NcclMode::Auto => NcclUse::Auto,
+            NcclMode::Always => NcclUse::Always,
+        };
+        let streams = comm_streams(&prep, world, nccl)?;
+        let (ids, loss) = exchange_ids(&streams, world, rank, master, opts.comm_timeout)?;
+        let setup = CommSetup {
+            nccl,
+            ids: &ids,
+            loss,
+        };
+        let mut gpu = GpuRank::new(
+            dev,
+            &prep,
+            rank,
+            world,
+            opts.seed,
+            &setup,
+            cfg.timed_steps > 0,
+        )?;
+        let pos = (rank % plan.config.shard_factor as usize) as u64;
+        init_shards(plan, &gpu, pos, opts.seed)?;
+        let setup_used = used(&gpu.dev)?.saturating_sub(baseline);
+        let mut log = StepLog::new(plan, world);
+        let mut step_times = Vec::new();
+        let mut overlap = None;
+        let start = Instant::now();
+        for step in 0..opts.steps {
+            gpu.set_timed(step + cfg.timed_steps >= opts.steps);
+            let began = Instant::now();
+            let spans = gpu.step(step, &*data)?;
+            let time = began.elapsed();
+            step_times.push(time);
+            let loss = gpu.read_loss()?;
+            let losses = gpu.gather_losses(loss)?;
+            let scalars = StepScalars {
+                grad_norm: gpu.read_grad_norm()?,
+                loss_scale: None,
+            };
+            log.record(step, losses.into_iter(), (scalars, None, time), on_step);
+            if let Some(s) = spans {
+                let pick = |want: Stream| {
+                    s.iter()
+                        .filter(|x| x.0 == want)
+                        .map(|x| (f64::from(x.2), f64::from(x.3)))
+                        .collect()
+                };
+                overlap = Some(overlap_of(pick(Stream::Compute), pick(Stream::Unshard)));
+            }
+        }
+        let elapsed = start.elapsed();
+        let end_used = used(&gpu.dev)?.saturating_sub(baseline);
+        let final_params = if opts.keep_params {
+            assemble_shards(plan, vec![shards(plan, &gpu)?])?
+        } else {
+            Vec::new()
+        };
+        let memory = MemoryReport {
+            baseline_used: baseline,
+            setup_used,
+            end_used,
+            planned_arena: plan.memory.arena_bytes,
+            allocated: gpu.allocated_bytes(),
+            total,
+        };
+        let train = TrainReport {
+            tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+            losses: log.losses,
+            grad_norms: log.grad_norms,
+            loss_scales: log.loss_scales,
+            skipped_steps: log.skipped_steps,
+            final_params,
+            measured_peak_bytes: Some(end_used.max(setup_used)),
+            planned_peak_bytes: plan.memory.rank_bytes,
+            debug_peak_bytes: None,
+            elapsed,
+            world,
+            timelines: Vec::new(),
+        };
+        Ok(CudaReport {
+            train,
+            device,
+            memory,
+            overlap,
+            step_times,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_merges_each_streams_intervals_and_intersects_them() {
+        let o = overlap_of(vec![(0.0, 4.0), (3.0, 6.0), (8.0, 10.0)], vec![(5.0, 9.0)]);
+        assert_eq!(o.step_ms, 10.0);
+        assert_eq!(o.compute_ms, 8.0);
+        assert_eq!(o.unshard_ms, 4.0);
+        assert_eq!(o.both_ms, 2.0);
+    }
+}

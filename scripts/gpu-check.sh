@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU check of the cuda backend (issue 10), for a machine with an
+# NVIDIA GPU and driver: finds (or installs from PyPI) NVRTC, cuBLAS and
+# NCCL for CUDA 13, builds with `--features cuda` (or takes the binaries
+# `scripts/gpu-bundle.sh` made, for machines without cargo or crates.io),
+# runs the GPU tests (every kernel against the CPU backend, a training step
+# at world 1 against the CPU run, world 1 through NCCL), a CLI run and the
+# GPU benchmark, and prints what they printed. Meant to finish well under
+# 8 minutes on a fresh machine; every step has a timeout.
+#
+#   bash scripts/gpu-check.sh [--bundle DIR] [--quick]
+#
+# --bundle DIR: run the prebuilt binaries in DIR instead of building.
+# --quick: the benchmark on a 4-layer GPT instead of the 24-layer one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+bundle=""
+quick=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bundle) bundle=$(cd "$2" && pwd); shift 2 ;;
+        --quick) quick=1; shift ;;
+        *) echo "usage: $0 [--bundle DIR] [--quick]" >&2; exit 2 ;;
+    esac
+done
+start=$(date +%s)
+step() { echo; echo "=== [$(( $(date +%s) - start )) s] $*"; }
+failures=()
+run() { # run NAME TIMEOUT CMD...: a step that may fail without stopping the rest
+    local name=$1 secs=$2; shift 2
+    step "$name"
+    if timeout "$secs" "$@"; then echo "--- $name: ok"; else
+        local rc=$?; echo "--- $name: FAILED (exit $rc)"; failures+=("$name"); fi
+}
+
+step "GPU and driver"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "nvidia-smi not found"
+
+step "CUDA 13 libraries (NVRTC, cuBLAS, NCCL)"
+# A Python whose site-packages hold NVIDIA's wheels: FSDPC_PYTHON, the
+# image's, or a venv under target/ filled from PyPI.
+find_site() { # prints the site-packages dir of $1 holding nvidia/cu13 and nvidia/nccl
+    "$1" - <<'PY' 2>/dev/null
+import os, site, sys
+for p in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+    n = os.path.join(p, "nvidia")
+    if all(os.path.exists(os.path.join(n, f)) for f in ("cu13/lib/libnvrtc.so.13", "cu13/lib/libcublas.so.13", "nccl/lib/libnccl.so.2")):
+        print(p); break
+PY
+}
+site=""
+for py in "${FSDPC_PYTHON:-}" python3 /opt/torch/.venv/bin/python3; do
+    [ -n "$py" ] && command -v "$py" >/dev/null 2>&1 || continue
+    site=$(find_site "$py" || true)
+    if [ -n "$site" ]; then export FSDPC_PYTHON=$py; break; fi
+done
+if [ -z "$site" ]; then
+    echo "not installed: installing nvidia-cuda-nvrtc, nvidia-cublas, nvidia-nccl-cu13 into target/gpu-venv"
+    python3 -m venv target/gpu-venv
+    timeout 300 target/gpu-venv/bin/pip install -q "nvidia-cuda-nvrtc>=13,<14" "nvidia-cublas>=13,<14" "nvidia-nccl-cu13"
+    export FSDPC_PYTHON=$root/target/gpu-venv/bin/python
+    site=$(find_site "$FSDPC_PYTHON")
+fi
+echo "site-packages: $site"
+export FSDPC_CUDA_LIB_DIR=$site/nvidia/cu13/lib
+# cudarc loads NCCL as libnccl.so from the loader's path; pip's is .so.2.
+mkdir -p target/gpu-libs
+ln -sf "$site/nvidia/nccl/lib/libnccl.so.2" target/gpu-libs/libnccl.so
+export LD_LIBRARY_PATH=$root/target/gpu-libs:$site/nvidia/cu13/lib:$site/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
+ls -l "$site/nvidia/cu13/lib" | grep -E "nvrtc|cublas" || true
+
+if [ -n "$bundle" ]; then
+    step "prebuilt binaries in $bundle"
+    ls -l "$bundle"
+    tests_cuda=$bundle/cuda
+    tests_ptx=$bundle/cuda_ptx
+    bench=$bundle/cuda_gpt
+    cli=$bundle/fsdpc
+else
+    step "build (release, --features cuda)"
+    command -v cargo >/dev/null || { echo "no cargo: build a bundle elsewhere (scripts/gpu-bundle.sh) and pass --bundle"; exit 1; }
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+    json=$(timeout 420 cargo test --release -p fsdpc-runtime --features cuda --test cuda --test cuda_ptx --no-run --message-format=json)
+    tests_cuda=$(echo "$json" | grep -o '"executable":"[^"]*/cuda-[^"]*"' | head -1 | cut -d'"' -f4)
+    tests_ptx=$(echo "$json" | grep -o '"executable":"[^"]*/cuda_ptx-[^"]*"' | head -1 | cut -d'"' -f4)
+    timeout 300 cargo build --release -p fsdpc-runtime --features cuda --example cuda_gpt
+    timeout 300 cargo build --release --features cuda --bin fsdpc
+    bench=$CARGO_TARGET_DIR/release/examples/cuda_gpt
+    cli=$CARGO_TARGET_DIR/release/fsdpc
+fi
+
+# On this machine a missing GPU or library is a failure, not a skip.
+export FSDPC_REQUIRE_GPU=1
+run "kernels compile with this NVRTC (sm_80, sm_90)" 120 "$tests_ptx" --nocapture
+run "GPU tests: kernels vs CPU, world-1 training vs CPU, NCCL at world 1" 240 \
+    "$tests_cuda" --nocapture --test-threads=1
+run "fsdpc train --backend cuda" 120 \
+    "$cli" train gpt:layers=2,hidden=128,heads=4,seq=64,vocab=256,batch=4 --steps 5 --backend cuda
+if [ "$quick" = 1 ]; then
+    run "benchmark (GPT 4 layers, hidden 2048, seq 2048, bf16)" 240 "$bench" --layers 4 --steps 5
+else
+    run "benchmark (GPT 24 layers, hidden 2048, seq 2048, bf16)" 300 "$bench" --layers 24 --steps 6
+fi
+
+step "done in $(( $(date +%s) - start )) s"
+if [ ${#failures[@]} -gt 0 ]; then
+    printf 'FAILED: %s\n' "${failures[@]}"
+    exit 1
+fi
+echo "all GPU checks passed"
