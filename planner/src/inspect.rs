@@ -66,6 +66,12 @@ pub struct Summary {
     /// Shards and optimizer state in host memory (`cpu_offload`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub cpu_offload: bool,
+    /// How parameter all-gathers travel (`wire`; absent: native).
+    #[serde(skip_serializing_if = "Wire::is_native")]
+    pub allgather_wire: Wire,
+    /// How gradient reduce-scatters travel (absent: native).
+    #[serde(skip_serializing_if = "Wire::is_native")]
+    pub reduce_scatter_wire: Wire,
     /// Peak of host memory per rank (`cpu_offload`; 0 without).
     #[serde(skip_serializing_if = "is_zero")]
     pub host_peak_bytes: u64,
@@ -222,6 +228,8 @@ pub fn summary(plan: &Plan) -> Summary {
         heap_bytes: plan.memory.heap_bytes,
         rank_bytes: plan.memory.rank_bytes,
         cpu_offload: plan.config.cpu_offload,
+        allgather_wire: plan.config.allgather_wire,
+        reduce_scatter_wire: plan.config.reduce_scatter_wire,
         host_peak_bytes: plan.memory.host_peak_bytes,
         host_arena_bytes: plan.memory.host_arena_bytes,
         host_breakdown: host_breakdown(plan),
@@ -473,6 +481,19 @@ fn header(out: &mut String, s: &Summary) {
     }
     if let Some(p) = &s.precision {
         precision_lines(out, p);
+    }
+    if !(s.allgather_wire.is_native() && s.reduce_scatter_wire.is_native()) {
+        let describe = |w: &Wire| match w {
+            Wire::Native => "native".to_string(),
+            Wire::Fp8E4m3 { .. } => "fp8 e4m3 (one scale per unit, from the group's amax)".into(),
+            Wire::Int8Block { block } => format!("int8 (blocks of {block}, an f32 scale each)"),
+        };
+        let _ = writeln!(
+            out,
+            "wire      all-gathers {}, reduce-scatters {}; payloads in Wire scratch buffers",
+            describe(&s.allgather_wire),
+            describe(&s.reduce_scatter_wire)
+        );
     }
     if s.cpu_offload {
         let _ = writeln!(

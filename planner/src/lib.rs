@@ -15,7 +15,8 @@
 //!    are assigned again on the rewritten graph;
 //! 2. `flat::layout_units`: flat-parameter layout and shards;
 //! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
-//!    reductions, optimizer steps, events);
+//!    reductions, optimizer steps, events); `wire::apply` puts the wire
+//!    formats (low-precision collectives) and their scratch on it;
 //!    then `workspace::plan_workspaces`: each kernel's scratch, one
 //!    `Workspace` buffer per stream that runs kernels, and the bound of
 //!    what the matrix-product library allocates on its own (before it,
@@ -58,6 +59,8 @@ mod validate_fsdp;
 mod validate_layout;
 pub mod validate_offload;
 mod validate_precision;
+mod validate_wire;
+pub mod wire;
 pub mod workspace;
 
 pub use cluster::{Cluster, Hardware};
@@ -208,6 +211,7 @@ fn lower(
         shard_factor,
         reshard,
     })?;
+    wire::apply(&mut sched, &units, shard_factor, cfg.wires());
     if let Some(max_norm) = cfg.clip_grad_norm {
         clip::insert(&mut sched, max_norm, shard_factor > 1)?;
     }
@@ -251,6 +255,8 @@ fn lower(
             shared_params: cfg.shared_params,
             cpu_offload: cfg.cpu_offload,
             auto: None,
+            allgather_wire: cfg.allgather_wire,
+            reduce_scatter_wire: cfg.reduce_scatter_wire,
         },
         units,
         // The offload stream only where it is used, so other plans read as

@@ -8,6 +8,8 @@
 use fsdpc_ir::{DType, NodeId, ParamId, TrainingProgram, ValueId};
 use serde::{Deserialize, Serialize};
 
+pub use crate::wire::{Fp8Scale, Wire};
+
 pub const SCHEMA: &str = "fsdpc.plan/v1";
 
 macro_rules! id_type {
@@ -286,6 +288,12 @@ pub struct PlanConfig {
     /// the user chose it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<AutoRecord>,
+    /// How parameter all-gathers travel (`wire`; absent: native).
+    #[serde(default, skip_serializing_if = "Wire::is_native")]
+    pub allgather_wire: Wire,
+    /// How gradient reduce-scatters travel (`wire`; absent: native).
+    #[serde(default, skip_serializing_if = "Wire::is_native")]
+    pub reduce_scatter_wire: Wire,
 }
 
 /// How the auto-planner (`auto`) chose a plan's configuration.
@@ -558,6 +566,10 @@ pub enum BufferKind {
     /// uses its first `workspace_bytes` (attention tiles, normalisation
     /// rows, f32 copies of half-precision operands).
     Workspace,
+    /// A quantized collective's payloads (`wire`: codes and scales, sent
+    /// and received; raw bytes, dtype `bool`), written by the collective
+    /// and freed right after it on its stream.
+    Wire,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -657,7 +669,9 @@ pub struct Instr {
 pub enum InstrOp {
     /// Gather the members' `src` (their shards over `group`: the shard
     /// group, or `Reshard` from a resharded slice) into the unit's full flat
-    /// parameter `dst`, cast to `dtype` first.
+    /// parameter `dst`, cast to `dtype` first; with a quantized `wire`,
+    /// quantized instead and dequantized into `dst` through the
+    /// `wire_buffer` scratch (exact semantics in `wire`).
     AllGather {
         unit: UnitId,
         src: BufferId,
@@ -665,11 +679,19 @@ pub enum InstrOp {
         dtype: DType,
         #[serde(default = "Group::shard")]
         group: Group,
+        /// How the payload travels (absent: native, in `dtype`).
+        #[serde(default, skip_serializing_if = "Wire::is_native")]
+        wire: Wire,
+        /// The `Wire` scratch of a quantized `wire` (absent for native).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wire_buffer: Option<BufferId>,
     },
     /// Sum the unit's full flat gradient `src` over `group` (the shard
     /// group), divide by the world size times `PlanConfig::grad_accum`, and
     /// keep this rank's shard in `dst`. Regions of `src` not written by a gradient kernel (padding,
-    /// frozen parameters) count as zero.
+    /// frozen parameters) count as zero. With a quantized `wire` the
+    /// members' slices travel quantized through the `wire_buffer` scratch
+    /// and are summed dequantized, in position order in f32 (see `wire`).
     ReduceScatter {
         unit: UnitId,
         src: BufferId,
@@ -677,6 +699,12 @@ pub enum InstrOp {
         dtype: DType,
         #[serde(default = "Group::shard")]
         group: Group,
+        /// How the payload travels (absent: native, in `dtype`).
+        #[serde(default, skip_serializing_if = "Wire::is_native")]
+        wire: Wire,
+        /// The `Wire` scratch of a quantized `wire` (absent for native).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wire_buffer: Option<BufferId>,
     },
     /// Keep this rank's slice of the gathered flat parameter `src` in `dst`:
     /// with n members of `group` (`Reshard`) and this rank at position p,
@@ -879,6 +907,8 @@ impl InstrOp {
     /// both `reads` and `writes`).
     pub fn reads(&self) -> Vec<BufferId> {
         match self {
+            // A quantized collective's scratch is written before it is
+            // read, by the collective itself: it is in `writes` only.
             InstrOp::AllGather { src, .. }
             | InstrOp::ReduceScatter { src, .. }
             | InstrOp::Reshard { src, .. }
@@ -918,10 +948,13 @@ impl InstrOp {
     /// The buffers this instruction writes.
     pub fn writes(&self) -> Vec<BufferId> {
         match self {
-            InstrOp::AllGather { dst, .. }
-            | InstrOp::ReduceScatter { dst, .. }
-            | InstrOp::Reshard { dst, .. }
-            | InstrOp::Copy { dst, .. } => vec![*dst],
+            InstrOp::AllGather {
+                dst, wire_buffer, ..
+            }
+            | InstrOp::ReduceScatter {
+                dst, wire_buffer, ..
+            } => std::iter::once(*dst).chain(*wire_buffer).collect(),
+            InstrOp::Reshard { dst, .. } | InstrOp::Copy { dst, .. } => vec![*dst],
             InstrOp::AllReduce { buffer, .. }
             | InstrOp::NormAllReduce { buffer, .. }
             | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],

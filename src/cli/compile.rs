@@ -142,6 +142,8 @@ fn prepare(
         freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
         shared_params: fsdpc_planner::SharedParams::parse(&f.shared_params)?,
         cpu_offload: f.cpu_offload,
+        allgather_wire: fsdpc_planner::Wire::parse(&f.allgather_wire, f.wire_block)?,
+        reduce_scatter_wire: fsdpc_planner::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?,
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };
@@ -260,6 +262,8 @@ fn config_of(plan: &Plan, base: &FsdpConfig) -> FsdpConfig {
         forward_prefetch: c.forward_prefetch,
         prefetch_depth: c.prefetch_depth,
         cpu_offload: c.cpu_offload,
+        allgather_wire: c.allgather_wire,
+        reduce_scatter_wire: c.reduce_scatter_wire,
         ..base.clone()
     }
 }

@@ -163,6 +163,20 @@ pub struct PlanFlags {
     /// strategies only).
     #[arg(long)]
     pub cpu_offload: bool,
+    /// How parameter all-gathers travel: native (in the param dtype), fp8
+    /// (e4m3 codes with one scale per unit from the group's amax, FSDP2's
+    /// float8 all-gather) or int8 (blocks of --wire-block elements, an f32
+    /// scale each, ZeRO++ qwZ). Sharded strategies only.
+    #[arg(long, value_name = "FORMAT", default_value = "native")]
+    pub allgather_wire: String,
+    /// How gradient reduce-scatters travel: native or int8 (ZeRO++ qgZ:
+    /// each rank's slices quantized blockwise, summed dequantized in rank
+    /// order in f32).
+    #[arg(long, value_name = "FORMAT", default_value = "native")]
+    pub reduce_scatter_wire: String,
+    /// Elements per block of the int8 wire formats.
+    #[arg(long, value_name = "N", default_value_t = fsdpc_planner::wire::DEFAULT_BLOCK)]
+    pub wire_block: u32,
     /// Mixed precision, the common policy: parameters gathered and computed,
     /// gradients reduced and constants held in bf16 or fp16 (f32 master
     /// shards and optimizer state always; fp16 adds a dynamic loss scaler).
