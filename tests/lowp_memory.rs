@@ -93,3 +93,23 @@ fn quantized_collectives_use_the_memory_planned() {
         assert!(scratch > 0, "{what}: the plan has wire scratch buffers");
     }
 }
+
+/// Partial offload (`--cpu-offload paths:...`, `--offload-what
+/// optimizer`): two arenas, device and host, of the sizes planned.
+#[test]
+fn partial_offload_uses_the_memory_planned() {
+    use fsdpc_planner::{OffloadUnits, OffloadWhat};
+    for (which, what) in [
+        ("paths:transformer.h.0", OffloadWhat::Params),
+        ("all", OffloadWhat::Optimizer),
+    ] {
+        let cfg = FsdpConfig {
+            cpu_offload: true,
+            offload_units: OffloadUnits::parse(which).expect("selection"),
+            offload_what: what,
+            ..FsdpConfig::default()
+        };
+        let plan = check(2, &cfg, &format!("offload {which} {what:?}"));
+        assert!(plan.memory.host_arena_bytes > 0);
+    }
+}

@@ -83,6 +83,14 @@ pub struct FsdpConfig {
     /// Needs a sharded strategy.
     #[serde(default)]
     pub cpu_offload: bool,
+    /// With `cpu_offload`: which units offload (`--cpu-offload WHICH`;
+    /// default all).
+    #[serde(default)]
+    pub offload_units: crate::offload::OffloadUnits,
+    /// With `cpu_offload`: what they keep on the host (`--offload-what`;
+    /// default params: shards and optimizer state; see `offload`).
+    #[serde(default)]
+    pub offload_what: crate::offload::OffloadWhat,
     /// How parameter all-gathers travel (`--allgather-wire`: native, fp8
     /// e4m3 with a per-unit scale, int8 blocks; see `wire`).
     #[serde(default)]
@@ -120,6 +128,8 @@ impl Default for FsdpConfig {
             freeze: Vec::new(),
             shared_params: SharedParams::Root,
             cpu_offload: false,
+            offload_units: crate::offload::OffloadUnits::All,
+            offload_what: crate::offload::OffloadWhat::Params,
             allgather_wire: crate::wire::Wire::Native,
             reduce_scatter_wire: crate::wire::Wire::Native,
             check_fits: true,

@@ -45,6 +45,7 @@ pub mod freeze;
 pub mod hb;
 pub mod inspect;
 pub mod memory;
+pub mod offload;
 pub mod overlap;
 pub mod plan;
 pub mod precision;
@@ -200,6 +201,7 @@ fn lower(
             .into_iter()
             .collect();
     let (program, assign) = checkpointed(program, assign, cfg)?;
+    let offloaded = offload::UnitOffload::select(cfg, &assign)?;
     let mut units = flat::layout_units(&program.graph, &assign, shard_factor)?;
     cfg.reshard_units(shard_factor, reshard, &mut units)?;
     let mut sched = schedule::lower(&schedule::LowerInput {
@@ -210,6 +212,7 @@ fn lower(
         world: cluster.world,
         shard_factor,
         reshard,
+        offload: offloaded.clone(),
     })?;
     wire::apply(&mut sched, &units, shard_factor, cfg.wires());
     if let Some(max_norm) = cfg.clip_grad_norm {
@@ -224,6 +227,7 @@ fn lower(
         };
         scaler::insert(&mut sched, &program, s, groups)?;
     }
+    offload::stage_state(&mut sched, &offloaded);
     let heap_bytes = workspace::plan_workspaces(&mut sched, &program.graph);
     let plan = Plan {
         schema: SCHEMA.to_string(),
@@ -254,6 +258,8 @@ fn lower(
             freeze: cfg.freeze.clone(),
             shared_params: cfg.shared_params,
             cpu_offload: cfg.cpu_offload,
+            offloaded_units: offloaded.units.iter().copied().collect(),
+            offload_what: offloaded.what,
             auto: None,
             allgather_wire: cfg.allgather_wire,
             reduce_scatter_wire: cfg.reduce_scatter_wire,

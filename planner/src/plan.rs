@@ -8,6 +8,7 @@
 use fsdpc_ir::{DType, NodeId, ParamId, TrainingProgram, ValueId};
 use serde::{Deserialize, Serialize};
 
+pub use crate::offload::{OffloadUnits, OffloadWhat};
 pub use crate::wire::{Fp8Scale, Wire};
 
 pub const SCHEMA: &str = "fsdpc.plan/v1";
@@ -288,6 +289,15 @@ pub struct PlanConfig {
     /// the user chose it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<AutoRecord>,
+    /// With `cpu_offload`: the units offloaded, in unit order (absent in
+    /// plans written before partial offload: every unit; see
+    /// `Plan::unit_offload`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offloaded_units: Vec<UnitId>,
+    /// With `cpu_offload`: what the offloaded units keep in host memory
+    /// (absent: `params`, shards and optimizer state; see `offload`).
+    #[serde(default, skip_serializing_if = "OffloadWhat::is_params")]
+    pub offload_what: OffloadWhat,
     /// How parameter all-gathers travel (`wire`; absent: native).
     #[serde(default, skip_serializing_if = "Wire::is_native")]
     pub allgather_wire: Wire,
@@ -540,6 +550,10 @@ pub enum BufferKind {
     /// `cpu_offload`: a unit's reduced gradient shard on the device (the
     /// reduction's destination), freed after its copy to the host.
     StagedGrads,
+    /// `--offload-what optimizer`: one optimizer-state slot of a unit on
+    /// the device, copied in from the host before its optimizer step and
+    /// back out after it (offload stream), then freed.
+    StagedState,
     /// A rank's shard of a unit's reduced gradient (persistent).
     ShardGrads,
     /// Gradient accumulation: one micro-batch's reduced gradient shard,
