@@ -83,6 +83,22 @@ pub struct FsdpConfig {
     /// Needs a sharded strategy.
     #[serde(default)]
     pub cpu_offload: bool,
+    /// With `cpu_offload`: which units offload (`--cpu-offload WHICH`;
+    /// default all).
+    #[serde(default)]
+    pub offload_units: crate::offload::OffloadUnits,
+    /// With `cpu_offload`: what they keep on the host (`--offload-what`;
+    /// default params: shards and optimizer state; see `offload`).
+    #[serde(default)]
+    pub offload_what: crate::offload::OffloadWhat,
+    /// How parameter all-gathers travel (`--allgather-wire`: native, fp8
+    /// e4m3 with a per-unit scale, int8 blocks; see `wire`).
+    #[serde(default)]
+    pub allgather_wire: crate::wire::Wire,
+    /// How gradient reduce-scatters travel (`--reduce-scatter-wire`:
+    /// native or int8 blocks).
+    #[serde(default)]
+    pub reduce_scatter_wire: crate::wire::Wire,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -112,6 +128,10 @@ impl Default for FsdpConfig {
             freeze: Vec::new(),
             shared_params: SharedParams::Root,
             cpu_offload: false,
+            offload_units: crate::offload::OffloadUnits::All,
+            offload_what: crate::offload::OffloadWhat::Params,
+            allgather_wire: crate::wire::Wire::Native,
+            reduce_scatter_wire: crate::wire::Wire::Native,
             check_fits: true,
         }
     }
@@ -265,7 +285,16 @@ impl FsdpConfig {
                 "needs a sharded strategy (no_shard's kernels read the parameters in place)",
             ));
         }
+        crate::wire::check(self.wires(), self.strategy)?;
         crate::precision::check(self)
+    }
+
+    /// The wire formats of the collectives (see `wire`).
+    pub fn wires(&self) -> crate::wire::Wires {
+        crate::wire::Wires {
+            all_gather: self.allgather_wire,
+            reduce_scatter: self.reduce_scatter_wire,
+        }
     }
 }
 

@@ -15,7 +15,10 @@
 //! Under `cpu_offload` a host <-> device copy moves its bytes at
 //! `Hardware::host_bw`, and the optimizer tail over host shards
 //! (optimizer steps, clipping) runs at host memory speed
-//! (`Hardware::host_mem_bw`; it is memory-bound). Seconds and bytes
+//! (`Hardware::host_mem_bw`; it is memory-bound). A quantized collective
+//! (`wire`) is charged its payloads' bytes (fp8: plus its amax
+//! all-gather) and its encode and decode passes at the unary kernels'
+//! bandwidth (`wire::codec_bytes`). Seconds and bytes
 //! throughout; bytes of a collective are the full (unsharded) buffer.
 
 use crate::cluster::{Cluster, CollectiveKind};
@@ -369,8 +372,15 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
         }
         _ => return (0.0, 0, Algorithm::Ring),
     };
+    // A quantized collective moves its payloads (and fp8 its amaxes).
+    let (bytes, amax) = crate::wire::charged_bytes(plan, ins).unwrap_or((bytes, 0));
     let (k, m) = group_layout(plan, group);
     let n = k.saturating_mul(m);
+    if amax > 0 {
+        let (t0, sent0, algo) = collective_cost_of(op, k, m, bytes, cluster);
+        let (t1, sent1, _) = collective_cost_of(CollectiveKind::AllGather, k, m, amax, cluster);
+        return (t0 + t1, sent0 + sent1, algo);
+    }
     if scalar {
         // A scalar cannot be split into n ring chunks: each of the
         // 2 (n - 1) ring steps sends the whole scalar (the time is the
@@ -378,6 +388,19 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
         let (t, algo) = collective_time(op, k, m, bytes as f64, cluster);
         return (t, 2 * u64::from(n.saturating_sub(1)) * bytes, algo);
     }
+    collective_cost_of(op, k, m, bytes, cluster)
+}
+
+/// Time, bytes one rank sends (ring accounting) and the algorithm of a
+/// collective of `bytes` over a group of `k` nodes of `m` ranks.
+fn collective_cost_of(
+    op: CollectiveKind,
+    k: u32,
+    m: u32,
+    bytes: u64,
+    cluster: &Cluster,
+) -> (f64, u64, Algorithm) {
+    let n = k.saturating_mul(m);
     let (t, algo) = collective_time(op, k, m, bytes as f64, cluster);
     let sent = match op {
         CollectiveKind::AllReduce => 2 * ring_bytes(n, bytes),
@@ -396,9 +419,20 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         _ => cluster.hardware.mem_bw.max(1.0),
     };
     match &ins.op {
-        InstrOp::AllGather { .. }
-        | InstrOp::ReduceScatter { .. }
-        | InstrOp::AllReduce { .. }
+        InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. } => {
+            let (t, bytes, _) = collective_cost(plan, cluster, ins);
+            // A quantized collective's encode and decode: element-wise
+            // passes, at the bandwidth of the unary (cast) kernels.
+            let codec = crate::wire::codec_bytes(plan, ins) as f64;
+            let hw = &cluster.hardware;
+            let codec_t = if codec > 0.0 {
+                hw.kernel_overhead_s + codec / hw.kernel_bandwidth_for("unary", codec).max(1.0)
+            } else {
+                0.0
+            };
+            (t + codec_t, bytes)
+        }
+        InstrOp::AllReduce { .. }
         | InstrOp::NormAllReduce { .. }
         | InstrOp::FoundInfAllReduce { .. } => {
             let (t, bytes, _) = collective_cost(plan, cluster, ins);

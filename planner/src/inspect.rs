@@ -66,6 +66,19 @@ pub struct Summary {
     /// Shards and optimizer state in host memory (`cpu_offload`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub cpu_offload: bool,
+    /// With `cpu_offload`, the module paths of the offloaded units when not
+    /// every unit is (`root` for the root unit; empty: every unit).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub offloaded_units: Vec<String>,
+    /// With `cpu_offload`, what the offloaded units keep on the host.
+    #[serde(skip_serializing_if = "OffloadWhat::is_params")]
+    pub offload_what: OffloadWhat,
+    /// How parameter all-gathers travel (`wire`; absent: native).
+    #[serde(skip_serializing_if = "Wire::is_native")]
+    pub allgather_wire: Wire,
+    /// How gradient reduce-scatters travel (absent: native).
+    #[serde(skip_serializing_if = "Wire::is_native")]
+    pub reduce_scatter_wire: Wire,
     /// Peak of host memory per rank (`cpu_offload`; 0 without).
     #[serde(skip_serializing_if = "is_zero")]
     pub host_peak_bytes: u64,
@@ -148,6 +161,28 @@ pub struct PrecisionSummary {
     pub loss_scaler: Option<LossScaler>,
 }
 
+/// The module paths of the offloaded units when `cpu_offload` offloads
+/// only some (empty when it offloads every unit or none).
+fn partial_offload(plan: &Plan) -> Vec<String> {
+    let on: Vec<String> = plan
+        .units
+        .iter()
+        .filter(|u| plan.unit_offload(u.id).is_some())
+        .map(|u| {
+            if u.module.is_empty() {
+                "root".to_string()
+            } else {
+                u.module.clone()
+            }
+        })
+        .collect();
+    if on.len() == plan.units.len() {
+        Vec::new()
+    } else {
+        on
+    }
+}
+
 fn precision_summary(plan: &Plan) -> Option<PrecisionSummary> {
     let c = &plan.config;
     let f32 = fsdpc_ir::DType::F32;
@@ -222,6 +257,10 @@ pub fn summary(plan: &Plan) -> Summary {
         heap_bytes: plan.memory.heap_bytes,
         rank_bytes: plan.memory.rank_bytes,
         cpu_offload: plan.config.cpu_offload,
+        offloaded_units: partial_offload(plan),
+        offload_what: plan.config.offload_what,
+        allgather_wire: plan.config.allgather_wire,
+        reduce_scatter_wire: plan.config.reduce_scatter_wire,
         host_peak_bytes: plan.memory.host_peak_bytes,
         host_arena_bytes: plan.memory.host_arena_bytes,
         host_breakdown: host_breakdown(plan),
@@ -474,12 +513,45 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(p) = &s.precision {
         precision_lines(out, p);
     }
-    if s.cpu_offload {
+    if !(s.allgather_wire.is_native() && s.reduce_scatter_wire.is_native()) {
+        let describe = |w: &Wire| match w {
+            Wire::Native => "native".to_string(),
+            Wire::Fp8E4m3 { .. } => "fp8 e4m3 (one scale per unit, from the group's amax)".into(),
+            Wire::Int8Block { block } => format!("int8 (blocks of {block}, an f32 scale each)"),
+        };
         let _ = writeln!(
             out,
-            "offload   shards and optimizer state in host memory, optimizer on the host; per step {} in before the all-gathers, {} out after the reductions (offload stream, {:.1} GB/s)",
-            human_bytes(s.copied_to_device_bytes),
-            human_bytes(s.copied_to_host_bytes),
+            "wire      all-gathers {}, reduce-scatters {}; payloads in Wire scratch buffers",
+            describe(&s.allgather_wire),
+            describe(&s.reduce_scatter_wire)
+        );
+    }
+    if s.cpu_offload {
+        let which = if s.offloaded_units.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "{} of {} units ({}): ",
+                s.offloaded_units.len(),
+                s.units.len(),
+                s.offloaded_units.join(", ")
+            )
+        };
+        let what = match s.offload_what {
+            OffloadWhat::Params => format!(
+                "shards and optimizer state in host memory, optimizer on the host; per step {} in before the all-gathers, {} out after the reductions",
+                human_bytes(s.copied_to_device_bytes),
+                human_bytes(s.copied_to_host_bytes),
+            ),
+            OffloadWhat::Optimizer => format!(
+                "optimizer state in host memory, staged to the device for each optimizer step; per step {} in, {} out",
+                human_bytes(s.copied_to_device_bytes),
+                human_bytes(s.copied_to_host_bytes),
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "offload   {which}{what} (offload stream, {:.1} GB/s)",
             s.host_bw / 1e9
         );
     }

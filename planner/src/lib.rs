@@ -15,7 +15,8 @@
 //!    are assigned again on the rewritten graph;
 //! 2. `flat::layout_units`: flat-parameter layout and shards;
 //! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
-//!    reductions, optimizer steps, events);
+//!    reductions, optimizer steps, events); `wire::apply` puts the wire
+//!    formats (low-precision collectives) and their scratch on it;
 //!    then `workspace::plan_workspaces`: each kernel's scratch, one
 //!    `Workspace` buffer per stream that runs kernels, and the bound of
 //!    what the matrix-product library allocates on its own (before it,
@@ -44,6 +45,7 @@ pub mod freeze;
 pub mod hb;
 pub mod inspect;
 pub mod memory;
+pub mod offload;
 pub mod overlap;
 pub mod plan;
 pub mod precision;
@@ -58,6 +60,8 @@ mod validate_fsdp;
 mod validate_layout;
 pub mod validate_offload;
 mod validate_precision;
+mod validate_wire;
+pub mod wire;
 pub mod workspace;
 
 pub use cluster::{Cluster, Hardware};
@@ -271,6 +275,7 @@ fn lower(
         assign,
         checkpointed_units,
     } = prepared;
+    let offloaded = offload::UnitOffload::select(cfg, &assign)?;
     let mut units = flat::layout_units(&program.graph, &assign, shard_factor)?;
     cfg.reshard_units(shard_factor, reshard, &mut units)?;
     let mut sched = schedule::lower(&schedule::LowerInput {
@@ -281,7 +286,9 @@ fn lower(
         world: cluster.world,
         shard_factor,
         reshard,
+        offload: offloaded.clone(),
     })?;
+    wire::apply(&mut sched, &units, shard_factor, cfg.wires());
     if let Some(max_norm) = cfg.clip_grad_norm {
         clip::insert(&mut sched, max_norm, shard_factor > 1)?;
     }
@@ -294,6 +301,7 @@ fn lower(
         };
         scaler::insert(&mut sched, &program, s, groups)?;
     }
+    offload::stage_state(&mut sched, &offloaded);
     let heap_bytes = workspace::plan_workspaces(
         &mut sched,
         &program.graph,
@@ -328,7 +336,11 @@ fn lower(
             freeze: cfg.freeze.clone(),
             shared_params: cfg.shared_params,
             cpu_offload: cfg.cpu_offload,
+            offloaded_units: offloaded.units.iter().copied().collect(),
+            offload_what: offloaded.what,
             auto: None,
+            allgather_wire: cfg.allgather_wire,
+            reduce_scatter_wire: cfg.reduce_scatter_wire,
         },
         units,
         // The offload stream only where it is used, so other plans read as

@@ -136,6 +136,9 @@ fn staged_region(b: &Buffer) -> Option<u8> {
     match b.kind {
         BufferKind::StagedParams => Some(0),
         BufferKind::StagedGrads => Some(1),
+        // `--offload-what optimizer`: copied in and out on the offload
+        // stream, one unit's at a time.
+        BufferKind::StagedState => Some(2),
         _ => None,
     }
 }
@@ -176,14 +179,14 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool, keep: &Keep) -> u64 {
     let mut order: Vec<usize> = (0..buffers.len())
         .filter(|&i| !buffers[i].persistent() && device(&buffers[i]))
         .collect();
-    // Regions bottom up: staged parameters, staged gradients; then
+    // Regions bottom up: staged parameters, gradients, state; then
     // everything else, or with `segregate` communication buffers and then
     // the rest.
     let class = |b: &Buffer| -> u8 {
         match staged_region(b) {
             Some(r) => r,
-            None if segregate && !is_comm(b) => 3,
-            None => 2,
+            None if segregate && !is_comm(b) => 4,
+            None => 3,
         }
     };
     order.sort_by_key(|&i| {

@@ -8,6 +8,9 @@
 use fsdpc_ir::{DType, NodeId, ParamId, TrainingProgram, ValueId};
 use serde::{Deserialize, Serialize};
 
+pub use crate::offload::{OffloadUnits, OffloadWhat};
+pub use crate::wire::{Fp8Scale, Wire};
+
 pub const SCHEMA: &str = "fsdpc.plan/v1";
 
 macro_rules! id_type {
@@ -286,6 +289,21 @@ pub struct PlanConfig {
     /// the user chose it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<AutoRecord>,
+    /// With `cpu_offload`: the units offloaded, in unit order (absent in
+    /// plans written before partial offload: every unit; see
+    /// `Plan::unit_offload`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offloaded_units: Vec<UnitId>,
+    /// With `cpu_offload`: what the offloaded units keep in host memory
+    /// (absent: `params`, shards and optimizer state; see `offload`).
+    #[serde(default, skip_serializing_if = "OffloadWhat::is_params")]
+    pub offload_what: OffloadWhat,
+    /// How parameter all-gathers travel (`wire`; absent: native).
+    #[serde(default, skip_serializing_if = "Wire::is_native")]
+    pub allgather_wire: Wire,
+    /// How gradient reduce-scatters travel (`wire`; absent: native).
+    #[serde(default, skip_serializing_if = "Wire::is_native")]
+    pub reduce_scatter_wire: Wire,
 }
 
 /// How the auto-planner (`auto`) chose a plan's configuration.
@@ -540,6 +558,10 @@ pub enum BufferKind {
     /// `cpu_offload`: a unit's reduced gradient shard on the device (the
     /// reduction's destination), freed after its copy to the host.
     StagedGrads,
+    /// `--offload-what optimizer`: one optimizer-state slot of a unit on
+    /// the device, copied in from the host before its optimizer step and
+    /// back out after it (offload stream), then freed.
+    StagedState,
     /// A rank's shard of a unit's reduced gradient (persistent).
     ShardGrads,
     /// Gradient accumulation: one micro-batch's reduced gradient shard,
@@ -566,6 +588,10 @@ pub enum BufferKind {
     /// uses its first `workspace_bytes` (attention tiles, normalisation
     /// rows, f32 copies of half-precision operands).
     Workspace,
+    /// A quantized collective's payloads (`wire`: codes and scales, sent
+    /// and received; raw bytes, dtype `bool`), written by the collective
+    /// and freed right after it on its stream.
+    Wire,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -665,7 +691,9 @@ pub struct Instr {
 pub enum InstrOp {
     /// Gather the members' `src` (their shards over `group`: the shard
     /// group, or `Reshard` from a resharded slice) into the unit's full flat
-    /// parameter `dst`, cast to `dtype` first.
+    /// parameter `dst`, cast to `dtype` first; with a quantized `wire`,
+    /// quantized instead and dequantized into `dst` through the
+    /// `wire_buffer` scratch (exact semantics in `wire`).
     AllGather {
         unit: UnitId,
         src: BufferId,
@@ -673,11 +701,19 @@ pub enum InstrOp {
         dtype: DType,
         #[serde(default = "Group::shard")]
         group: Group,
+        /// How the payload travels (absent: native, in `dtype`).
+        #[serde(default, skip_serializing_if = "Wire::is_native")]
+        wire: Wire,
+        /// The `Wire` scratch of a quantized `wire` (absent for native).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wire_buffer: Option<BufferId>,
     },
     /// Sum the unit's full flat gradient `src` over `group` (the shard
     /// group), divide by the world size times `PlanConfig::grad_accum`, and
     /// keep this rank's shard in `dst`. Regions of `src` not written by a gradient kernel (padding,
-    /// frozen parameters) count as zero.
+    /// frozen parameters) count as zero. With a quantized `wire` the
+    /// members' slices travel quantized through the `wire_buffer` scratch
+    /// and are summed dequantized, in position order in f32 (see `wire`).
     ReduceScatter {
         unit: UnitId,
         src: BufferId,
@@ -685,6 +721,12 @@ pub enum InstrOp {
         dtype: DType,
         #[serde(default = "Group::shard")]
         group: Group,
+        /// How the payload travels (absent: native, in `dtype`).
+        #[serde(default, skip_serializing_if = "Wire::is_native")]
+        wire: Wire,
+        /// The `Wire` scratch of a quantized `wire` (absent for native).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wire_buffer: Option<BufferId>,
     },
     /// Keep this rank's slice of the gathered flat parameter `src` in `dst`:
     /// with n members of `group` (`Reshard`) and this rank at position p,
@@ -887,6 +929,8 @@ impl InstrOp {
     /// both `reads` and `writes`).
     pub fn reads(&self) -> Vec<BufferId> {
         match self {
+            // A quantized collective's scratch is written before it is
+            // read, by the collective itself: it is in `writes` only.
             InstrOp::AllGather { src, .. }
             | InstrOp::ReduceScatter { src, .. }
             | InstrOp::Reshard { src, .. }
@@ -926,10 +970,13 @@ impl InstrOp {
     /// The buffers this instruction writes.
     pub fn writes(&self) -> Vec<BufferId> {
         match self {
-            InstrOp::AllGather { dst, .. }
-            | InstrOp::ReduceScatter { dst, .. }
-            | InstrOp::Reshard { dst, .. }
-            | InstrOp::Copy { dst, .. } => vec![*dst],
+            InstrOp::AllGather {
+                dst, wire_buffer, ..
+            }
+            | InstrOp::ReduceScatter {
+                dst, wire_buffer, ..
+            } => std::iter::once(*dst).chain(*wire_buffer).collect(),
+            InstrOp::Reshard { dst, .. } | InstrOp::Copy { dst, .. } => vec![*dst],
             InstrOp::AllReduce { buffer, .. }
             | InstrOp::NormAllReduce { buffer, .. }
             | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],

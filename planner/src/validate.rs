@@ -158,6 +158,8 @@ pub enum PlanViolation {
     HostAccess { instr: u32, buffer: BufferId },
     #[error("cpu offload (instruction {instr:?}): {reason}")]
     Offload { instr: Option<u32>, reason: String },
+    #[error("wire format (instruction {instr}): {reason}")]
+    Wire { instr: u32, reason: String },
     #[error("planned peak {planned} bytes, the buffers' lifetimes give {recomputed}")]
     PeakMismatch { planned: u64, recomputed: u64 },
     #[error(transparent)]
@@ -192,6 +194,7 @@ impl Plan {
             crate::validate_precision::check(self, &clocks, &mut c.out);
             crate::validate_layout::check(self, &mut c.out);
             crate::validate_offload::check(self, &clocks, &mut c.out);
+            crate::validate_wire::check(self, &mut c.out);
         }
         if c.out.is_empty() {
             Ok(())

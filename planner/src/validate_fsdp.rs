@@ -25,7 +25,7 @@ impl FsdpChecks<'_> {
         for (i, ins) in p.instructions.iter().enumerate() {
             match ins.op {
                 InstrOp::AllReduce { unit, buffer, .. }
-                    if self.kind(buffer) == Some(self.grad_shard_kind()) =>
+                    if self.kind(buffer) == Some(self.grad_shard_kind(unit)) =>
                 {
                     replicas.entry(unit).or_default().push(i)
                 }
@@ -110,15 +110,15 @@ impl FsdpChecks<'_> {
     }
 
     /// The optimizer step at `o` reads the buffer the reduction at `r` wrote
-    /// (under `cpu_offload`: its copy in host memory, made after `r` and
-    /// before `o`).
+    /// (when its unit offloads its shards: their copy in host memory, made
+    /// after `r` and before `o`).
     fn reads_reduced(&self, o: usize, r: usize, clocks: &Clocks) -> bool {
-        let mut reduced = match self.plan.instructions[r].op {
-            InstrOp::ReduceScatter { dst, .. } => dst,
-            InstrOp::AllReduce { buffer, .. } => buffer,
+        let (mut reduced, unit) = match self.plan.instructions[r].op {
+            InstrOp::ReduceScatter { dst, unit, .. } => (dst, unit),
+            InstrOp::AllReduce { buffer, unit, .. } => (buffer, unit),
             _ => return false,
         };
-        if self.plan.config.cpu_offload {
+        if self.shards_on_host(unit) {
             match crate::validate_offload::copied_to(self.plan, reduced, r) {
                 Some((c, host)) if clocks.hb(c, o) => reduced = host,
                 _ => return false,
@@ -127,20 +127,27 @@ impl FsdpChecks<'_> {
         matches!(self.plan.instructions[o].op, InstrOp::OptimizerStep { grads, .. } if grads == reduced)
     }
 
-    /// The kind of buffer an all-gather reads: the shard, or its staged
-    /// device copy under `cpu_offload`.
-    fn param_shard_kind(&self) -> BufferKind {
-        if self.plan.config.cpu_offload {
+    /// Whether `unit` keeps its shards in host memory (`cpu_offload`,
+    /// offloading `params`).
+    fn shards_on_host(&self, unit: UnitId) -> bool {
+        self.plan.unit_offload(unit) == Some(crate::offload::OffloadWhat::Params)
+    }
+
+    /// The kind of buffer `unit`'s all-gather reads: the shard, or its
+    /// staged device copy when the unit's shards are on the host.
+    fn param_shard_kind(&self, unit: UnitId) -> BufferKind {
+        if self.shards_on_host(unit) {
             BufferKind::StagedParams
         } else {
             BufferKind::ShardParams
         }
     }
 
-    /// The kind of buffer a sharded gradient reduction writes: the gradient
-    /// shard, or a staged device buffer under `cpu_offload`.
-    fn grad_shard_kind(&self) -> BufferKind {
-        if self.plan.config.cpu_offload {
+    /// The kind of buffer a sharded gradient reduction of `unit` writes:
+    /// the gradient shard, or a staged device buffer when the unit's
+    /// shards are on the host.
+    fn grad_shard_kind(&self, unit: UnitId) -> BufferKind {
+        if self.shards_on_host(unit) {
             BufferKind::StagedGrads
         } else {
             BufferKind::ShardGrads
@@ -222,7 +229,7 @@ impl FsdpChecks<'_> {
                         }
                         _ => {
                             self.group_is(i, ins.stream, unit, group, Group::Shard);
-                            self.buffer_is(i, src, self.param_shard_kind(), unit);
+                            self.buffer_is(i, src, self.param_shard_kind(unit), unit);
                         }
                     }
                     self.buffer_is(i, dst, BufferKind::GatheredParams, unit);
@@ -251,9 +258,9 @@ impl FsdpChecks<'_> {
                     buffer,
                     group,
                     ..
-                } if self.kind(buffer) == Some(self.grad_shard_kind()) => {
+                } if self.kind(buffer) == Some(self.grad_shard_kind(unit)) => {
                     self.on_stream(i, ins.stream, Stream::Reduce, unit);
-                    self.buffer_is(i, buffer, self.grad_shard_kind(), unit);
+                    self.buffer_is(i, buffer, self.grad_shard_kind(unit), unit);
                     self.group_is(i, ins.stream, unit, group, Group::Replicate);
                 }
                 InstrOp::Reshard {
@@ -289,7 +296,7 @@ impl FsdpChecks<'_> {
                             if self.kind(dst) != Some(BufferKind::PartialGrads)
                                 || p.config.grad_accum <= 1
                             {
-                                self.buffer_is(i, dst, self.grad_shard_kind(), unit);
+                                self.buffer_is(i, dst, self.grad_shard_kind(unit), unit);
                             }
                             self.group_is(i, ins.stream, unit, group, Group::Shard);
                         }
@@ -327,7 +334,8 @@ impl FsdpChecks<'_> {
                 matches!(
                     (s.kind, d.kind),
                     (K::FlatGrads, K::FlatGrads) | (K::PartialGrads, _)
-                ) && (s.kind == K::FlatGrads || d.kind == self.grad_shard_kind())
+                ) && (s.kind == K::FlatGrads
+                    || unit.map(|u| self.grad_shard_kind(u)) == Some(d.kind))
             }
         };
         let units_ok = unit.is_none() || (s.unit == unit && d.unit == unit);

@@ -1,9 +1,11 @@
 //! Plan checks of CPU offload (see `schedule::offload`): which buffers live
-//! in host memory, that kernels and collectives reach a host buffer only
-//! through a `Copy`, and that the copies are well formed and ordered
-//! (a parameter shard's copy in before the all-gather that reads it, a
-//! gradient shard's copy out after the reduction that wrote it); and the
-//! host peak.
+//! in host memory (the offloaded units' shards and state, or their state
+//! only: `Plan::offloads_buffer`), that kernels and collectives reach a
+//! host buffer only through a `Copy`, and that the copies are well formed
+//! and ordered (a parameter shard's copy in before the all-gather that
+//! reads it, a gradient shard's copy out after the reduction that wrote
+//! it, a state slot's copy in before the optimizer step and out after
+//! it); and the host peak.
 
 use crate::hb::Clocks;
 use crate::plan::*;
@@ -20,14 +22,6 @@ pub(crate) fn copied_to(plan: &Plan, b: BufferId, after: usize) -> Option<(usize
             InstrOp::Copy { src, dst, .. } if src == b => Some((i, dst)),
             _ => None,
         })
-}
-
-/// Whether `kind` lives in host memory under `cpu_offload`.
-pub fn offloaded(kind: BufferKind) -> bool {
-    matches!(
-        kind,
-        BufferKind::ShardParams | BufferKind::ShardGrads | BufferKind::OptimizerState
-    )
 }
 
 /// Appends a violation for every offload problem of `plan`.
@@ -62,11 +56,11 @@ impl Check<'_> {
     }
 
     /// Shards and optimizer state in host memory exactly when the plan
-    /// offloads; everything else on the device.
+    /// offloads them; everything else on the device.
     fn locations(&mut self) {
         let offload = self.plan.config.cpu_offload;
         for b in &self.plan.buffers {
-            let expected = if offload && offloaded(b.kind) {
+            let expected = if self.plan.offloads_buffer(b) {
                 Location::Host
             } else {
                 Location::Device
@@ -108,38 +102,33 @@ impl Check<'_> {
 
     /// A copy runs between a host shard and its staged device buffer of
     /// the same unit and size, in on the offload stream and out on the
-    /// reduce stream; a copy in happens before every read of the staged
-    /// parameters, a copy out after every write of the staged gradients.
+    /// reduce stream (optimizer state: both on the offload stream); a copy
+    /// in happens before every read of the staged buffer, a copy out after
+    /// every write of it.
     fn copy(&mut self, i: usize, stream: Stream, unit: UnitId, src: BufferId, dst: BufferId) {
         let (Some(s), Some(d)) = (self.buffer(src).cloned(), self.buffer(dst).cloned()) else {
             return;
         };
         let pair = (s.kind, s.location, d.kind, d.location);
-        let inward = match pair {
-            (
-                BufferKind::ShardParams,
-                Location::Host,
-                BufferKind::StagedParams,
-                Location::Device,
-            ) => true,
-            (BufferKind::StagedGrads, Location::Device, BufferKind::ShardGrads, Location::Host) => {
-                false
-            }
+        use BufferKind::{
+            OptimizerState, ShardGrads, ShardParams, StagedGrads, StagedParams, StagedState,
+        };
+        use Location::{Device, Host};
+        let (inward, expected) = match pair {
+            (ShardParams, Host, StagedParams, Device) => (true, Stream::Offload),
+            (StagedGrads, Device, ShardGrads, Host) => (false, Stream::Reduce),
+            (OptimizerState, Host, StagedState, Device) => (true, Stream::Offload),
+            (StagedState, Device, OptimizerState, Host) => (false, Stream::Offload),
             _ => {
                 self.push(
                     Some(i),
                     format!(
-                        "a copy goes from a host ShardParams to a device StagedParams or from a device StagedGrads to a host ShardGrads, not from {:?} in {:?} memory to {:?} in {:?} memory",
+                        "a copy goes from a host ShardParams to a device StagedParams, from a device StagedGrads to a host ShardGrads, or between a host OptimizerState and a device StagedState, not from {:?} in {:?} memory to {:?} in {:?} memory",
                         pair.0, pair.1, pair.2, pair.3
                     ),
                 );
                 return;
             }
-        };
-        let expected = if inward {
-            Stream::Offload
-        } else {
-            Stream::Reduce
         };
         if stream != expected {
             self.push(
@@ -166,9 +155,9 @@ impl Check<'_> {
             };
             if uses && !(before < after && self.clocks.hb(before, after)) {
                 let reason = if inward {
-                    format!("instruction {j} reads the staged parameters of unit {unit} before this copy fills them")
+                    format!("instruction {j} reads the staged {:?} of unit {unit} before this copy fills them", d.kind)
                 } else {
-                    format!("this copy out of unit {unit}'s staged gradients is not ordered after instruction {j}, which writes them")
+                    format!("this copy out of unit {unit}'s staged {:?} is not ordered after instruction {j}, which writes them", s.kind)
                 };
                 self.push(Some(i), reason);
             }

@@ -148,7 +148,21 @@ fn prepare(
         clip_grad_norm: f.clip_grad_norm,
         freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
         shared_params: fsdpc_planner::SharedParams::parse(&f.shared_params)?,
-        cpu_offload: f.cpu_offload,
+        cpu_offload: f.cpu_offload.is_some(),
+        offload_units: match &f.cpu_offload {
+            Some(which) => fsdpc_planner::OffloadUnits::parse(which)?,
+            None => fsdpc_planner::OffloadUnits::All,
+        },
+        offload_what: match (&f.offload_what, &f.cpu_offload) {
+            (Some(what), Some(_)) => fsdpc_planner::OffloadWhat::parse(what)?,
+            (Some(_), None) => return Err(CliError::Usage(
+                "--offload-what says what --cpu-offload moves to the host: give --cpu-offload too"
+                    .into(),
+            )),
+            (None, _) => fsdpc_planner::OffloadWhat::Params,
+        },
+        allgather_wire: fsdpc_planner::Wire::parse(&f.allgather_wire, f.wire_block)?,
+        reduce_scatter_wire: fsdpc_planner::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?,
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };
@@ -275,6 +289,9 @@ fn config_of(plan: &Plan, base: &FsdpConfig) -> FsdpConfig {
         forward_prefetch: c.forward_prefetch,
         prefetch_depth: c.prefetch_depth,
         cpu_offload: c.cpu_offload,
+        offload_what: c.offload_what,
+        allgather_wire: c.allgather_wire,
+        reduce_scatter_wire: c.reduce_scatter_wire,
         ..base.clone()
     }
 }

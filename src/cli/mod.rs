@@ -160,9 +160,37 @@ pub struct PlanFlags {
     /// memory, copied to the device before each all-gather and back after
     /// each reduce-scatter on a separate copy stream; the optimizer runs on
     /// the host (PyTorch's `CPUOffload(offload_params=True)`; sharded
-    /// strategies only).
-    #[arg(long)]
-    pub cpu_offload: bool,
+    /// strategies only). Alone: every unit (all); every:K (every K-th
+    /// non-root unit from the first); paths:a,b (units by module path,
+    /// `root` for the root unit); kind:CLASS.
+    #[arg(
+        long,
+        value_name = "WHICH",
+        num_args = 0..=1,
+        default_missing_value = "all"
+    )]
+    pub cpu_offload: Option<String>,
+    /// With --cpu-offload, what the offloaded units keep on the host:
+    /// params (shards, gradients and optimizer state, the optimizer on the
+    /// host: FSDP1's offload_params=True, DeepSpeed's offload_param) or
+    /// optimizer (the optimizer state only, staged to the device for each
+    /// step: DeepSpeed's offload_optimizer).
+    #[arg(long, value_name = "WHAT")]
+    pub offload_what: Option<String>,
+    /// How parameter all-gathers travel: native (in the param dtype), fp8
+    /// (e4m3 codes with one scale per unit from the group's amax, FSDP2's
+    /// float8 all-gather) or int8 (blocks of --wire-block elements, an f32
+    /// scale each, ZeRO++ qwZ). Sharded strategies only.
+    #[arg(long, value_name = "FORMAT", default_value = "native")]
+    pub allgather_wire: String,
+    /// How gradient reduce-scatters travel: native or int8 (ZeRO++ qgZ:
+    /// each rank's slices quantized blockwise, summed dequantized in rank
+    /// order in f32).
+    #[arg(long, value_name = "FORMAT", default_value = "native")]
+    pub reduce_scatter_wire: String,
+    /// Elements per block of the int8 wire formats.
+    #[arg(long, value_name = "N", default_value_t = fsdpc_planner::wire::DEFAULT_BLOCK)]
+    pub wire_block: u32,
     /// Mixed precision, the common policy: parameters gathered and computed,
     /// gradients reduced and constants held in bf16 or fp16 (f32 master
     /// shards and optimizer state always; fp16 adds a dynamic loss scaler).

@@ -215,6 +215,8 @@ impl Lowering<'_> {
                 dst,
                 dtype,
                 group,
+                wire: Wire::Native,
+                wire_buffer: None,
             },
         );
         // A resharded slice or a staged copy (`offload`) is used once.

@@ -67,6 +67,8 @@ pub struct LowerInput<'a> {
     pub shard_factor: u32,
     /// What non-root units do after forward (see `FsdpConfig::reshard`).
     pub reshard: ReshardAfterForward,
+    /// Which units offload what (`cpu_offload`; see `offload`).
+    pub offload: crate::offload::UnitOffload,
 }
 
 /// One step of the compute stream.

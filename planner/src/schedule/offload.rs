@@ -1,10 +1,13 @@
-//! CPU offload (`cpu_offload`, PyTorch's `CPUOffload(offload_params=True)`):
-//! which buffers live in host memory and the copies that move shards
-//! between host and device.
+//! CPU offload (`cpu_offload`, PyTorch's `CPUOffload(offload_params=True)`,
+//! for the units `--cpu-offload WHICH` selects and what `--offload-what`
+//! says; see `crate::offload`): which buffers live in host memory and the
+//! copies that move shards between host and device.
 //!
 //! Conventions (the runtime and the verifier rely on them):
-//! - Every `ShardParams`, `ShardGrads` and `OptimizerState` buffer is in
-//!   host memory (`Location::Host`); everything else is on the device.
+//! - `params` (the default): every `ShardParams`, `ShardGrads` and
+//!   `OptimizerState` buffer of an offloaded unit is in host memory
+//!   (`Location::Host`); everything else is on the device. The rules below
+//!   apply to the offloaded units; the others run as without offload.
 //!   Kernels and collectives never touch a host buffer; the optimizer tail
 //!   (`OptimizerStep`, and clipping and loss-scaling passes over the
 //!   gradient shards) runs on the host shards.
@@ -22,26 +25,25 @@
 //!   one copy stream for both directions would hold every later parameter
 //!   copy (and so every later all-gather) behind the reduction of the
 //!   gradients copied before it.
+//! - `optimizer`: only an offloaded unit's `OptimizerState` buffers are in
+//!   host memory; the copies around its optimizer step are inserted after
+//!   the optimizer tail is final (`crate::offload::stage_state`).
 
 use super::Lowering;
 use crate::plan::*;
 
 impl Lowering<'_> {
-    fn offloads(&self) -> bool {
-        self.input.cfg.cpu_offload
+    /// Whether unit `u` keeps its shards on the host (`params`).
+    fn offloads(&self, u: UnitId) -> bool {
+        self.input.offload.of(u) == Some(OffloadWhat::Params)
     }
 
-    /// Moves the persistent shards (parameters, gradients, optimizer
-    /// state) to host memory under `cpu_offload`.
+    /// Moves the offloaded units' persistent buffers (shards and optimizer
+    /// state, or the state only) to host memory.
     pub(super) fn place_on_host(&mut self) {
-        if !self.offloads() {
-            return;
-        }
         for b in &mut self.buffers {
-            if matches!(
-                b.kind,
-                BufferKind::ShardParams | BufferKind::ShardGrads | BufferKind::OptimizerState
-            ) {
+            let what = b.unit.and_then(|u| self.input.offload.of(u));
+            if what.is_some_and(|w| w.keeps_on_host(b.kind)) {
                 b.location = Location::Host;
             }
         }
@@ -51,7 +53,7 @@ impl Lowering<'_> {
     /// `shard`: under `cpu_offload` a device copy made on the offload
     /// stream (which the caller frees after the gather), else `shard`.
     pub(super) fn staged_shard(&mut self, u: UnitId, shard: BufferId) -> BufferId {
-        if !self.offloads() {
+        if !self.offloads(u) {
             return shard;
         }
         let (dtype, bytes) = {
@@ -78,7 +80,7 @@ impl Lowering<'_> {
     /// gradient shard `shard`: under `cpu_offload` a device buffer (see
     /// `copy_grads_out`), else `shard`.
     pub(super) fn staged_grads(&mut self, u: UnitId, shard: BufferId) -> BufferId {
-        if !self.offloads() {
+        if !self.offloads(u) {
             return shard;
         }
         let (dtype, bytes) = {

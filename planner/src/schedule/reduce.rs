@@ -126,6 +126,8 @@ impl Lowering<'_> {
                         dst,
                         dtype,
                         group: Group::Shard,
+                        wire: Wire::Native,
+                        wire_buffer: None,
                     },
                 );
                 self.push(Stream::Reduce, InstrOp::Free { buffer: src });

@@ -19,6 +19,7 @@
 
 pub mod mpi;
 pub mod shm;
+pub mod wire;
 
 use crate::error::CommError;
 use fsdpc_ir::DType;
@@ -92,6 +93,12 @@ pub trait Communicator: Send + Sync {
     /// Sums `buf` over the members in position order and divides by
     /// `divide_by`, in place.
     fn all_reduce(&self, buf: BufMut<'_>, divide_by: u32) -> Result<(), CommError>;
+
+    /// `recv` chunk q = member q's `send` chunk p, for this member at
+    /// position p: each member's `send` is `size` equal chunks, chunk q for
+    /// member q (an all-to-all; `send` and `recv` of one length and dtype).
+    /// The quantized reduce-scatter (`wire`) sends its payloads with it.
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError>;
 
     /// Copies the buffer of member `root` into every member's `buf`.
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;

@@ -414,6 +414,33 @@ mod imp {
             Ok(())
         }
 
+        fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
+            let n = self.size_n();
+            let t = send.len();
+            if !t.is_multiple_of(n) || recv.len() != t || recv.dtype != send.dtype {
+                return Err(mismatch(
+                    "all_to_all",
+                    format!(
+                        "{t} elements over {n} members do not match a receive buffer of {}",
+                        recv.len()
+                    ),
+                ));
+            }
+            let cb = t / n * send.dtype.size();
+            let chunk = |q: usize| &send.bytes[q * cb..(q + 1) * cb];
+            let sends: Vec<Option<&[u8]>> =
+                (0..n).map(|q| (q != self.pos).then(|| chunk(q))).collect();
+            let parts = self.exchange_parts("all_to_all", &sends, cb);
+            for (q, dst) in recv.bytes.chunks_exact_mut(cb.max(1)).enumerate().take(n) {
+                if q == self.pos {
+                    dst.copy_from_slice(chunk(q));
+                } else {
+                    dst.copy_from_slice(&parts[q]);
+                }
+            }
+            Ok(())
+        }
+
         fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
             let n = self.size_n();
             if root >= n {

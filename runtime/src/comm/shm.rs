@@ -617,6 +617,44 @@ impl Communicator for ShmComm {
         })
     }
 
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
+        let n = self.group.n;
+        let post = send_post(
+            "all_to_all",
+            &send,
+            recv.bytes.as_mut_ptr() as usize,
+            recv.len(),
+            recv.dtype,
+        );
+        let me = self.pos;
+        self.collective(post, |posts| {
+            let t = posts[0].send_len;
+            if posts
+                .iter()
+                .any(|p| p.send_len != t || p.send_dt != post.send_dt)
+                || t % n != 0
+                || post.recv_len != t
+                || post.recv_dt != post.send_dt
+            {
+                return Err(mismatch(
+                    "all_to_all",
+                    format!(
+                        "send lengths {:?} and receive length {} are inconsistent for {n} members",
+                        posts.iter().map(|p| p.send_len).collect::<Vec<_>>(),
+                        post.recv_len
+                    ),
+                ));
+            }
+            let (c, es) = (t / n, post.send_dt.size());
+            for (q, p) in posts.iter().enumerate() {
+                // SAFETY: see `send_of`; the receive range is this member's own.
+                let (src, dst) = unsafe { (send_of(p), recv_of(&post, q * c, c)) };
+                dst.copy_from_slice(&src[me * c * es..(me + 1) * c * es]);
+            }
+            Ok(())
+        })
+    }
+
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
         let post = in_place_post("broadcast", &buf);
         let me = self.pos;

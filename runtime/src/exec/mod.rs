@@ -22,6 +22,7 @@ pub(crate) mod rank;
 pub(crate) mod scaler;
 pub mod timeline;
 pub(crate) mod widen;
+pub(crate) mod wire;
 
 /// How a rank executes the plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]

@@ -7,7 +7,7 @@
 use crate::error::RuntimeError;
 use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
 use fsdpc_planner::plan::{
-    BufferId, BufferKind, Group, InstrOp, Location, Plan, Slot, Stream, UnitId,
+    BufferId, BufferKind, Group, InstrOp, Location, Plan, Slot, Stream, UnitId, Wire,
 };
 
 /// `len` bytes at byte `offset` of a buffer.
@@ -41,6 +41,24 @@ pub enum Step<'p> {
         unit: UnitId,
         src: BufferId,
         dst: BufferId,
+    },
+    /// A quantized all-gather over the shard group (`wire`): `parts` as for
+    /// `AllGather`, the payloads in `scratch`.
+    WireGather {
+        src: BufferId,
+        dst: BufferId,
+        scratch: BufferId,
+        parts: Vec<(usize, usize, usize)>,
+        wire: Wire,
+    },
+    /// A quantized reduce-scatter over the shard group (`wire`), the
+    /// payloads in `scratch`.
+    WireReduceScatter {
+        unit: UnitId,
+        src: BufferId,
+        dst: BufferId,
+        scratch: BufferId,
+        block: usize,
     },
     AllReduce {
         unit: UnitId,
@@ -283,6 +301,11 @@ fn resolve<'p>(
                 i,
                 format!("collective reads and writes the same buffer {src}"),
             ));
+        }
+        InstrOp::AllGather { wire, .. } | InstrOp::ReduceScatter { wire, .. }
+            if !wire.is_native() =>
+        {
+            wire_step(plan, i, op)?
         }
         InstrOp::AllGather {
             unit: u,
@@ -603,6 +626,87 @@ fn gather_parts(
         parts.push((s.shard_offset as usize, s.flat_offset as usize, n as usize));
     }
     Ok(parts)
+}
+
+/// A quantized all-gather or reduce-scatter (`wire`): over the shard
+/// group, with a `Wire` scratch distinct from its operands (its size is
+/// checked against the group when it runs), a float source and
+/// destination; an int8 block size of at least 1; fp8 for gathers only.
+fn wire_step<'p>(plan: &Plan, i: usize, op: &InstrOp) -> Result<Step<'p>, RuntimeError> {
+    let (InstrOp::AllGather {
+        unit: u,
+        src,
+        dst,
+        group,
+        wire,
+        wire_buffer,
+        ..
+    }
+    | InstrOp::ReduceScatter {
+        unit: u,
+        src,
+        dst,
+        group,
+        wire,
+        wire_buffer,
+        ..
+    }) = op
+    else {
+        return Err(err(i, "not a collective with a wire format".into()));
+    };
+    let u = unit(plan, i, *u)?;
+    let (src, dst) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
+    let scratch = wire_buffer
+        .ok_or_else(|| {
+            err(
+                i,
+                format!("a {} collective has no scratch buffer", wire.name()),
+            )
+        })
+        .and_then(|w| buffer(plan, i, w))?;
+    if *group != Group::Shard {
+        return Err(err(
+            i,
+            format!(
+                "a {} collective runs over the shard group, not {group:?}",
+                wire.name()
+            ),
+        ));
+    }
+    if scratch == src || scratch == dst || kind(plan, scratch) != Some(BufferKind::Wire) {
+        return Err(err(
+            i,
+            format!("wire scratch {scratch} must be a Wire buffer of its own"),
+        ));
+    }
+    let dtypes = [src, dst].map(|b| plan.buffers[b.index()].dtype);
+    if dtypes.iter().any(|d| !d.is_float()) {
+        return Err(err(
+            i,
+            format!("a {} collective moves floats, not {dtypes:?}", wire.name()),
+        ));
+    }
+    match (op, *wire) {
+        (_, Wire::Int8Block { block: 0 }) => Err(err(i, "int8 block size 0".into())),
+        (InstrOp::AllGather { .. }, wire) => Ok(Step::WireGather {
+            src,
+            dst,
+            scratch,
+            parts: gather_parts(plan, i, u, src, dst)?,
+            wire,
+        }),
+        (_, Wire::Int8Block { block }) => Ok(Step::WireReduceScatter {
+            unit: u,
+            src,
+            dst,
+            scratch,
+            block: block as usize,
+        }),
+        (_, wire) => Err(err(
+            i,
+            format!("a reduce-scatter cannot travel as {}", wire.name()),
+        )),
+    }
 }
 
 /// The elements of a resharded slice `slice` of the gathered buffer

@@ -214,6 +214,38 @@ impl<'a> RankEnv<'a> {
                     parts,
                     group,
                 } => self.all_gather(mem, stream, *src, *dst, parts, *group),
+                Step::WireGather {
+                    src,
+                    dst,
+                    scratch,
+                    parts,
+                    wire,
+                } => {
+                    let g = super::wire::WireGather {
+                        src: *src,
+                        dst: *dst,
+                        scratch: *scratch,
+                        parts,
+                        wire: *wire,
+                    };
+                    self.wire_gather(mem, stream, &g)
+                }
+                Step::WireReduceScatter {
+                    unit,
+                    src,
+                    dst,
+                    scratch,
+                    block,
+                } => {
+                    let r = super::wire::WireReduce {
+                        unit: *unit,
+                        src: *src,
+                        dst: *dst,
+                        scratch: *scratch,
+                        block: *block,
+                    };
+                    self.wire_reduce_scatter(mem, i, stream, &r)
+                }
                 Step::Reshard { src, dst, group } => {
                     // This rank's slice: its position in the group.
                     let pos = self.comm(stream, *group).position();
@@ -329,7 +361,7 @@ impl<'a> RankEnv<'a> {
     /// the result to the instruction's reduction dtype: the value a reduction
     /// in that dtype delivers (the sum itself runs in f32, in rank order,
     /// and is rounded once; see `comm`).
-    unsafe fn round_reduced(
+    pub(super) unsafe fn round_reduced(
         &self,
         mem: &Memory,
         i: usize,
@@ -359,7 +391,7 @@ impl<'a> RankEnv<'a> {
     }
 
     /// Zeroes the regions of a flat gradient no trainable parameter covers.
-    unsafe fn zero_uncovered(
+    pub(super) unsafe fn zero_uncovered(
         &self,
         mem: &Memory,
         unit: usize,
@@ -695,7 +727,7 @@ impl<'a> RankEnv<'a> {
     /// What a reduce-scatter divides the sum of the ranks' gradients by:
     /// the world times the micro-batches per step (each rank's gradient is
     /// the mean over its micro-batch).
-    fn grad_divisor(&self) -> u32 {
+    pub(super) fn grad_divisor(&self) -> u32 {
         self.world.size() as u32 * self.prep.plan.config.grad_accum.max(1)
     }
 
