@@ -47,6 +47,13 @@ pub struct Hardware {
     /// and older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skinny_matmul_efficiency: Vec<(f64, f64)>,
+    /// Efficiency curves of one matrix-product call (`flops` of the call)
+    /// by the call's shape and operand layout (`matmul_shape_key`:
+    /// `square:nn`, `rows:nt`, `inner:tn`, ...), which on CPUs differ by
+    /// up to 5x at the same FLOPs; a shape not listed uses
+    /// `matmul_efficiency_for` (empty in presets and older files).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub matmul_curves: BTreeMap<String, Vec<(f64, f64)>>,
     /// Fixed cost of dispatching one kernel, seconds, added to every
     /// kernel's time (what `fsdpc calibrate` measures on tiny inputs; 0 in
     /// presets and older files: kernels cost their roofline only).
@@ -188,6 +195,26 @@ fn host_mem() -> f64 {
 /// (`Hardware::skinny_matmul_efficiency`).
 pub const SKINNY_DIM: usize = 64;
 
+/// The key of a matrix-product call's curve in `Hardware::matmul_curves`:
+/// which of rows `m`, inner size `k` and columns `n` is the smallest, when
+/// it is at most `SKINNY_DIM` (`rows`, `inner`, `cols`; else `square`),
+/// and whether each operand is stored transposed (`n`/`t` for `a`, then
+/// `b`).
+pub fn matmul_shape_key(m: u64, k: u64, n: u64, trans_a: bool, trans_b: bool) -> String {
+    let small = m.min(k).min(n);
+    let shape = if small > SKINNY_DIM as u64 {
+        "square"
+    } else if small == m {
+        "rows"
+    } else if small == k {
+        "inner"
+    } else {
+        "cols"
+    };
+    let t = |x: bool| if x { 't' } else { 'n' };
+    format!("{shape}:{}{}", t(trans_a), t(trans_b))
+}
+
 /// An efficiency curve at `flops`: linear in log(flops) between points,
 /// flat beyond the ends, 1 when empty; clamped to (0, 1].
 fn curve_at(curve: &[(f64, f64)], flops: f64) -> f64 {
@@ -226,6 +253,25 @@ impl Hardware {
             curve_at(&self.skinny_matmul_efficiency, flops)
         } else {
             self.efficiency(flops)
+        }
+    }
+
+    /// The fraction of peak one matrix-product call achieves: its shape's
+    /// curve (`matmul_curves`) at the call's FLOPs, else
+    /// `matmul_efficiency_for`.
+    pub fn matmul_call_efficiency(
+        &self,
+        flops: f64,
+        (m, k, n): (u64, u64, u64),
+        trans_a: bool,
+        trans_b: bool,
+    ) -> f64 {
+        match self
+            .matmul_curves
+            .get(&matmul_shape_key(m, k, n, trans_a, trans_b))
+        {
+            Some(c) if !c.is_empty() => curve_at(c, flops),
+            _ => self.matmul_efficiency_for(flops, m.min(k).min(n) as usize),
         }
     }
 
@@ -650,10 +696,21 @@ impl ClusterFile {
                 }
             }
         }
-        for (name, curve) in [
-            ("matmul_efficiency", &h.matmul_efficiency),
-            ("skinny_matmul_efficiency", &h.skinny_matmul_efficiency),
-        ] {
+        let named: Vec<(String, &Vec<(f64, f64)>)> = [
+            ("matmul_efficiency".to_string(), &h.matmul_efficiency),
+            (
+                "skinny_matmul_efficiency".to_string(),
+                &h.skinny_matmul_efficiency,
+            ),
+        ]
+        .into_iter()
+        .chain(
+            h.matmul_curves
+                .iter()
+                .map(|(k, c)| (format!("matmul_curves.{k}"), c)),
+        )
+        .collect();
+        for (name, curve) in named {
             let mut prev = 0.0;
             for &(flops, e) in curve {
                 if !(flops.is_finite() && flops > prev && e > 0.0 && e <= 1.0) {
@@ -702,6 +759,35 @@ impl ClusterFile {
 #[cfg(test)]
 mod calibrated_fields {
     use super::*;
+
+    /// A call's curve is chosen by which dimension is small and by the
+    /// operands' layout; without a curve for the shape, the older curves.
+    #[test]
+    fn matmul_calls_use_their_shapes_curve() {
+        assert_eq!(matmul_shape_key(128, 256, 512, false, false), "square:nn");
+        assert_eq!(matmul_shape_key(16, 4096, 4096, false, true), "rows:nt");
+        assert_eq!(matmul_shape_key(4096, 16, 4096, true, false), "inner:tn");
+        assert_eq!(matmul_shape_key(4096, 4096, 10, true, true), "cols:tt");
+        let mut h = Hardware {
+            skinny_matmul_efficiency: vec![(1e6, 0.3)],
+            matmul_efficiency: vec![(1e6, 0.8)],
+            ..Hardware::default()
+        };
+        h.matmul_curves
+            .insert("rows:nt".into(), vec![(1e6, 0.1), (1e8, 0.2)]);
+        let e = |h: &Hardware, m, k, n, tb| h.matmul_call_efficiency(1e7, (m, k, n), false, tb);
+        assert!((e(&h, 16, 4096, 4096, true) - 0.15).abs() < 1e-12);
+        assert_eq!(
+            e(&h, 16, 4096, 4096, false),
+            0.3,
+            "no rows:nn curve: the skinny one"
+        );
+        assert_eq!(
+            e(&h, 512, 512, 512, true),
+            0.8,
+            "no square:nt curve: the general one"
+        );
+    }
 
     fn calibrated() -> ClusterFile {
         let mut f = ClusterFile::preset("cpu-local", 2).unwrap();

@@ -126,6 +126,41 @@ pub fn matmul_min_dim(graph: &Graph, node: fsdpc_ir::NodeId) -> usize {
     m.min(k).min(n)
 }
 
+/// The efficiency of the matrix product at `node` (`flops` in all): the
+/// curve of its library calls' shape at one call's FLOPs when the cluster
+/// has one (`Hardware::matmul_call_efficiency`), else the curve for its
+/// FLOPs and smallest dimension.
+fn matmul_efficiency(graph: &Graph, node: fsdpc_ir::NodeId, flops: f64, cluster: &Cluster) -> f64 {
+    let hw = &cluster.hardware;
+    let fallback = || hw.matmul_efficiency_for(flops, matmul_min_dim(graph, node));
+    let fsdpc_ir::Op::MatMul { trans_a, trans_b } = graph.node(node).op else {
+        return fallback();
+    };
+    if hw.matmul_curves.is_empty() {
+        return fallback();
+    }
+    let ins = graph.inputs(node);
+    let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
+        return fallback();
+    };
+    let (call, count) = crate::workspace::matmul_calls(
+        graph.value_type(*a).shape.dims(),
+        graph.value_type(*b).shape.dims(),
+        trans_a,
+        trans_b,
+    );
+    let key = crate::cluster::matmul_shape_key(call.m, call.k, call.n, trans_a, trans_b);
+    if !hw.matmul_curves.contains_key(&key) {
+        return fallback();
+    }
+    hw.matmul_call_efficiency(
+        flops / count as f64,
+        (call.m, call.k, call.n),
+        trans_a,
+        trans_b,
+    )
+}
+
 /// Time of the kernel of graph node `node`: the per-kernel overhead plus
 /// its roofline (see the module header).
 pub fn node_kernel_time(
@@ -145,9 +180,10 @@ pub fn node_kernel_time(
         .any(|t| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
     let body = match kernel_family(&n.op, half) {
         None => {
-            // A matrix product: the efficiency for its size and shape.
-            let rate =
-                hw.peak_flops(dtype) * hw.matmul_efficiency_for(flops, matmul_min_dim(graph, node));
+            // A matrix product: the efficiency of its calls' shape and
+            // size (`Hardware::matmul_curves`), else of its size and
+            // smallest dimension.
+            let rate = hw.peak_flops(dtype) * matmul_efficiency(graph, node, flops, cluster);
             let compute = if rate > 0.0 { flops / rate } else { 0.0 };
             compute.max(if hw.mem_bw > 0.0 {
                 bytes / hw.mem_bw

@@ -156,6 +156,35 @@ pub fn gemm_heap(op: &Op, ins: &[&TensorType], blocking: Option<&GemmBlocking>) 
         .unwrap_or(0)
 }
 
+/// The call one `MatMul` kernel of these operand shapes makes, and how
+/// many times: once with the batch folded into the rows when `b` has no
+/// batch and `a` is not transposed, else once per element of the
+/// broadcast batch.
+pub fn matmul_calls(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (GemmCall, u64) {
+    let call = matmul_call(a, b, trans_a, trans_b);
+    let batch = |d: &[usize]| -> Vec<u64> {
+        let keep = d.len().saturating_sub(2);
+        d[..keep].iter().map(|&x| x as u64).collect()
+    };
+    let (ba, bb) = (batch(a), batch(b));
+    let folded = !trans_a && bb.iter().product::<u64>() == 1;
+    if folded {
+        return (call, 1);
+    }
+    let len = ba.len().max(bb.len());
+    let at = |v: &[u64], i: usize| -> u64 {
+        (i + v.len())
+            .checked_sub(len)
+            .and_then(|j| v.get(j))
+            .copied()
+            .unwrap_or(1)
+    };
+    let count = (0..len)
+        .map(|i| at(&ba, i).max(at(&bb, i)))
+        .product::<u64>();
+    (call, count.max(1))
+}
+
 /// The calls one `MatMul` kernel makes: one product with the batch folded
 /// into the rows when `b` has no batch and `a` is not transposed, else one
 /// per batch element (rank-1 operands are a row or a column vector).
@@ -311,4 +340,23 @@ fn strided_rows(dims: &[usize], axis: usize, inputs: u64) -> u64 {
         return 0;
     }
     (inputs + 1) * dims.get(axis).copied().unwrap_or(0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matrix product folds its batch into the rows when it can, else
+    /// calls the library once per element of the broadcast batch.
+    #[test]
+    fn matmul_calls_fold_or_count_the_batch() {
+        let (c, n) = matmul_calls(&[4, 128, 64], &[64, 32], false, false);
+        assert_eq!((c.m, c.k, c.n, n), (512, 64, 32, 1));
+        let (c, n) = matmul_calls(&[2, 8, 128, 64], &[2, 8, 96, 64], false, true);
+        assert_eq!((c.m, c.k, c.n, n), (128, 64, 96, 16));
+        let (_, n) = matmul_calls(&[2, 1, 128, 64], &[8, 64, 128], false, false);
+        assert_eq!(n, 16, "broadcast batch 2 x 8");
+        let (c, n) = matmul_calls(&[4, 64, 128], &[64, 32], true, false);
+        assert_eq!((c.m, c.k, c.n, n), (128, 64, 32, 4));
+    }
 }

@@ -38,7 +38,9 @@
 use super::{print_out, CliError};
 use clap::Args;
 use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
-use fsdpc_planner::cluster::{ClusterFile, CollectiveFit, CollectiveKind, Contention};
+use fsdpc_planner::cluster::{
+    matmul_shape_key, ClusterFile, CollectiveFit, CollectiveKind, Contention, SKINNY_DIM,
+};
 use fsdpc_planner::cost::ring_wire_bytes;
 use fsdpc_runtime::comm::{Buf, BufMut, Communicator};
 use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
@@ -48,6 +50,7 @@ use fsdpc_runtime::{
 };
 use gemm::Parallelism;
 use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,6 +180,16 @@ fn fill_of(dtype: DType) -> Vec<u8> {
 
 /// (FLOPs, FLOP/s per rank) of one product `m x k` by `k x n` on every rank.
 fn matmul_rate(ranks: usize, m: usize, k: usize, n: usize) -> Result<(f64, f64), CliError> {
+    matmul_rate_of(ranks, (m, k, n), false, false)
+}
+
+/// `matmul_rate` with `a` and/or `b` stored transposed.
+fn matmul_rate_of(
+    ranks: usize,
+    (m, k, n): (usize, usize, usize),
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<(f64, f64), CliError> {
     let flops = 2.0 * (m * k * n) as f64;
     let reps = ((2e8 / flops) as usize).clamp(3, 200);
     let times = lockstep(ranks, reps, |_| {
@@ -188,13 +201,13 @@ fn matmul_rate(ranks: usize, m: usize, k: usize, n: usize) -> Result<(f64, f64),
                 data: &a,
                 rows: m,
                 cols: k,
-                trans: false,
+                trans: trans_a,
             };
             let mb = Mat {
                 data: &b,
                 rows: k,
                 cols: n,
-                trans: false,
+                trans: trans_b,
             };
             gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false).map_err(|e| e.0)
         }))
@@ -794,6 +807,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     let bf16_cases = kernel_cases(1024, 256, DType::Bf16);
     let total = shapes.len()
         + SKINNY_SIZES.len()
+        + 16
         + 1
         + f32_cases.len()
         + bf16_cases.len()
@@ -859,9 +873,59 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         skinny.push((flops, rate));
         bar.inc(1);
     }
+    // Curves by call shape and operand layout (`matmul_shape_key`): the
+    // square shapes above with a smallest dimension over SKINNY_DIM, and
+    // the skinny ones with 16 rows, inner size or columns, each with `a`
+    // and `b` plain or stored transposed.
+    let _ = writeln!(
+        table,
+        "matrix products by shape and layout (GFLOP/s; a, b plain n or transposed t):"
+    );
+    let mut matmul_curves: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let square: Vec<(usize, usize, usize)> = shapes
+        .iter()
+        .copied()
+        .filter(|&(m, k, n)| m.min(k).min(n) > SKINNY_DIM)
+        .collect();
+    let skinny_shapes = |which: usize| -> Vec<(usize, usize, usize)> {
+        SKINNY_SIZES
+            .iter()
+            .map(|&s| match which {
+                0 => (16, s, s),
+                1 => (s, 16, s),
+                _ => (s, s, 16),
+            })
+            .collect()
+    };
+    for (family, list) in [
+        ("square", square),
+        ("rows", skinny_shapes(0)),
+        ("inner", skinny_shapes(1)),
+        ("cols", skinny_shapes(2)),
+    ] {
+        for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
+            bar.set_message(format!("matrix products, {family}"));
+            let (m0, k0, n0) = list[0];
+            let key = matmul_shape_key(m0 as u64, k0 as u64, n0 as u64, trans_a, trans_b);
+            let mut curve: Vec<(f64, f64)> = Vec::new();
+            let mut shown = Vec::new();
+            for &shape in &list {
+                let (flops, rate) = matmul_rate_of(ranks, shape, trans_a, trans_b)?;
+                if curve.last().is_none_or(|l| flops > l.0) {
+                    curve.push((flops, rate));
+                }
+                shown.push(format!("{:.1}", rate / 1e9));
+            }
+            let _ = writeln!(table, "  {key:<12} {}", shown.join(", "));
+            matmul_curves.insert(key, curve);
+            bar.inc(1);
+        }
+    }
+    // One peak over every product measured; every curve relative to it.
     let peak = points
         .iter()
         .chain(&skinny)
+        .chain(matmul_curves.values().flatten())
         .map(|p| p.1)
         .fold(0.0, f64::max);
     let skinny_curve: Vec<(f64, f64)> = skinny
@@ -873,6 +937,11 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         // Keep the curve increasing in FLOPs (shapes are in that order).
         if curve.last().is_none_or(|l| flops > l.0) {
             curve.push((flops, (rate / peak).clamp(1e-6, 1.0)));
+        }
+    }
+    for curve in matmul_curves.values_mut() {
+        for p in curve.iter_mut() {
+            p.1 = (p.1 / peak).clamp(1e-6, 1.0);
         }
     }
 
@@ -895,7 +964,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         table,
         "memory-bound kernels on 1024 x 256 tensors (4 buffer sets), bytes read + written:"
     );
-    let mut kernel_bw = std::collections::BTreeMap::new();
+    let mut kernel_bw = BTreeMap::new();
     for case in f32_cases.iter().chain(&bf16_cases) {
         bar.set_message(format!("kernel {}", case.family));
         let (t, bytes, _) = kernel_time(ranks, case, 4, 4, 8)?;
@@ -1028,6 +1097,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     h.peak_flops_bf16 = peak;
     h.matmul_efficiency = curve;
     h.skinny_matmul_efficiency = skinny_curve;
+    h.matmul_curves = matmul_curves;
     h.mem_bw = mem;
     h.host_bw = mem;
     h.host_mem_bw = mem;
@@ -1093,6 +1163,10 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         (
             "kernel_bw",
             src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead; load_input and load_input_int: the synthetic data source writing a classifier's 64 x 1024 f32 features and a language model's 16 x 256 token ids, bytes written over the time less the overhead"),
+        ),
+        (
+            "matmul_curves",
+            src("gemm_f32 rate per rank by shape (square: the matmul_efficiency shapes over 64 in every dimension; rows, inner, cols: 16 x s x s, s x 16 x s, s x s x 16 for s = 512..4096) and operand layout (nn, nt, tn, tt), over the best"),
         ),
         (
             "skinny_matmul_efficiency",
