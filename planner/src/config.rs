@@ -99,6 +99,10 @@ pub struct FsdpConfig {
     /// native or int8 blocks).
     #[serde(default)]
     pub reduce_scatter_wire: crate::wire::Wire,
+    /// The collective rewrite rules the `rewrite` pass may use
+    /// (`--rewrites`; default all).
+    #[serde(default)]
+    pub rewrites: crate::rewrite::Rules,
     /// Return `PlanError::DoesNotFit` when the peak exceeds the rank's memory.
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
@@ -131,6 +135,7 @@ impl Default for FsdpConfig {
             offload_units: crate::offload::OffloadUnits::All,
             offload_what: crate::offload::OffloadWhat::Params,
             allgather_wire: crate::wire::Wire::Native,
+            rewrites: crate::rewrite::Rules::default(),
             reduce_scatter_wire: crate::wire::Wire::Native,
             check_fits: true,
         }

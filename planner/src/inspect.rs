@@ -79,6 +79,8 @@ pub struct Summary {
     /// How gradient reduce-scatters travel (absent: native).
     #[serde(skip_serializing_if = "Wire::is_native")]
     pub reduce_scatter_wire: Wire,
+    /// The collective rewrites: the rules allowed and those that fired.
+    pub rewrites: crate::plan::RewriteReport,
     /// Peak of host memory per rank (`cpu_offload`; 0 without).
     #[serde(skip_serializing_if = "is_zero")]
     pub host_peak_bytes: u64,
@@ -261,6 +263,7 @@ pub fn summary(plan: &Plan) -> Summary {
         offload_what: plan.config.offload_what,
         allgather_wire: plan.config.allgather_wire,
         reduce_scatter_wire: plan.config.reduce_scatter_wire,
+        rewrites: plan.rewrites.clone(),
         host_peak_bytes: plan.memory.host_peak_bytes,
         host_arena_bytes: plan.memory.host_arena_bytes,
         host_breakdown: host_breakdown(plan),
@@ -526,6 +529,7 @@ fn header(out: &mut String, s: &Summary) {
             describe(&s.reduce_scatter_wire)
         );
     }
+    rewrite_lines(out, &s.rewrites);
     if s.cpu_offload {
         let which = if s.offloaded_units.is_empty() {
             String::new()
@@ -761,4 +765,45 @@ fn estimates(out: &mut String, s: &Summary) {
         s.tflops_per_rank,
         s.mfu * 100.0
     );
+}
+
+/// The `rewrites` line: each rule that fired, on how many collectives, and
+/// the time the cost model says it saves per step (each collective alone).
+fn rewrite_lines(out: &mut String, r: &crate::plan::RewriteReport) {
+    if r.enabled.is_empty() {
+        let _ = writeln!(out, "rewrites  none (--rewrites none)");
+        return;
+    }
+    if r.fired.is_empty() {
+        let _ = writeln!(
+            out,
+            "rewrites  none fired ({} allowed; the original forms are the cheapest here)",
+            r.enabled.len()
+        );
+        return;
+    }
+    let fired: Vec<String> = r
+        .fired
+        .iter()
+        .map(|f| format!("{} x{} (-{})", f.rule, f.count, fmt_secs(f.saved_s)))
+        .collect();
+    let _ = writeln!(out, "rewrites  {}", fired.join(", "));
+    if r.limited > 0 {
+        let _ = writeln!(
+            out,
+            "          {} collective(s) stopped at a runner limit (the best form found was kept)",
+            r.limited
+        );
+    }
+}
+
+/// Seconds in the unit that reads best: s, ms or us.
+fn fmt_secs(t: f64) -> String {
+    if t >= 1.0 {
+        format!("{t:.2} s")
+    } else if t >= 1e-3 {
+        format!("{:.2} ms", t * 1e3)
+    } else {
+        format!("{:.1} us", t * 1e6)
+    }
 }

@@ -17,6 +17,10 @@
 //! 3. `schedule::lower`: the instruction list (gathers, kernels, frees,
 //!    reductions, optimizer steps, events); `wire::apply` puts the wire
 //!    formats (low-precision collectives) and their scratch on it;
+//!    `rewrite::apply` rewrites each native collective with egg (cast
+//!    before gathering, hierarchical all-gather and reduce-scatter,
+//!    all-reduce as reduce-scatter then all-gather) into the form the
+//!    cluster's cost model charges least, with its staging buffer;
 //!    then `workspace::plan_workspaces`: each kernel's scratch, one
 //!    `Workspace` buffer per stream that runs kernels, and the bound of
 //!    what the matrix-product library allocates on its own (before it,
@@ -50,6 +54,7 @@ pub mod overlap;
 pub mod plan;
 pub mod precision;
 pub mod report;
+pub mod rewrite;
 pub mod scaler;
 pub mod schedule;
 pub mod simulate;
@@ -60,6 +65,7 @@ mod validate_fsdp;
 mod validate_layout;
 pub mod validate_offload;
 mod validate_precision;
+mod validate_rewrite;
 mod validate_wire;
 pub mod wire;
 pub mod workspace;
@@ -289,6 +295,15 @@ fn lower(
         offload: offloaded.clone(),
     })?;
     wire::apply(&mut sched, &units, shard_factor, cfg.wires());
+    let rewrites = rewrite::apply(
+        &mut sched,
+        &rewrite::RewriteInput {
+            cluster,
+            shard_factor,
+            replicas: cluster.world / shard_factor.max(1),
+            rules: &cfg.rewrites,
+        },
+    )?;
     if let Some(max_norm) = cfg.clip_grad_norm {
         clip::insert(&mut sched, max_norm, shard_factor > 1)?;
     }
@@ -356,6 +371,7 @@ fn lower(
         memory: MemorySummary::default(),
         estimates: Estimates::default(),
         training: program,
+        rewrites,
     };
     Ok(Lowered {
         plan,

@@ -36,7 +36,7 @@
 use crate::hb::Clocks;
 use crate::plan::*;
 use crate::schedule::Schedule;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Arena alignment of every buffer, bytes.
 pub const ALIGN: u64 = 64;
@@ -407,9 +407,21 @@ fn insert_fences(s: &mut Schedule) -> Vec<Fence> {
             waits.push(event);
         }
     }
+    // A stream that has waited for the record after a free on another
+    // stream is past every earlier instruction of that stream: a later
+    // wait for an earlier free there adds nothing and is left out.
+    let free_of: HashMap<EventId, usize> = record_after.iter().map(|(&f, &e)| (e, f)).collect();
+    let mut waited: HashMap<(Stream, Stream), usize> = HashMap::new();
     let old = std::mem::take(&mut s.instructions);
+    let streams: Vec<Stream> = old.iter().map(|x| x.stream).collect();
     for (i, ins) in old.into_iter().enumerate() {
         for &event in wait_before.get(&i).into_iter().flatten() {
+            let free = free_of[&event];
+            let key = (ins.stream, streams[free]);
+            if waited.get(&key).is_some_and(|&w| w >= free) {
+                continue;
+            }
+            waited.insert(key, free);
             s.instructions.push(Instr {
                 stream: ins.stream,
                 op: InstrOp::Wait { event },

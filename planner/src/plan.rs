@@ -59,6 +59,36 @@ pub struct Plan {
     pub estimates: Estimates,
     /// The program the kernels refer to (nodes by id).
     pub training: TrainingProgram,
+    /// What the collective rewrites (`rewrite`) chose: the rules that
+    /// fired, how often, and the step time each saved by the cost model.
+    #[serde(default)]
+    pub rewrites: RewriteReport,
+}
+
+/// The `rewrite` pass's account (`Plan::rewrites`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct RewriteReport {
+    /// The rules the configuration allowed (`FsdpConfig::rewrites`).
+    pub enabled: Vec<String>,
+    /// The rules whose form was chosen, in rule order.
+    pub fired: Vec<RuleFired>,
+    /// Distinct collectives (kind, size, group, dtypes) rewritten.
+    pub saturated: u32,
+    /// Distinct collectives whose rewriting stopped at a runner limit
+    /// (the best form found so far was kept).
+    pub limited: u32,
+}
+
+/// One rule of `RewriteReport::fired`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RuleFired {
+    pub rule: String,
+    /// Collective instructions whose chosen form uses it.
+    pub count: u32,
+    /// Sum over those instructions of the cost model's time of the
+    /// original form less that of the chosen one (seconds per step, each
+    /// collective alone; overlap decides how much of it the step sees).
+    pub saved_s: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -592,6 +622,12 @@ pub enum BufferKind {
     /// and received; raw bytes, dtype `bool`), written by the collective
     /// and freed right after it on its stream.
     Wire,
+    /// A rewritten collective's intermediate values (`CollectiveAlgorithm`:
+    /// the cross-node gather of a hierarchical all-gather, the per-node
+    /// sums of a hierarchical reduce-scatter, the reduced slice of an
+    /// all-reduce done as reduce-scatter then all-gather), written by the
+    /// collective and freed right after it on its stream.
+    Staging,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -670,6 +706,57 @@ pub enum Group {
     /// r's shard group that r is among, `b + (p / n) * n .. b + (p / n + 1) * n`
     /// where `b = (r / F) * F` and `p = r % F`.
     Reshard,
+    /// A hierarchical collective's first or last step: the k ranks of rank
+    /// r's shard group on r's node, `b + (p / k) * k ..`, k the ranks per
+    /// node (`CollectiveAlgorithm::Hierarchical` only; no instruction
+    /// names it).
+    NodeLocal,
+    /// A hierarchical collective's cross-node step: the F / k ranks of r's
+    /// shard group at r's place on their nodes, `b + p % k + j * k`.
+    CrossNode,
+}
+
+/// How a collective runs: the planner's `rewrite` pass chooses, the cost
+/// model charges and the runtime executes it.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveAlgorithm {
+    /// One ring over the group.
+    #[default]
+    Ring,
+    /// An all-gather or reduce-scatter over a shard group that spans nodes
+    /// (k ranks on each of m nodes), in two levels. All-gather: across
+    /// nodes first (the m shards at this rank's place on its node into
+    /// `staging`, m shards), then inside the node, once per node's block
+    /// (block j of every member into its place). Reduce-scatter: inside
+    /// the node first, once per block (block j's k chunks summed over the
+    /// node into chunk j of `staging`, f32, m chunks), then across nodes
+    /// (divided there). The cross-node step moves 1/k of the ring's bytes.
+    /// The sum runs over each node in position order, then over the nodes.
+    Hierarchical,
+    /// An all-reduce as a reduce-scatter (into `staging`, this member's
+    /// 1/n slice in the buffer's dtype, divided) then an all-gather from it:
+    /// bit-identical to the all-reduce (one rounding, same order).
+    ReduceScatterAllGather,
+}
+
+impl CollectiveAlgorithm {
+    /// True for `Ring` (the serde default).
+    pub fn is_ring(&self) -> bool {
+        *self == CollectiveAlgorithm::Ring
+    }
+}
+
+/// Bytes of a hierarchical all-gather's staging: the m shards of the
+/// cross-node step, in the gathered buffer's dtype.
+pub fn hier_gather_staging_bytes(shard_numel: u64, nodes: u32, dst: DType) -> u64 {
+    shard_numel * u64::from(nodes) * dst.size() as u64
+}
+
+/// Bytes of a hierarchical reduce-scatter's staging: m chunks of the
+/// reduced shard's length, in f32 (the per-node sums are not rounded).
+pub fn hier_reduce_staging_bytes(shard_numel: u64, nodes: u32) -> u64 {
+    shard_numel * u64::from(nodes) * DType::F32.size() as u64
 }
 
 impl Group {
@@ -707,6 +794,12 @@ pub enum InstrOp {
         /// The `Wire` scratch of a quantized `wire` (absent for native).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wire_buffer: Option<BufferId>,
+        /// How it runs (absent: one ring over `group`).
+        #[serde(default, skip_serializing_if = "CollectiveAlgorithm::is_ring")]
+        algorithm: CollectiveAlgorithm,
+        /// The `Staging` buffer of a hierarchical algorithm.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        staging: Option<BufferId>,
     },
     /// Sum the unit's full flat gradient `src` over `group` (the shard
     /// group), divide by the world size times `PlanConfig::grad_accum`, and
@@ -727,6 +820,12 @@ pub enum InstrOp {
         /// The `Wire` scratch of a quantized `wire` (absent for native).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wire_buffer: Option<BufferId>,
+        /// How it runs (absent: one ring over `group`).
+        #[serde(default, skip_serializing_if = "CollectiveAlgorithm::is_ring")]
+        algorithm: CollectiveAlgorithm,
+        /// The `Staging` buffer of a hierarchical algorithm.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        staging: Option<BufferId>,
     },
     /// Keep this rank's slice of the gathered flat parameter `src` in `dst`:
     /// with n members of `group` (`Reshard`) and this rank at position p,
@@ -745,6 +844,13 @@ pub enum InstrOp {
         group: Group,
         divide_by: u32,
         dtype: DType,
+        /// How it runs (absent: one ring all-reduce; or a reduce-scatter
+        /// into `staging` and an all-gather from it).
+        #[serde(default, skip_serializing_if = "CollectiveAlgorithm::is_ring")]
+        algorithm: CollectiveAlgorithm,
+        /// The `Staging` buffer of `ReduceScatterAllGather`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        staging: Option<BufferId>,
     },
     /// Copy the data input of this name into `dst`: this rank's samples of
     /// micro-batch `micro_batch` (samples `(micro_batch * world + rank) *
@@ -929,8 +1035,9 @@ impl InstrOp {
     /// both `reads` and `writes`).
     pub fn reads(&self) -> Vec<BufferId> {
         match self {
-            // A quantized collective's scratch is written before it is
-            // read, by the collective itself: it is in `writes` only.
+            // A quantized collective's scratch and a rewritten one's staging
+            // are written before they are read, by the collective itself:
+            // they are in `writes` only.
             InstrOp::AllGather { src, .. }
             | InstrOp::ReduceScatter { src, .. }
             | InstrOp::Reshard { src, .. }
@@ -971,15 +1078,27 @@ impl InstrOp {
     pub fn writes(&self) -> Vec<BufferId> {
         match self {
             InstrOp::AllGather {
-                dst, wire_buffer, ..
+                dst,
+                wire_buffer,
+                staging,
+                ..
             }
             | InstrOp::ReduceScatter {
-                dst, wire_buffer, ..
-            } => std::iter::once(*dst).chain(*wire_buffer).collect(),
+                dst,
+                wire_buffer,
+                staging,
+                ..
+            } => std::iter::once(*dst)
+                .chain(*wire_buffer)
+                .chain(*staging)
+                .collect(),
             InstrOp::Reshard { dst, .. } | InstrOp::Copy { dst, .. } => vec![*dst],
-            InstrOp::AllReduce { buffer, .. }
-            | InstrOp::NormAllReduce { buffer, .. }
-            | InstrOp::FoundInfAllReduce { buffer, .. } => vec![*buffer],
+            InstrOp::AllReduce {
+                buffer, staging, ..
+            } => std::iter::once(*buffer).chain(*staging).collect(),
+            InstrOp::NormAllReduce { buffer, .. } | InstrOp::FoundInfAllReduce { buffer, .. } => {
+                vec![*buffer]
+            }
             InstrOp::GradNormSq { dst, .. } | InstrOp::Accumulate { dst, .. } => vec![*dst],
             InstrOp::ScaleSeed { dst, .. } => vec![dst.buffer],
             InstrOp::UnscaleGrads {

@@ -160,6 +160,8 @@ pub enum PlanViolation {
     Offload { instr: Option<u32>, reason: String },
     #[error("wire format (instruction {instr}): {reason}")]
     Wire { instr: u32, reason: String },
+    #[error("collective rewrite (instruction {instr}): {reason}")]
+    Rewrite { instr: u32, reason: String },
     #[error("planned peak {planned} bytes, the buffers' lifetimes give {recomputed}")]
     PeakMismatch { planned: u64, recomputed: u64 },
     #[error(transparent)]
@@ -196,6 +198,7 @@ impl Plan {
             crate::validate_offload::check(self, &clocks, &mut c.out);
             crate::validate_wire::check(self, &mut c.out);
         }
+        crate::validate_rewrite::check(self, &mut c.out);
         if c.out.is_empty() {
             Ok(())
         } else {

@@ -48,9 +48,14 @@ fn dtypes(p: &Plan, out: &mut Vec<PlanViolation>) {
     }
     for (i, ins) in p.instructions.iter().enumerate() {
         match ins.op {
-            InstrOp::AllGather { dtype, dst, .. } => {
+            InstrOp::AllGather {
+                dtype, src, dst, ..
+            } => {
                 let into = p.buffers.get(dst.index()).map(|b| b.dtype);
-                if dtype != pd || into != Some(pd) {
+                let from = p.buffers.get(src.index()).map(|b| b.dtype);
+                // Cast before gathering (the param dtype on the wire), or
+                // the shard sent as it is and converted on receipt.
+                if !(dtype == pd || Some(dtype) == from) || into != Some(pd) {
                     out.push(at(
                         Some(i),
                         format!("all-gather in {dtype} into {into:?}, the param dtype is {pd}"),

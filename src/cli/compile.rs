@@ -163,6 +163,7 @@ fn prepare(
         },
         allgather_wire: fsdpc_planner::Wire::parse(&f.allgather_wire, f.wire_block)?,
         reduce_scatter_wire: fsdpc_planner::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?,
+        rewrites: fsdpc_planner::rewrite::Rules::parse(&f.rewrites)?,
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
     };

@@ -188,6 +188,13 @@ pub struct PlanFlags {
     /// order in f32).
     #[arg(long, value_name = "FORMAT", default_value = "native")]
     pub reduce_scatter_wire: String,
+    /// The collective rewrite rules the planner may apply (egg, with the
+    /// cluster's cost model choosing the form): all, none, or a comma list
+    /// of cast-before-gather, hierarchical-all-gather,
+    /// hierarchical-reduce-scatter, all-reduce-as-reduce-scatter-all-gather.
+    /// `fsdpc inspect` names the rules that fired.
+    #[arg(long, value_name = "RULES", default_value = "all")]
+    pub rewrites: String,
     /// Elements per block of the int8 wire formats.
     #[arg(long, value_name = "N", default_value_t = fsdpc_planner::wire::DEFAULT_BLOCK)]
     pub wire_block: u32,

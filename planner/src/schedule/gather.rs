@@ -217,6 +217,8 @@ impl Lowering<'_> {
                 group,
                 wire: Wire::Native,
                 wire_buffer: None,
+                algorithm: CollectiveAlgorithm::Ring,
+                staging: None,
             },
         );
         // A resharded slice or a staged copy (`offload`) is used once.

@@ -128,6 +128,8 @@ impl Lowering<'_> {
                         group: Group::Shard,
                         wire: Wire::Native,
                         wire_buffer: None,
+                        algorithm: CollectiveAlgorithm::Ring,
+                        staging: None,
                     },
                 );
                 self.push(Stream::Reduce, InstrOp::Free { buffer: src });
@@ -150,6 +152,8 @@ impl Lowering<'_> {
                             group: Group::Replicate,
                             divide_by: 1,
                             dtype,
+                            algorithm: CollectiveAlgorithm::Ring,
+                            staging: None,
                         },
                     );
                 }
@@ -163,6 +167,8 @@ impl Lowering<'_> {
                         group: Group::Replicate,
                         divide_by: self.input.world * k,
                         dtype,
+                        algorithm: CollectiveAlgorithm::Ring,
+                        staging: None,
                     },
                 );
                 match self.grad_target[u] {

@@ -752,7 +752,7 @@ impl CommIndex {
         }
         let mut out = Vec::new();
         for &(s, g) in &self.keys {
-            let ranks = group_ranks(g, rank, world, f, n);
+            let ranks = group_ranks(g, rank, world, f, n, f);
             let pos = ranks.iter().position(|&r| r == rank).unwrap_or(0);
             let w = &worlds[&s];
             out.push(w.split(ranks[0], rank, ranks.len(), pos)?);
@@ -811,6 +811,33 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
             reason: "CPU offload (host buffers and their copies) is not implemented on the cuda backend; compile without --cpu-offload".into(),
         }
         .into());
+    }
+    for (i, ins) in plan.instructions.iter().enumerate() {
+        let rewritten = match &ins.op {
+            InstrOp::AllGather { algorithm, .. }
+            | InstrOp::ReduceScatter { algorithm, .. }
+            | InstrOp::AllReduce { algorithm, .. } => !algorithm.is_ring(),
+            _ => false,
+        };
+        let f32_gather = match &ins.op {
+            InstrOp::AllGather { dtype, dst, .. } => plan
+                .buffers
+                .get(dst.index())
+                .is_some_and(|b| b.dtype != *dtype),
+            _ => false,
+        };
+        if rewritten || f32_gather {
+            return Err(CudaError::Unsupported {
+                instr: i,
+                what: if rewritten {
+                    "a rewritten collective (hierarchical, or all-reduce as reduce-scatter and all-gather)".into()
+                } else {
+                    "an all-gather that sends the shard in its own dtype and converts on receipt".into()
+                },
+                reason: "the cuda backend runs ring collectives that cast before gathering; compile with --rewrites cast-before-gather".into(),
+            }
+            .into());
+        }
     }
     for (i, s) in prep.steps.iter().enumerate() {
         let what = match s {
@@ -888,9 +915,9 @@ fn lower_step(
     let stream = plan.instructions[i].stream;
     let f = plan.config.shard_factor as usize;
     let n_reshard = plan.reshard_group().map_or(f, |k| k as usize);
-    let group_size = |g: Group| group_ranks(g, rank, world, f, n_reshard).len();
+    let group_size = |g: Group| group_ranks(g, rank, world, f, n_reshard, f).len();
     let position = |g: Group| {
-        let r = group_ranks(g, rank, world, f, n_reshard);
+        let r = group_ranks(g, rank, world, f, n_reshard, f);
         r.iter().position(|&x| x == rank).unwrap_or(0)
     };
     let use_nccl = |g: Group| nccl == NcclUse::Always || group_size(g) > 1;
@@ -913,6 +940,7 @@ fn lower_step(
             dst,
             parts,
             group,
+            ..
         } => {
             let ((_, sdt), (_, ddt)) = (elems(prep, *src), elems(prep, *dst));
             let (se, de) = (sdt.size() as u64, ddt.size() as u64);
@@ -967,7 +995,7 @@ fn lower_step(
                 bytes: len,
             }));
         }
-        Step::ReduceScatter { unit, src, dst } => {
+        Step::ReduceScatter { unit, src, dst, .. } => {
             zero_uncovered(prep, unit.index(), *src, l, &mut items);
             let ((sn, sdt), (dn, ddt)) = (elems(prep, *src), elems(prep, *dst));
             let size = group_size(Group::Shard) as u64;
@@ -1027,6 +1055,7 @@ fn lower_step(
             buffer,
             group,
             divide_by,
+            ..
         } => {
             if plan.buffers[buffer.index()].kind == BufferKind::FlatGrads {
                 zero_uncovered(prep, unit.index(), *buffer, l, &mut items);

@@ -7,7 +7,8 @@
 use crate::error::RuntimeError;
 use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
 use fsdpc_planner::plan::{
-    BufferId, BufferKind, Group, InstrOp, Location, Plan, Slot, Stream, UnitId, Wire,
+    hier_gather_staging_bytes, hier_reduce_staging_bytes, BufferId, BufferKind,
+    CollectiveAlgorithm, Group, InstrOp, Location, Plan, Slot, Stream, UnitId, Wire,
 };
 
 /// `len` bytes at byte `offset` of a buffer.
@@ -30,6 +31,9 @@ pub enum Step<'p> {
         dst: BufferId,
         parts: Vec<(usize, usize, usize)>,
         group: Group,
+        /// `CollectiveAlgorithm::Hierarchical`: its staging buffer (see
+        /// `RankEnv::hier_all_gather`).
+        hier: Option<BufferId>,
     },
     /// Keep this rank's slice of `src` in `dst` (`InstrOp::Reshard`).
     Reshard {
@@ -41,6 +45,8 @@ pub enum Step<'p> {
         unit: UnitId,
         src: BufferId,
         dst: BufferId,
+        /// `CollectiveAlgorithm::Hierarchical`: its f32 staging buffer.
+        hier: Option<BufferId>,
     },
     /// A quantized all-gather over the shard group (`wire`): `parts` as for
     /// `AllGather`, the payloads in `scratch`.
@@ -65,6 +71,9 @@ pub enum Step<'p> {
         buffer: BufferId,
         group: Group,
         divide_by: u32,
+        /// `CollectiveAlgorithm::ReduceScatterAllGather`: the staging
+        /// buffer of this member's reduced slice.
+        staging: Option<BufferId>,
     },
     LoadInput {
         name: &'p str,
@@ -302,9 +311,21 @@ fn resolve<'p>(
                 format!("collective reads and writes the same buffer {src}"),
             ));
         }
-        InstrOp::AllGather { wire, .. } | InstrOp::ReduceScatter { wire, .. }
-            if !wire.is_native() =>
-        {
+        InstrOp::AllGather {
+            wire, algorithm, ..
+        }
+        | InstrOp::ReduceScatter {
+            wire, algorithm, ..
+        } if !wire.is_native() => {
+            if !algorithm.is_ring() {
+                return Err(err(
+                    i,
+                    format!(
+                        "a {} collective runs as one ring, not {algorithm:?}",
+                        wire.name()
+                    ),
+                ));
+            }
             wire_step(plan, i, op)?
         }
         InstrOp::AllGather {
@@ -312,6 +333,8 @@ fn resolve<'p>(
             src,
             dst,
             group,
+            algorithm,
+            staging,
             ..
         } => {
             let u = unit(plan, i, *u)?;
@@ -320,13 +343,32 @@ fn resolve<'p>(
                 // A resharded slice is a contiguous piece of the whole
                 // gathered flat parameter.
                 Group::Reshard => vec![(0, 0, reshard_slice(plan, i, dst, src)?)],
-                _ => gather_parts(plan, i, u, src, dst)?,
+                Group::Shard => gather_parts(plan, i, u, src, dst)?,
+                g => return Err(err(i, format!("an all-gather cannot name group {g:?}"))),
+            };
+            let hier = match algorithm {
+                CollectiveAlgorithm::Ring => None,
+                CollectiveAlgorithm::Hierarchical if *group == Group::Shard => {
+                    let (_, m) = hier_shape(plan, i)?;
+                    let shard = plan.buffers[src.index()].bytes
+                        / plan.buffers[src.index()].dtype.size().max(1) as u64;
+                    let dt = plan.buffers[dst.index()].dtype;
+                    let want = hier_gather_staging_bytes(shard, m as u32, dt);
+                    Some(staging_of(plan, i, *staging, want, &[src, dst])?)
+                }
+                a => {
+                    return Err(err(
+                        i,
+                        format!("an all-gather over {group:?} cannot run as {a:?}"),
+                    ))
+                }
             };
             Step::AllGather {
                 src,
                 dst,
                 parts,
                 group: *group,
+                hier,
             }
         }
         InstrOp::Reshard {
@@ -366,27 +408,73 @@ fn resolve<'p>(
             Step::Copy { src, dst }
         }
         InstrOp::ReduceScatter {
-            unit: u, src, dst, ..
-        } => Step::ReduceScatter {
-            unit: unit(plan, i, *u)?,
-            src: buffer(plan, i, *src)?,
-            dst: buffer(plan, i, *dst)?,
-        },
+            unit: u,
+            src,
+            dst,
+            algorithm,
+            staging,
+            ..
+        } => {
+            let (src, dst) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
+            let hier = match algorithm {
+                CollectiveAlgorithm::Ring => None,
+                CollectiveAlgorithm::Hierarchical => {
+                    let (_, m) = hier_shape(plan, i)?;
+                    let shard = plan.buffers[dst.index()].bytes
+                        / plan.buffers[dst.index()].dtype.size().max(1) as u64;
+                    let want = hier_reduce_staging_bytes(shard, m as u32);
+                    Some(staging_of(plan, i, *staging, want, &[src, dst])?)
+                }
+                a => return Err(err(i, format!("a reduce-scatter cannot run as {a:?}"))),
+            };
+            Step::ReduceScatter {
+                unit: unit(plan, i, *u)?,
+                src,
+                dst,
+                hier,
+            }
+        }
         InstrOp::AllReduce {
             unit: u,
             buffer: b,
             group,
             divide_by,
+            algorithm,
+            staging,
             ..
         } => {
             if *divide_by == 0 {
                 return Err(err(i, "all_reduce divides by zero".into()));
             }
+            if matches!(group, Group::NodeLocal | Group::CrossNode) {
+                return Err(err(i, format!("an all-reduce cannot name group {group:?}")));
+            }
+            let b = buffer(plan, i, *b)?;
+            let staging = match algorithm {
+                CollectiveAlgorithm::Ring => None,
+                CollectiveAlgorithm::ReduceScatterAllGather => {
+                    let n = group_size(plan, *group) as u64;
+                    let bytes = plan.buffers[b.index()].bytes;
+                    let esize = plan.buffers[b.index()].dtype.size().max(1) as u64;
+                    if n == 0 || !(bytes / esize).is_multiple_of(n) {
+                        return Err(err(
+                            i,
+                            format!(
+                                "all-reduce of {} elements as reduce-scatter and all-gather over {n} ranks: {n} does not divide it",
+                                bytes / esize
+                            ),
+                        ));
+                    }
+                    Some(staging_of(plan, i, *staging, bytes / n, &[b])?)
+                }
+                a => return Err(err(i, format!("an all-reduce cannot run as {a:?}"))),
+            };
             Step::AllReduce {
                 unit: unit(plan, i, *u)?,
-                buffer: buffer(plan, i, *b)?,
+                buffer: b,
                 group: *group,
                 divide_by: *divide_by,
+                staging,
             }
         }
         InstrOp::LoadInput {
@@ -626,6 +714,60 @@ fn gather_parts(
         parts.push((s.shard_offset as usize, s.flat_offset as usize, n as usize));
     }
     Ok(parts)
+}
+
+/// The shape a hierarchical collective runs on: k ranks of the shard
+/// group on each of m nodes (k the ranks per node, k > 1, F = k m, m > 1).
+pub fn hier_shape(plan: &Plan, i: usize) -> Result<(usize, usize), RuntimeError> {
+    let (f, k) = (plan.config.shard_factor, plan.cluster.ranks_per_node);
+    if k > 1 && f > k && f.is_multiple_of(k) {
+        Ok((k as usize, (f / k) as usize))
+    } else {
+        Err(err(
+            i,
+            format!(
+                "a hierarchical collective needs a shard group of whole nodes with more than one rank each: F = {f}, {k} ranks per node"
+            ),
+        ))
+    }
+}
+
+/// Members of a group of kind `g` (see `plan::Group`).
+fn group_size(plan: &Plan, g: Group) -> usize {
+    let world = plan.cluster.world.max(1) as usize;
+    let f = (plan.config.shard_factor.max(1) as usize).min(world);
+    match g {
+        Group::Shard => f,
+        Group::Replicate => world / f,
+        Group::Reshard => plan.reshard_group().map_or(f, |n| n as usize),
+        Group::NodeLocal => (plan.cluster.ranks_per_node as usize).min(f),
+        Group::CrossNode => f / (plan.cluster.ranks_per_node.max(1) as usize).min(f),
+    }
+}
+
+/// A rewritten collective's staging buffer: named, a `Staging` buffer of
+/// its own (none of `operands`) of exactly `want` bytes.
+fn staging_of(
+    plan: &Plan,
+    i: usize,
+    staging: Option<BufferId>,
+    want: u64,
+    operands: &[BufferId],
+) -> Result<BufferId, RuntimeError> {
+    let b = staging
+        .ok_or_else(|| err(i, "a rewritten collective has no staging buffer".into()))
+        .and_then(|b| buffer(plan, i, b))?;
+    let buf = &plan.buffers[b.index()];
+    if operands.contains(&b) || buf.kind != BufferKind::Staging || buf.bytes != want {
+        return Err(err(
+            i,
+            format!(
+                "staging buffer {b} must be a Staging buffer of its own of {want} bytes, it is {:?} of {} bytes",
+                buf.kind, buf.bytes
+            ),
+        ));
+    }
+    Ok(b)
 }
 
 /// A quantized all-gather or reduce-scatter (`wire`): over the shard

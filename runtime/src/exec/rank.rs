@@ -37,16 +37,30 @@ pub struct RankEnv<'a> {
     trace: Option<Recorder>,
 }
 
-/// The ranks of `rank`'s group of kind `g`, with shard factor `f` and
-/// `n` ranks per resharded group (see `plan::Group`).
-pub fn group_ranks(g: Group, rank: usize, world: usize, f: usize, n: usize) -> Vec<usize> {
+/// The ranks of `rank`'s group of kind `g`, with shard factor `f`, `n`
+/// ranks per resharded group and `k` ranks per node (see `plan::Group`).
+pub fn group_ranks(
+    g: Group,
+    rank: usize,
+    world: usize,
+    f: usize,
+    n: usize,
+    k: usize,
+) -> Vec<usize> {
+    let base = (rank / f) * f;
+    let (p, k) = (rank % f, k.clamp(1, f));
     match g {
-        Group::Shard => ((rank / f) * f..(rank / f + 1) * f).collect(),
-        Group::Replicate => (0..world / f).map(|k| rank % f + k * f).collect(),
+        Group::Shard => (base..base + f).collect(),
+        Group::Replicate => (0..world / f).map(|j| p + j * f).collect(),
         Group::Reshard => {
-            let first = (rank / f) * f + (rank % f / n) * n;
+            let first = base + (p / n) * n;
             (first..first + n).collect()
         }
+        Group::NodeLocal => {
+            let first = base + (p / k) * k;
+            (first..first + k).collect()
+        }
+        Group::CrossNode => (0..f / k).map(|j| base + p % k + j * k).collect(),
     }
 }
 
@@ -86,11 +100,22 @@ impl<'a> RankEnv<'a> {
         };
         let mut groups = vec![Group::Shard, Group::Replicate];
         groups.extend(resharded.map(|_| Group::Reshard));
+        // Hierarchical collectives run inside the node, then across.
+        let hier = prep.steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::AllGather { hier: Some(_), .. } | Step::ReduceScatter { hier: Some(_), .. }
+            )
+        });
+        if hier {
+            groups.extend([Group::NodeLocal, Group::CrossNode]);
+        }
+        let per_node = prep.plan.cluster.ranks_per_node.max(1) as usize;
         let mut comms = Vec::new();
         // The offload stream only copies: it runs no collective.
         for s in Stream::ALL.into_iter().filter(|&s| s != Stream::Offload) {
             for &g in &groups {
-                let ranks = group_ranks(g, rank, n, f, resharded.unwrap_or(f));
+                let ranks = group_ranks(g, rank, n, f, resharded.unwrap_or(f), per_node);
                 let c = world
                     .communicator(&ranks, &format!("{s:?}/{g:?}"), rank)
                     .map_err(|e| comm_err(rank, e))?;
@@ -193,6 +218,115 @@ impl<'a> RankEnv<'a> {
         Ok(())
     }
 
+    /// A hierarchical all-gather (`CollectiveAlgorithm::Hierarchical`), per
+    /// part of n elements: across nodes first, the m shards at this rank's
+    /// place on each node into `staging` (m n elements, the gathered
+    /// dtype), then inside the node once per node b, block b of every
+    /// member into the gathered flat elements `flat + b k n ..`: shard
+    /// positions b k .. b k + k, in order.
+    ///
+    /// # Safety
+    /// As for `all_gather`; `prepare` sized `staging`.
+    unsafe fn hier_all_gather(
+        &self,
+        mem: &Memory,
+        stream: Stream,
+        src: BufferId,
+        dst: BufferId,
+        parts: &[(usize, usize, usize)],
+        staging: BufferId,
+    ) -> Result<(), RuntimeError> {
+        let ce = |e: CommError| comm_err(self.rank, e);
+        let (send, recv) = self.send_recv(mem, src, dst)?;
+        let st = mem.view_mut(mem.whole(staging))?;
+        let (inter, intra) = (
+            self.comm(stream, Group::CrossNode),
+            self.comm(stream, Group::NodeLocal),
+        );
+        let (m, k) = (inter.size(), intra.size());
+        let (se, re) = (send.dtype.size(), recv.dtype.size());
+        for &(shard_at, flat_at, n) in parts {
+            let part = Buf {
+                dtype: send.dtype,
+                bytes: &send.bytes[shard_at * se..(shard_at + n) * se],
+            };
+            let gathered = BufMut {
+                dtype: recv.dtype,
+                bytes: &mut st[..m * n * re],
+            };
+            inter.all_gather(part, gathered).map_err(ce)?;
+            for b in 0..m {
+                let piece = Buf {
+                    dtype: recv.dtype,
+                    bytes: &st[b * n * re..(b + 1) * n * re],
+                };
+                let at = flat_at + b * k * n;
+                let into = BufMut {
+                    dtype: recv.dtype,
+                    bytes: &mut recv.bytes[at * re..(at + k * n) * re],
+                };
+                intra.all_gather(piece, into).map_err(ce)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A hierarchical reduce-scatter: inside the node first, once per node
+    /// b, block b of the flat gradient (k chunks) summed over the node
+    /// into chunk b of `staging` (f32, not divided), then across nodes,
+    /// `staging`'s m chunks summed and divided into this rank's shard
+    /// (chunk b k + j for this rank at place j of node b).
+    ///
+    /// # Safety
+    /// As for `all_gather`; `prepare` sized `staging`.
+    unsafe fn hier_reduce_scatter(
+        &self,
+        mem: &Memory,
+        i: usize,
+        stream: Stream,
+        src: BufferId,
+        dst: BufferId,
+        staging: BufferId,
+    ) -> Result<(), RuntimeError> {
+        let ce = |e: CommError| comm_err(self.rank, e);
+        let (send, recv) = self.send_recv(mem, src, dst)?;
+        let st = mem.view_mut(mem.whole(staging))?;
+        let (inter, intra) = (
+            self.comm(stream, Group::CrossNode),
+            self.comm(stream, Group::NodeLocal),
+        );
+        let (m, k) = (inter.size(), intra.size());
+        let c = recv.len();
+        let (se, fe) = (send.dtype.size(), DType::F32.size());
+        if send.len() != c * m * k || st.len() != c * m * fe {
+            return Err(RuntimeError::plan_at(
+                i,
+                format!(
+                    "hierarchical reduce-scatter of {} elements into {m} x {k} shards of {c}",
+                    send.len()
+                ),
+            ));
+        }
+        for b in 0..m {
+            let block = Buf {
+                dtype: send.dtype,
+                bytes: &send.bytes[b * k * c * se..(b + 1) * k * c * se],
+            };
+            let into = BufMut {
+                dtype: DType::F32,
+                bytes: &mut st[b * c * fe..(b + 1) * c * fe],
+            };
+            intra.reduce_scatter(block, into, 1).map_err(ce)?;
+        }
+        let sums = Buf {
+            dtype: DType::F32,
+            bytes: &*st,
+        };
+        inter
+            .reduce_scatter(sums, recv, self.grad_divisor())
+            .map_err(ce)
+    }
+
     /// Records a failure so every blocked rank and stream stops.
     pub fn fail(&self, e: &RuntimeError) {
         if !matches!(e, RuntimeError::RankFailed { .. }) {
@@ -213,7 +347,15 @@ impl<'a> RankEnv<'a> {
                     dst,
                     parts,
                     group,
+                    hier: None,
                 } => self.all_gather(mem, stream, *src, *dst, parts, *group),
+                Step::AllGather {
+                    src,
+                    dst,
+                    parts,
+                    hier: Some(staging),
+                    ..
+                } => self.hier_all_gather(mem, stream, *src, *dst, parts, *staging),
                 Step::WireGather {
                     src,
                     dst,
@@ -260,14 +402,26 @@ impl<'a> RankEnv<'a> {
                     slice.bytes.copy_from_slice(from);
                     Ok(())
                 }
-                Step::ReduceScatter { unit, src, dst } => {
+                Step::ReduceScatter {
+                    unit,
+                    src,
+                    dst,
+                    hier,
+                } => {
                     // Every plan reduce-scatters over the shard group (the
                     // verifier checks the plan's `group`).
                     self.zero_uncovered(mem, unit.index(), *src)?;
-                    let (send, recv) = self.send_recv(mem, *src, *dst)?;
-                    self.comm(stream, Group::Shard)
-                        .reduce_scatter(send, recv, self.grad_divisor())
-                        .map_err(ce)?;
+                    match hier {
+                        None => {
+                            let (send, recv) = self.send_recv(mem, *src, *dst)?;
+                            self.comm(stream, Group::Shard)
+                                .reduce_scatter(send, recv, self.grad_divisor())
+                                .map_err(ce)?;
+                        }
+                        Some(staging) => {
+                            self.hier_reduce_scatter(mem, i, stream, *src, *dst, *staging)?
+                        }
+                    }
                     self.round_reduced(mem, i, *dst)
                 }
                 Step::AllReduce {
@@ -275,17 +429,44 @@ impl<'a> RankEnv<'a> {
                     buffer,
                     group,
                     divide_by,
+                    staging,
                 } => {
                     if kind(self.prep.plan, *buffer) == Some(BufferKind::FlatGrads) {
                         self.zero_uncovered(mem, unit.index(), *buffer)?;
                     }
-                    let buf = BufMut {
-                        dtype: self.dtype(*buffer),
-                        bytes: mem.view_mut(mem.whole(*buffer))?,
-                    };
-                    self.comm(stream, *group)
-                        .all_reduce(buf, *divide_by)
-                        .map_err(ce)
+                    let dtype = self.dtype(*buffer);
+                    let bytes = mem.view_mut(mem.whole(*buffer))?;
+                    let comm = self.comm(stream, *group);
+                    match staging {
+                        None => comm.all_reduce(BufMut { dtype, bytes }, *divide_by),
+                        // This member's slice reduced into the staging
+                        // buffer, then gathered back: the all-reduce's
+                        // values (one rounding, the same order).
+                        Some(st) => {
+                            let slice = mem.view_mut(mem.whole(*st))?;
+                            comm.reduce_scatter(
+                                Buf {
+                                    dtype,
+                                    bytes: &*bytes,
+                                },
+                                BufMut {
+                                    dtype,
+                                    bytes: &mut *slice,
+                                },
+                                *divide_by,
+                            )
+                            .and_then(|()| {
+                                comm.all_gather(
+                                    Buf {
+                                        dtype,
+                                        bytes: slice,
+                                    },
+                                    BufMut { dtype, bytes },
+                                )
+                            })
+                        }
+                    }
+                    .map_err(ce)
                 }
                 Step::LoadInput {
                     name,

@@ -1,0 +1,159 @@
+//! Plan checks of the collective rewrites (see `rewrite`): a collective
+//! names a staging buffer exactly when its algorithm needs one; the
+//! algorithm is one its kind and group can run (hierarchical: a native
+//! all-gather or reduce-scatter over a shard group of whole nodes; an
+//! all-reduce as reduce-scatter and all-gather over a group that divides
+//! it); the staging is a `Staging` buffer of its unit on the device, of the
+//! size the algorithm gives, touched by no instruction but its collective
+//! and its `Free`; no instruction names the groups internal to the
+//! hierarchical algorithm.
+
+use crate::plan::*;
+use crate::validate::PlanViolation;
+
+/// Appends a violation for every rewrite problem of `plan`.
+pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
+    let f = plan.config.shard_factor.max(1);
+    let k = plan.cluster.ranks_per_node.max(1);
+    let whole_nodes = k > 1 && f > k && f.is_multiple_of(k);
+    let numel = |b: BufferId| {
+        plan.buffers
+            .get(b.index())
+            .map_or(0, |b| b.bytes / b.dtype.size().max(1) as u64)
+    };
+    let dtype = |b: BufferId| plan.buffers.get(b.index()).map(|b| b.dtype);
+    let mut owner: Vec<Option<usize>> = vec![None; plan.buffers.len()];
+    for (i, ins) in plan.instructions.iter().enumerate() {
+        let mut push = |reason: String| {
+            out.push(PlanViolation::Rewrite {
+                instr: i as u32,
+                reason,
+            })
+        };
+        let (unit, group, algorithm, staging, want) = match &ins.op {
+            InstrOp::AllGather {
+                unit,
+                src,
+                dst,
+                group,
+                wire,
+                algorithm,
+                staging,
+                ..
+            } => {
+                if !algorithm.is_ring() && !wire.is_native() {
+                    push(format!("a {} all-gather runs as one ring", wire.name()));
+                }
+                let want = match algorithm {
+                    CollectiveAlgorithm::Hierarchical => {
+                        dtype(*dst).map(|d| hier_gather_staging_bytes(numel(*src), f / k, d))
+                    }
+                    _ => None,
+                };
+                (*unit, *group, *algorithm, *staging, want)
+            }
+            InstrOp::ReduceScatter {
+                unit,
+                dst,
+                group,
+                wire,
+                algorithm,
+                staging,
+                ..
+            } => {
+                if !algorithm.is_ring() && !wire.is_native() {
+                    push(format!("a {} reduce-scatter runs as one ring", wire.name()));
+                }
+                let want = match algorithm {
+                    CollectiveAlgorithm::Hierarchical => {
+                        Some(hier_reduce_staging_bytes(numel(*dst), f / k))
+                    }
+                    _ => None,
+                };
+                (*unit, *group, *algorithm, *staging, want)
+            }
+            InstrOp::AllReduce {
+                unit,
+                buffer,
+                group,
+                algorithm,
+                staging,
+                ..
+            } => {
+                let n = u64::from(match group {
+                    Group::Shard => f,
+                    _ => plan.cluster.world.max(1) / f,
+                });
+                let want = match algorithm {
+                    CollectiveAlgorithm::ReduceScatterAllGather => {
+                        if n < 2 || !numel(*buffer).is_multiple_of(n) {
+                            push(format!(
+                                "an all-reduce of {} elements cannot be scattered over {n} ranks",
+                                numel(*buffer)
+                            ));
+                        }
+                        plan.buffers.get(buffer.index()).map(|b| b.bytes / n.max(1))
+                    }
+                    _ => None,
+                };
+                (*unit, *group, *algorithm, *staging, want)
+            }
+            _ => continue,
+        };
+        if matches!(group, Group::NodeLocal | Group::CrossNode) {
+            push(format!(
+                "group {group:?} is internal to hierarchical collectives"
+            ));
+        }
+        let runs = match (&ins.op, algorithm) {
+            (_, CollectiveAlgorithm::Ring) => true,
+            (InstrOp::AllReduce { .. }, CollectiveAlgorithm::ReduceScatterAllGather) => true,
+            (
+                InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. },
+                CollectiveAlgorithm::Hierarchical,
+            ) => group == Group::Shard && whole_nodes,
+            _ => false,
+        };
+        if !runs {
+            push(format!(
+                "{algorithm:?} cannot run here (group {group:?}, F = {f}, {k} ranks per node)"
+            ));
+        }
+        match (staging, want) {
+            (None, None) => {}
+            (Some(b), None) => push(format!("a {algorithm:?} collective names staging {b}")),
+            (None, Some(_)) => push(format!("a {algorithm:?} collective has no staging buffer")),
+            (Some(b), Some(want)) => match plan.buffers.get(b.index()) {
+                Some(buf)
+                    if buf.kind == BufferKind::Staging
+                        && buf.bytes == want
+                        && buf.unit == Some(unit)
+                        && buf.location == Location::Device =>
+                {
+                    if let Some(slot) = owner.get_mut(b.index()) {
+                        if slot.replace(i).is_some() {
+                            push(format!("staging buffer {b} serves two collectives"));
+                        }
+                    }
+                }
+                _ => push(format!(
+                    "staging {b} must be a device Staging buffer of unit {unit} of {want} bytes"
+                )),
+            },
+        }
+    }
+    // Staging is touched only by its collective and its Free.
+    for (i, ins) in plan.instructions.iter().enumerate() {
+        if ins.op.is_collective() || matches!(ins.op, InstrOp::Free { .. }) {
+            continue;
+        }
+        for b in ins.op.reads().into_iter().chain(ins.op.writes()) {
+            if plan.buffers.get(b.index()).map(|b| b.kind) == Some(BufferKind::Staging) {
+                out.push(PlanViolation::Rewrite {
+                    instr: i as u32,
+                    reason: format!("staging buffer {b} is used outside its collective"),
+                });
+            }
+        }
+    }
+}

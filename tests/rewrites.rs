@@ -1,0 +1,324 @@
+//! Collective rewrites with egg (`planner::rewrite`, `--rewrites`): every
+//! rule's form runs on the CPU runtime and trains as the original form does
+//! (cast before gathering and all-reduce as reduce-scatter then all-gather:
+//! bit-identical; the hierarchical reduce-scatter sums each node first, so
+//! within the equivalence tolerances), at several F; which rules fire
+//! depends on the cluster's cost model; the verifier and the runtime
+//! refuse a tampered rewrite; `inspect` names the rules that fired.
+
+mod common;
+
+use common::cli::{dir, ok, s};
+use common::{bits, max_loss_rel_diff, max_param_diff, train};
+use fsdpc_frontends::LoadOptions;
+use fsdpc_ir::DType;
+use fsdpc_planner::cluster::{CollectiveFit, CollectiveKind};
+use fsdpc_planner::rewrite::{Rule, Rules};
+use fsdpc_planner::{
+    BufferKind, Cluster, CollectiveAlgorithm, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy,
+};
+use fsdpc_runtime::ExecMode;
+
+const STEPS: u64 = 6;
+/// `tests/equivalence.rs`'s tolerances (loss relative, parameter absolute).
+const LOSS_RTOL: f32 = 1e-6;
+const PARAM_ATOL: f32 = 2e-5;
+
+fn gpt(batch: u32) -> String {
+    format!("gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch={batch}")
+}
+
+/// `cpu-local` with `per_node` ranks to a node and a slow network between
+/// nodes (1/50 of the bandwidth, 10 x the latency): a small two-level
+/// cluster where the hierarchical forms pay.
+fn two_level(world: u32, per_node: u32) -> Cluster {
+    let mut c = Cluster::preset("cpu-local", world, per_node).expect("preset");
+    c.hardware.inter_bw = c.hardware.intra_bw / 50.0;
+    c.hardware.inter_latency_s = c.hardware.intra_latency_s * 10.0;
+    c
+}
+
+fn compile(spec: &str, cluster: &Cluster, cfg: &FsdpConfig) -> Plan {
+    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    let info = ModelInfo {
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+        params: m.program.graph.param_numel(),
+        name: m.name,
+    };
+    let plan = fsdpc_planner::compile(m.program, info, cluster, cfg).expect("plan compiles");
+    plan.validate().expect("plan validates");
+    plan
+}
+
+fn with_rules(cfg: &FsdpConfig, rules: Rules) -> FsdpConfig {
+    FsdpConfig {
+        rewrites: rules,
+        ..cfg.clone()
+    }
+}
+
+fn fired(plan: &Plan) -> Vec<String> {
+    plan.rewrites.fired.iter().map(|f| f.rule.clone()).collect()
+}
+
+fn algorithms(plan: &Plan) -> Vec<CollectiveAlgorithm> {
+    plan.instructions
+        .iter()
+        .filter_map(|i| match &i.op {
+            InstrOp::AllGather { algorithm, .. }
+            | InstrOp::ReduceScatter { algorithm, .. }
+            | InstrOp::AllReduce { algorithm, .. } => Some(*algorithm),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hierarchical_collectives_train_as_the_ring_does() {
+    // k ranks on each of m nodes: 2 x 2, 2 x 4, 4 x 2.
+    for (world, per_node) in [(4u32, 2u32), (8, 2), (8, 4)] {
+        let cluster = two_level(world, per_node);
+        for dtype in [DType::F32, DType::Bf16] {
+            let cfg = FsdpConfig {
+                param_dtype: dtype,
+                reduce_dtype: dtype,
+                ..FsdpConfig::default()
+            };
+            let model = gpt(8 / world.min(8));
+            let rewritten = compile(&model, &cluster, &cfg);
+            let ring = compile(&model, &cluster, &with_rules(&cfg, Rules::none()));
+            let names = fired(&rewritten);
+            for rule in [Rule::HierarchicalAllGather, Rule::HierarchicalReduceScatter] {
+                assert!(
+                    names.contains(&rule.name().to_string()),
+                    "{world}/{per_node} {dtype}: {rule} fires: {names:?}"
+                );
+            }
+            assert!(algorithms(&ring).iter().all(|a| a.is_ring()));
+            let staged = rewritten
+                .buffers
+                .iter()
+                .filter(|b| b.kind == BufferKind::Staging)
+                .count();
+            assert!(staged > 0, "hierarchical collectives stage");
+            assert!(
+                rewritten.estimates.step_time_s < ring.estimates.step_time_s,
+                "the rewrite is faster by the model it was chosen with"
+            );
+            let (a, b) = (
+                train(&rewritten, STEPS, ExecMode::Arena),
+                train(&ring, STEPS, ExecMode::Arena),
+            );
+            let tol = if dtype == DType::F32 { 1.0 } else { 20.0 };
+            let loss = max_loss_rel_diff(&a, &b);
+            let (param, _) = max_param_diff(&a, &b);
+            assert!(
+                loss <= LOSS_RTOL * tol && param <= PARAM_ATOL * tol,
+                "{world}/{per_node} {dtype}: loss {loss}, params {param}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cast_before_gather_is_bit_identical() {
+    // On the paper's cluster sending bf16 halves the bytes for a cast of
+    // the shard: the rule fires; without it the f32 shard travels and is
+    // converted on receipt.
+    for world in [2u32, 4] {
+        let cluster = Cluster::preset("a100-80g-roce", world, world).expect("preset");
+        let cfg = FsdpConfig {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            ..FsdpConfig::default()
+        };
+        let model = gpt(8 / world);
+        let cast = compile(&model, &cluster, &cfg);
+        let plain = compile(&model, &cluster, &with_rules(&cfg, Rules::none()));
+        assert_eq!(fired(&cast), vec!["cast-before-gather".to_string()]);
+        let gathers_in = |p: &Plan| -> Vec<DType> {
+            p.instructions
+                .iter()
+                .filter_map(|i| match &i.op {
+                    InstrOp::AllGather { dtype, .. } => Some(*dtype),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert!(gathers_in(&cast).iter().all(|&d| d == DType::Bf16));
+        assert!(gathers_in(&plain).iter().all(|&d| d == DType::F32));
+        assert!(cast.estimates.comm_bytes_per_step < plain.estimates.comm_bytes_per_step);
+        assert_eq!(
+            bits(&train(&cast, STEPS, ExecMode::Arena)),
+            bits(&train(&plain, STEPS, ExecMode::Arena)),
+            "F={world}: where the cast happens changes no bit"
+        );
+    }
+}
+
+#[test]
+fn all_reduce_as_reduce_scatter_and_all_gather_is_bit_identical() {
+    // A cluster whose measured all-reduce is slow next to its
+    // reduce-scatter and all-gather (as on some CPU fabrics): DDP's
+    // gradient all-reduce is split.
+    for world in [2u32, 4] {
+        let mut cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+        let fit = |op, bw| CollectiveFit {
+            op,
+            ranks: world,
+            latency_s: 1e-5,
+            bw,
+        };
+        cluster.hardware.collective_fits = vec![
+            fit(CollectiveKind::AllGather, 2e10),
+            fit(CollectiveKind::ReduceScatter, 2e10),
+            fit(CollectiveKind::AllReduce, 2e9),
+        ];
+        let cfg = FsdpConfig {
+            strategy: Strategy::NoShard,
+            ..FsdpConfig::default()
+        };
+        let model = gpt(8 / world);
+        let split = compile(&model, &cluster, &cfg);
+        let whole = compile(&model, &cluster, &with_rules(&cfg, Rules::none()));
+        assert!(
+            fired(&split).contains(&"all-reduce-as-reduce-scatter-all-gather".to_string()),
+            "{:?}",
+            fired(&split)
+        );
+        assert!(algorithms(&split).contains(&CollectiveAlgorithm::ReduceScatterAllGather));
+        assert_eq!(
+            bits(&train(&split, STEPS, ExecMode::Arena)),
+            bits(&train(&whole, STEPS, ExecMode::Arena)),
+            "F={world}: one rounding in the same order"
+        );
+        // Where the all-reduce is the faster, it stays.
+        cluster.hardware.collective_fits[2].bw = 2e11;
+        assert!(fired(&compile(&model, &cluster, &cfg)).is_empty());
+    }
+}
+
+#[test]
+fn the_cluster_decides_which_rules_fire() {
+    let cfg = FsdpConfig {
+        param_dtype: DType::Bf16,
+        reduce_dtype: DType::Bf16,
+        ..FsdpConfig::default()
+    };
+    let model = gpt(2);
+    let on = |c: &Cluster| fired(&compile(&model, c, &cfg));
+    // One node of the paper's cluster: casting pays, there is nothing to
+    // split into levels.
+    let one_node = on(&Cluster::preset("a100-80g-roce", 4, 4).unwrap());
+    assert_eq!(one_node, vec!["cast-before-gather".to_string()]);
+    // Two nodes: the hierarchical forms too.
+    let two_nodes = on(&Cluster::preset("a100-80g-roce", 4, 2).unwrap());
+    assert!(
+        two_nodes.contains(&"hierarchical-all-gather".to_string()),
+        "{two_nodes:?}"
+    );
+    // Without the rules nothing fires anywhere.
+    let none = compile(
+        &model,
+        &Cluster::preset("a100-80g-roce", 4, 2).unwrap(),
+        &with_rules(&cfg, Rules::none()),
+    );
+    assert!(fired(&none).is_empty() && none.rewrites.enabled.is_empty());
+}
+
+#[test]
+fn tampered_rewrites_are_refused() {
+    let cluster = two_level(4, 2);
+    let plan = compile(&gpt(2), &cluster, &FsdpConfig::default());
+    let at = plan
+        .instructions
+        .iter()
+        .position(|i| {
+            matches!(
+                i.op,
+                InstrOp::AllGather {
+                    algorithm: CollectiveAlgorithm::Hierarchical,
+                    ..
+                }
+            )
+        })
+        .expect("a hierarchical all-gather");
+    // Its staging dropped.
+    let mut t = plan.clone();
+    if let InstrOp::AllGather { staging, .. } = &mut t.instructions[at].op {
+        *staging = None;
+    }
+    let e = format!("{:?}", t.validate().unwrap_err());
+    assert!(e.contains("no staging buffer"), "{e}");
+    let opts = fsdpc_runtime::TrainOptions {
+        steps: 1,
+        ..Default::default()
+    };
+    let e = fsdpc_runtime::train(&t, &opts, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("staging"), "{e}");
+    // Hierarchical where the shard group is one node.
+    let mut t = plan.clone();
+    t.cluster.ranks_per_node = 4;
+    let e = format!("{:?}", t.validate().unwrap_err());
+    assert!(e.contains("Hierarchical cannot run here"), "{e}");
+}
+
+#[test]
+fn inspect_names_the_rules_that_fired() {
+    let d = dir("rewrites_inspect");
+    let plan = d.join("plan.json");
+    ok(&[
+        "compile",
+        "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2",
+        "--world",
+        "16",
+        "--cluster",
+        "a100-80g-roce",
+        "--mixed-precision",
+        "bf16",
+        "-o",
+        s(&plan),
+    ]);
+    let text = ok(&["inspect", s(&plan)]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("rewrites"))
+        .unwrap_or_else(|| panic!("a rewrites line: {text}"));
+    for rule in [
+        "cast-before-gather",
+        "hierarchical-all-gather",
+        "hierarchical-reduce-scatter",
+    ] {
+        assert!(line.contains(rule), "{line}");
+    }
+    let json = ok(&["inspect", "--json", s(&plan)]);
+    assert!(json.contains("\"rewrites\""), "{json}");
+    ok(&[
+        "compile",
+        "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2",
+        "--world",
+        "16",
+        "--cluster",
+        "a100-80g-roce",
+        "--rewrites",
+        "none",
+        "-o",
+        s(&plan),
+    ]);
+    assert!(ok(&["inspect", s(&plan)]).contains("rewrites  none (--rewrites none)"));
+    common::cli::check_error(
+        &[
+            "compile",
+            "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64,batch=2",
+            "--world",
+            "2",
+            "--rewrites",
+            "bucket",
+            "-o",
+            s(&plan),
+        ],
+        "no rewrite rule `bucket`",
+    );
+}
