@@ -2,6 +2,7 @@
 //! of this process.
 
 /// Peak resident set size (VmHWM) of this process in bytes, from /proc.
+#[allow(dead_code)]
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -9,6 +10,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+#[allow(dead_code)]
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }

@@ -113,6 +113,16 @@ pub struct GemmBlocking {
     /// The per-thread slab gemm keeps for packing its left-hand operand:
     /// the L2 cache size it detects.
     pub slab_bytes: u64,
+    /// The L2 associativity and the L3 size and associativity gemm detects,
+    /// from which it sizes its blocks (`kernel_params`: `mc` from L2, `nc`
+    /// from L3). 0: unknown (files written before they were recorded),
+    /// the plan then takes `mc` at its cap, `8 MR`.
+    #[serde(default)]
+    pub l2_assoc: u32,
+    #[serde(default)]
+    pub l3_bytes: u64,
+    #[serde(default)]
+    pub l3_assoc: u32,
 }
 
 /// A collective kind, as the cost model and calibration name it.

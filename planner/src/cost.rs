@@ -661,10 +661,15 @@ pub struct Traffic {
     pub inter_node: bool,
     /// Collectives of this kind per step.
     pub count: usize,
-    /// Bytes each rank sends in them per step (ring algorithms).
+    /// Bytes each rank sends in them per step (ring accounting of the
+    /// whole collective).
     pub bytes_sent: u64,
-    /// How many of them the hierarchical algorithm is faster for (the cost
-    /// model's choice, `collective_time`); the rest run as a ring.
+    /// Of those, the bytes that cross nodes: all of them for a ring over a
+    /// group that spans nodes, the cross-node step's for a hierarchical
+    /// one (`(m-1)/m` of `1/k` of the buffer; f32 for a reduce-scatter).
+    pub across_bytes: u64,
+    /// How many of them run hierarchically (`CollectiveAlgorithm`, the
+    /// `rewrite` pass's choice); the rest run as a ring.
     pub hierarchical: usize,
 }
 
@@ -684,10 +689,27 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
         let (ranks, inter_node) = group_shape(plan, group);
         let (_, bytes, algo) = collective_cost(plan, cluster, ins);
         let hier = usize::from(algo == Algorithm::Hierarchical);
+        let across = match (inter_node, algo, &ins.op) {
+            (false, _, _) => 0,
+            (true, Algorithm::Ring, _) => bytes,
+            (true, Algorithm::Hierarchical, op) => {
+                let (k, m) = group_layout(plan, group);
+                let (full, scale) = match op {
+                    InstrOp::AllGather { dst, dtype, .. } => (wire_bytes(plan, *dst, *dtype), 1),
+                    InstrOp::ReduceScatter { src, dtype, .. } => (
+                        wire_bytes(plan, *src, *dtype),
+                        4 / dtype.size().max(1) as u64,
+                    ),
+                    _ => (0, 1),
+                };
+                ring_bytes(m, full / u64::from(k.max(1)) * scale)
+            }
+        };
         match out.iter_mut().find(|t| t.op == op && t.group == group) {
             Some(t) => {
                 t.count += 1;
                 t.bytes_sent += bytes;
+                t.across_bytes += across;
                 t.hierarchical += hier;
             }
             None => out.push(Traffic {
@@ -697,6 +719,7 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
                 inter_node,
                 count: 1,
                 bytes_sent: bytes,
+                across_bytes: across,
                 hierarchical: hier,
             }),
         }

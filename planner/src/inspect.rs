@@ -272,11 +272,7 @@ pub fn summary(plan: &Plan) -> Summary {
         host_bw: plan.cluster.hardware.host_bw,
         units: plan.units.iter().map(unit_summary).collect(),
         comm_bytes_per_step: e.comm_bytes_per_step,
-        inter_node_bytes: traffic
-            .iter()
-            .filter(|t| t.inter_node)
-            .map(|t| t.bytes_sent)
-            .sum(),
+        inter_node_bytes: traffic.iter().map(|t| t.across_bytes).sum(),
         traffic,
         all_gathers: count(|op| matches!(op, InstrOp::AllGather { .. })),
         reduce_scatters: count(|op| matches!(op, InstrOp::ReduceScatter { .. })),
@@ -739,7 +735,7 @@ fn estimates(out: &mut String, s: &Summary) {
     for t in &s.traffic {
         let _ = writeln!(
             out,
-            "  {:<15} {:<10} {:>4} ranks {:<10} x{:<5} {:>12}",
+            "  {:<15} {:<10} {:>4} ranks {:<10} x{:<5} {:>12}{}",
             t.op,
             format!("{:?}", t.group).to_lowercase(),
             t.ranks,
@@ -749,7 +745,16 @@ fn estimates(out: &mut String, s: &Summary) {
                 "intra-node"
             },
             t.count,
-            human_bytes(t.bytes_sent)
+            human_bytes(t.bytes_sent),
+            if t.hierarchical > 0 {
+                format!(
+                    " ({} hierarchical, {} across nodes)",
+                    t.hierarchical,
+                    human_bytes(t.across_bytes)
+                )
+            } else {
+                String::new()
+            }
         );
     }
     let _ = writeln!(

@@ -61,11 +61,12 @@ const RHS_PACKING_THRESHOLD: u64 = 128;
 /// column-major, so for our row-major output it computes the transposed
 /// product: its right-hand operand is our `a` (our `m` columns), its
 /// left-hand one our `b` (our `n` rows). It packs a `kc x nc` block of the
-/// former (`kc = k`, `nc` at most `m` rounded up to `NR`) when that operand
-/// is strided (`trans_a`) and `n > 2 MR`, or contiguous and `n > 128 MR`;
-/// it pre-packs `kc x n` of the latter (rounded up to `MR`) when `n <= 2
-/// mc <= 16 MR` and `b` is strided (`trans_b`) or `n` is not a multiple of
-/// the SIMD width; plus two 128-byte alignments and its flag vector.
+/// former (`kc = k`, `nc` from its L3 blocking, `gemm_blocks`) when that
+/// operand is strided (`trans_a`) and `n > 2 MR`, or contiguous and `n >
+/// 128 MR`; it pre-packs `kc x n` of the latter (rounded up to `MR`) when
+/// `n <= 2 mc` (`mc` from its L2 blocking, at most `8 MR`) and `b` is
+/// strided (`trans_b`) or `n` is not a multiple of the SIMD width; plus two
+/// 128-byte alignments and its flag vector.
 ///
 /// With `blocking` (this machine's, from `fsdpc calibrate`) those are the
 /// conditions `gemm` 0.19 tests. Without, an upper bound over every CPU it
@@ -79,19 +80,16 @@ pub fn gemm_call_bytes(c: GemmCall, blocking: Option<&GemmBlocking>) -> u64 {
     let kc = k.min(K_PANEL);
     let (rhs, lhs) = match blocking {
         Some(g) => {
-            let (mr, nr, lanes) = (u64::from(g.mr), u64::from(g.nr), u64::from(g.simd_lanes));
+            let (mr, lanes) = (u64::from(g.mr), u64::from(g.simd_lanes));
             let pack_rhs = if c.trans_a {
                 n > 2 * mr
             } else {
                 n > RHS_PACKING_THRESHOLD * mr
             };
-            let prepack_lhs = n <= 16 * mr && (c.trans_b || n % lanes != 0);
+            let (mc, nc) = gemm_blocks(n, m, kc, g);
+            let prepack_lhs = n <= 2 * mc && (c.trans_b || n % lanes != 0);
             (
-                if pack_rhs {
-                    kc * m.next_multiple_of(nr)
-                } else {
-                    0
-                },
+                if pack_rhs { kc * nc } else { 0 },
                 if prepack_lhs {
                     kc * n.next_multiple_of(mr)
                 } else {
@@ -112,6 +110,42 @@ pub fn gemm_call_bytes(c: GemmCall, blocking: Option<&GemmBlocking>) -> u64 {
         }
     };
     4 * (rhs + lhs) + 2 * 128 + 16
+}
+
+/// `gemm` 0.19's `mc` and `nc` (its `kernel_params`, f32, `kc` = `k` as
+/// every call has `k <= K_PANEL <= 512`) for its `gm x gn` product (our
+/// `n x m`): `mc` the rows of `a`'s panel that fit the L2 ways the packed
+/// `b` micro-panel leaves, evened over the rows and capped at `8 MR`;
+/// `nc` the columns of `b` that fit all L3 ways but one, evened, rounded
+/// to `NR` (`128 NR` without an L3). Small products (both at most 64) take
+/// its shortcut (`mc` from the whole L2, `nc` = `gn` rounded). Without the
+/// cache figures, `mc` at its cap and `nc` = `gn` rounded.
+fn gemm_blocks(gm: u64, gn: u64, kc: u64, g: &GemmBlocking) -> (u64, u64) {
+    let (mr, nr) = (u64::from(g.mr).max(1), u64::from(g.nr).max(1));
+    let (l2, kc) = (g.slab_bytes, kc.max(1));
+    let whole_n = gn.next_multiple_of(nr);
+    if g.l2_assoc == 0 || l2 == 0 {
+        return (8 * mr, whole_n);
+    }
+    if gm <= 64 && gn <= 64 {
+        return ((l2 / 4 / kc) / mr * mr, whole_n);
+    }
+    let even = |len: u64, block: u64, unit: u64| {
+        let block = block.max(unit);
+        len.div_ceil(len.div_ceil(block) * unit) * unit
+    };
+    let a2 = u64::from(g.l2_assoc).max(2);
+    let rhs_ways = (nr * kc * 4).div_ceil((l2 / a2).max(1));
+    let lhs_ways = a2.saturating_sub(1 + rhs_ways).max(1);
+    let mc = even(gm, (lhs_ways * l2) / (a2 * 4 * kc) / mr * mr, mr).min(8 * mr);
+    let nc = if g.l3_bytes == 0 {
+        128 * nr
+    } else {
+        let a3 = u64::from(g.l3_assoc).max(2);
+        let max_bytes = (a3 - 1) * g.l3_bytes / a3;
+        even(gn, max_bytes / (4 * kc) / nr * nr, nr)
+    };
+    (mc, nc)
 }
 
 /// Bytes `gemm` allocates at once, outside the arena, in one kernel of

@@ -76,8 +76,8 @@ impl Backend for CpuBackend {
 /// bound of its packing buffers (`fsdpc_planner::workspace::gemm_call_bytes`):
 /// the micro-kernel it dispatches to (its `gemm_def!`: AVX-512F, which
 /// this crate's `x86-v4` feature compiles in, else FMA, else the scalar
-/// kernel) and the L2 size its cache detection reads, which sizes its
-/// per-thread packing slab. `None` off x86-64, where the plan keeps its
+/// kernel) and the cache sizes its detection reads, which size its
+/// per-thread packing slab and its blocks. `None` off x86-64, where the plan keeps its
 /// bound over every CPU.
 pub fn gemm_blocking() -> Option<GemmBlocking> {
     #[cfg(target_arch = "x86_64")]
@@ -89,12 +89,15 @@ pub fn gemm_blocking() -> Option<GemmBlocking> {
         } else {
             (1, 2, 4)
         };
-        let slab_bytes = gemm_common::cache::CACHE_INFO[1].cache_bytes as u64;
+        let info = &gemm_common::cache::CACHE_INFO;
         Some(GemmBlocking {
             simd_lanes,
             mr,
             nr,
-            slab_bytes,
+            slab_bytes: info[1].cache_bytes as u64,
+            l2_assoc: info[1].associativity as u32,
+            l3_bytes: info[2].cache_bytes as u64,
+            l3_assoc: info[2].associativity as u32,
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

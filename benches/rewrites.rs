@@ -1,0 +1,74 @@
+//! The collective rewrites (`planner::rewrite`) per cluster preset: for
+//! each model and world, the rules that fired, on how many collectives,
+//! the time each saves by the cost model (each collective alone), and the
+//! simulated step with every rule and with none (`--rewrites none`), which
+//! is what the overlap leaves of those savings. bf16 mixed precision, full
+//! activation checkpointing, full_shard; 8 ranks per node on the GPU
+//! presets.
+//!
+//! Run: `cargo bench --bench rewrites` (about half a minute).
+
+mod common;
+
+use fsdpc_ir::DType;
+use fsdpc_planner::rewrite::Rules;
+use fsdpc_planner::{CheckpointPolicy, FsdpConfig};
+use std::time::Instant;
+
+fn main() {
+    let presets = ["a100-80g-roce", "h100-80g-ib", "h200-141g-ib", "cpu-local"];
+    let cases = [("gpt3-175b", 512u32), ("t5-11b", 64), ("t5-11b", 8)];
+    let base = FsdpConfig {
+        param_dtype: DType::Bf16,
+        reduce_dtype: DType::Bf16,
+        activation_checkpointing: CheckpointPolicy::Units,
+        check_fits: false,
+        ..FsdpConfig::default()
+    };
+    println!(
+        "{:<14} {:<10} {:>5} {:>11} {:>11} {:>7} {:>8}  rules fired (collectives, saved per step)",
+        "preset", "model", "world", "none s", "all s", "gain %", "compile"
+    );
+    for (model, world) in cases {
+        for preset in presets {
+            let per_node = if preset == "cpu-local" { world } else { 8 };
+            let none = common::compile(
+                model,
+                preset,
+                world,
+                per_node,
+                &FsdpConfig {
+                    rewrites: Rules::none(),
+                    ..base.clone()
+                },
+            );
+            let t = Instant::now();
+            let all = common::compile(model, preset, world, per_node, &base);
+            let compile_s = t.elapsed().as_secs_f64();
+            let (none, all) = match (none, all) {
+                (Ok(n), Ok(a)) => (n, a),
+                (Err(e), _) | (_, Err(e)) => {
+                    println!("{preset:<14} {model:<10} {world:>5}  does not compile: {e}");
+                    continue;
+                }
+            };
+            let (a, n) = (all.estimates.step_time_s, none.estimates.step_time_s);
+            let fired: Vec<String> = all
+                .rewrites
+                .fired
+                .iter()
+                .map(|f| format!("{} ({}, {:.3} s)", f.rule, f.count, f.saved_s))
+                .collect();
+            println!(
+                "{preset:<14} {model:<10} {world:>5} {n:>11.3} {a:>11.3} {:>7.1} {:>7.2}s  {}",
+                100.0 * (n - a) / n,
+                compile_s,
+                if fired.is_empty() {
+                    "none".to_string()
+                } else {
+                    fired.join(", ")
+                }
+            );
+        }
+    }
+}
