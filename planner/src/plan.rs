@@ -622,11 +622,14 @@ pub enum BufferKind {
     /// and received; raw bytes, dtype `bool`), written by the collective
     /// and freed right after it on its stream.
     Wire,
-    /// A rewritten collective's intermediate values (`CollectiveAlgorithm`:
+    /// Rewritten collectives' intermediate values (`CollectiveAlgorithm`:
     /// the cross-node gather of a hierarchical all-gather, the per-node
     /// sums of a hierarchical reduce-scatter, the reduced slice of an
-    /// all-reduce done as reduce-scatter then all-gather), written by the
-    /// collective and freed right after it on its stream.
+    /// all-reduce done as reduce-scatter then all-gather): one persistent
+    /// buffer per stream that runs them (raw bytes, dtype `bool`), each
+    /// collective using its first bytes. Persistent, so it never shares
+    /// bytes with another stream's buffers (no fences: a transient one made
+    /// gathers wait for compute).
     Staging,
 }
 
@@ -1141,6 +1144,7 @@ impl BufferKind {
                 | BufferKind::LossScale
                 | BufferKind::FoundInf
                 | BufferKind::Workspace
+                | BufferKind::Staging
         )
     }
 }

@@ -3,7 +3,8 @@
 //! its e-graph with equivalent forms, and the form the cost model charges
 //! least (the calibrated one of the plan's cluster) is extracted and
 //! written back as the instruction's dtype on the wire and
-//! `CollectiveAlgorithm`, with the `Staging` buffer that form needs. The
+//! `CollectiveAlgorithm`, with its stream's `Staging` buffer where the
+//! form needs one (persistent, sized for the stream's largest). The
 //! chosen form therefore depends on the cluster.
 //!
 //! Terms (`Coll`): `(shard D N)` is this rank's N elements of dtype D;
@@ -36,7 +37,7 @@ use crate::cost::{algorithm_time, hierarchical_time_with, ring_collective_time};
 use crate::error::PlanError;
 use crate::plan::{
     hier_gather_staging_bytes, hier_reduce_staging_bytes, Buffer, BufferId, BufferKind,
-    CollectiveAlgorithm, Group, Instr, InstrOp, Location, RewriteReport, RuleFired,
+    CollectiveAlgorithm, Group, InstrOp, Location, RewriteReport, RuleFired,
 };
 use crate::schedule::Schedule;
 use egg::{
@@ -479,22 +480,43 @@ fn hier_shape(f: u32, ranks_per_node: u32) -> Option<(u32, u32)> {
     (f > k && k > 1 && f.is_multiple_of(k)).then_some((k, f / k))
 }
 
-fn new_staging(buffers: &mut Vec<Buffer>, unit: crate::plan::UnitId, bytes: u64) -> BufferId {
-    let id = BufferId(buffers.len() as u32);
-    buffers.push(Buffer {
-        id,
-        kind: BufferKind::Staging,
-        unit: Some(unit),
-        value: None,
-        dtype: DType::Bool,
-        bytes,
-        offset: 0,
-        start: 0,
-        end: None,
-        stream: None,
-        location: Location::Device,
-    });
-    id
+/// The streams' staging buffers (`BufferKind::Staging`), made on first
+/// use and grown to the most any collective of the stream needs.
+#[derive(Default)]
+struct Stagings(Vec<(crate::plan::Stream, BufferId)>);
+
+impl Stagings {
+    fn need(
+        &mut self,
+        buffers: &mut Vec<Buffer>,
+        stream: crate::plan::Stream,
+        bytes: u64,
+    ) -> BufferId {
+        let id = match self.0.iter().find(|(s, _)| *s == stream) {
+            Some(&(_, id)) => id,
+            None => {
+                let id = BufferId(buffers.len() as u32);
+                buffers.push(Buffer {
+                    id,
+                    kind: BufferKind::Staging,
+                    unit: None,
+                    value: None,
+                    dtype: DType::Bool,
+                    bytes: 0,
+                    offset: 0,
+                    start: 0,
+                    end: None,
+                    stream: Some(stream),
+                    location: Location::Device,
+                });
+                self.0.push((stream, id));
+                id
+            }
+        };
+        let b = &mut buffers[id.index()];
+        b.bytes = b.bytes.max(bytes);
+        id
+    }
 }
 
 /// What the pass needs of the plan.
@@ -530,8 +552,9 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
         ..RewriteReport::default()
     };
     let mut fired: HashMap<Rule, (u32, f64)> = HashMap::new();
+    let mut stagings = Stagings::default();
     let old = std::mem::take(&mut s.instructions);
-    let mut out = Vec::with_capacity(old.len() + 16);
+    let mut out = Vec::with_capacity(old.len());
     for mut ins in old {
         let dtype_of = |b: BufferId| s.buffers.get(b.index()).map(|b| b.dtype);
         let numel_of = |b: BufferId| {
@@ -650,15 +673,11 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
             e.0 += 1;
             e.1 += saved;
         }
-        let staging = write_back(&mut ins.op, &site, &form, &mut s.buffers, f);
         let stream = ins.stream;
+        write_back(&mut ins.op, &site, &form, f, &mut |bytes| {
+            stagings.need(&mut s.buffers, stream, bytes)
+        });
         out.push(ins);
-        if let Some(buffer) = staging {
-            out.push(Instr {
-                stream,
-                op: InstrOp::Free { buffer },
-            });
-        }
     }
     s.instructions = out;
     report.fired = Rule::ALL
@@ -674,66 +693,54 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
     Ok(report)
 }
 
-/// Writes `form` into the instruction; returns the staging buffer it
-/// added.
+/// Writes `form` into the instruction, with the stream's staging buffer
+/// (`staging(bytes)`) where the form needs one.
 fn write_back(
     op: &mut InstrOp,
     site: &Site,
     form: &Form,
-    buffers: &mut Vec<Buffer>,
     f: u32,
-) -> Option<BufferId> {
+    staging: &mut dyn FnMut(u64) -> BufferId,
+) {
     match op {
         InstrOp::AllGather {
-            unit,
             dtype,
             algorithm,
-            staging,
+            staging: st,
             ..
         } => {
             // Without the cast the shard moves in its own dtype.
             *dtype = if form.cast_first { site.to } else { site.from };
             *algorithm = form.algorithm;
-            (form.algorithm == CollectiveAlgorithm::Hierarchical).then(|| {
-                let b = new_staging(
-                    buffers,
-                    *unit,
-                    hier_gather_staging_bytes(site.numel, site.m, site.to),
-                );
-                *staging = Some(b);
-                b
-            })
+            if form.algorithm == CollectiveAlgorithm::Hierarchical {
+                *st = Some(staging(hier_gather_staging_bytes(
+                    site.numel, site.m, site.to,
+                )));
+            }
         }
         InstrOp::ReduceScatter {
-            unit,
             algorithm,
-            staging,
+            staging: st,
             ..
         } => {
             *algorithm = form.algorithm;
-            (form.algorithm == CollectiveAlgorithm::Hierarchical).then(|| {
+            if form.algorithm == CollectiveAlgorithm::Hierarchical {
                 let shard = site.numel / u64::from(f.max(1));
-                let b = new_staging(buffers, *unit, hier_reduce_staging_bytes(shard, site.m));
-                *staging = Some(b);
-                b
-            })
+                *st = Some(staging(hier_reduce_staging_bytes(shard, site.m)));
+            }
         }
         InstrOp::AllReduce {
-            unit,
             algorithm,
-            staging,
+            staging: st,
             ..
         } => {
             *algorithm = form.algorithm;
-            (form.algorithm == CollectiveAlgorithm::ReduceScatterAllGather).then(|| {
+            if form.algorithm == CollectiveAlgorithm::ReduceScatterAllGather {
                 let n = u64::from((site.k * site.m).max(1));
-                let bytes = site.numel / n * site.from.size() as u64;
-                let b = new_staging(buffers, *unit, bytes);
-                *staging = Some(b);
-                b
-            })
+                *st = Some(staging(site.numel / n * site.from.size() as u64));
+            }
         }
-        _ => None,
+        _ => {}
     }
 }
 

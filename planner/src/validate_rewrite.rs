@@ -3,9 +3,9 @@
 //! algorithm is one its kind and group can run (hierarchical: a native
 //! all-gather or reduce-scatter over a shard group of whole nodes; an
 //! all-reduce as reduce-scatter and all-gather over a group that divides
-//! it); the staging is a `Staging` buffer of its unit on the device, of the
-//! size the algorithm gives, touched by no instruction but its collective
-//! and its `Free`; no instruction names the groups internal to the
+//! it); the staging is its stream's persistent `Staging` buffer on the
+//! device, at least as large as the algorithm needs, touched by no other
+//! kind of instruction; no instruction names the groups internal to the
 //! hierarchical algorithm.
 
 use crate::plan::*;
@@ -22,7 +22,6 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
             .map_or(0, |b| b.bytes / b.dtype.size().max(1) as u64)
     };
     let dtype = |b: BufferId| plan.buffers.get(b.index()).map(|b| b.dtype);
-    let mut owner: Vec<Option<usize>> = vec![None; plan.buffers.len()];
     for (i, ins) in plan.instructions.iter().enumerate() {
         let mut push = |reason: String| {
             out.push(PlanViolation::Rewrite {
@@ -30,9 +29,8 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                 reason,
             })
         };
-        let (unit, group, algorithm, staging, want) = match &ins.op {
+        let (group, algorithm, staging, want) = match &ins.op {
             InstrOp::AllGather {
-                unit,
                 src,
                 dst,
                 group,
@@ -50,10 +48,9 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                     }
                     _ => None,
                 };
-                (*unit, *group, *algorithm, *staging, want)
+                (*group, *algorithm, *staging, want)
             }
             InstrOp::ReduceScatter {
-                unit,
                 dst,
                 group,
                 wire,
@@ -70,10 +67,9 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                     }
                     _ => None,
                 };
-                (*unit, *group, *algorithm, *staging, want)
+                (*group, *algorithm, *staging, want)
             }
             InstrOp::AllReduce {
-                unit,
                 buffer,
                 group,
                 algorithm,
@@ -96,7 +92,7 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                     }
                     _ => None,
                 };
-                (*unit, *group, *algorithm, *staging, want)
+                (*group, *algorithm, *staging, want)
             }
             _ => continue,
         };
@@ -126,25 +122,20 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
             (Some(b), Some(want)) => match plan.buffers.get(b.index()) {
                 Some(buf)
                     if buf.kind == BufferKind::Staging
-                        && buf.bytes == want
-                        && buf.unit == Some(unit)
-                        && buf.location == Location::Device =>
-                {
-                    if let Some(slot) = owner.get_mut(b.index()) {
-                        if slot.replace(i).is_some() {
-                            push(format!("staging buffer {b} serves two collectives"));
-                        }
-                    }
-                }
+                        && buf.bytes >= want
+                        && buf.persistent()
+                        && buf.stream == Some(ins.stream)
+                        && buf.location == Location::Device => {}
                 _ => push(format!(
-                    "staging {b} must be a device Staging buffer of unit {unit} of {want} bytes"
+                    "staging {b} must be the {:?} stream's persistent device Staging buffer of at least {want} bytes",
+                    ins.stream
                 )),
             },
         }
     }
-    // Staging is touched only by its collective and its Free.
+    // Staging is touched only by collectives.
     for (i, ins) in plan.instructions.iter().enumerate() {
-        if ins.op.is_collective() || matches!(ins.op, InstrOp::Free { .. }) {
+        if ins.op.is_collective() {
             continue;
         }
         for b in ins.op.reads().into_iter().chain(ins.op.writes()) {

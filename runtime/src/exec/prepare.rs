@@ -746,7 +746,8 @@ fn group_size(plan: &Plan, g: Group) -> usize {
 }
 
 /// A rewritten collective's staging buffer: named, a `Staging` buffer of
-/// its own (none of `operands`) of exactly `want` bytes.
+/// its own (none of `operands`) of at least `want` bytes (the collective
+/// uses the first `want`).
 fn staging_of(
     plan: &Plan,
     i: usize,
@@ -758,11 +759,11 @@ fn staging_of(
         .ok_or_else(|| err(i, "a rewritten collective has no staging buffer".into()))
         .and_then(|b| buffer(plan, i, b))?;
     let buf = &plan.buffers[b.index()];
-    if operands.contains(&b) || buf.kind != BufferKind::Staging || buf.bytes != want {
+    if operands.contains(&b) || buf.kind != BufferKind::Staging || buf.bytes < want {
         return Err(err(
             i,
             format!(
-                "staging buffer {b} must be a Staging buffer of its own of {want} bytes, it is {:?} of {} bytes",
+                "staging buffer {b} must be a Staging buffer of its own of at least {want} bytes, it is {:?} of {} bytes",
                 buf.kind, buf.bytes
             ),
         ));

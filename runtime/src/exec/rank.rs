@@ -298,7 +298,7 @@ impl<'a> RankEnv<'a> {
         let (m, k) = (inter.size(), intra.size());
         let c = recv.len();
         let (se, fe) = (send.dtype.size(), DType::F32.size());
-        if send.len() != c * m * k || st.len() != c * m * fe {
+        if send.len() != c * m * k || st.len() < c * m * fe {
             return Err(RuntimeError::plan_at(
                 i,
                 format!(
@@ -320,7 +320,7 @@ impl<'a> RankEnv<'a> {
         }
         let sums = Buf {
             dtype: DType::F32,
-            bytes: &*st,
+            bytes: &st[..c * m * fe],
         };
         inter
             .reduce_scatter(sums, recv, self.grad_divisor())
@@ -443,7 +443,8 @@ impl<'a> RankEnv<'a> {
                         // buffer, then gathered back: the all-reduce's
                         // values (one rounding, the same order).
                         Some(st) => {
-                            let slice = mem.view_mut(mem.whole(*st))?;
+                            let len = bytes.len() / comm.size().max(1);
+                            let slice = &mut mem.view_mut(mem.whole(*st))?[..len];
                             comm.reduce_scatter(
                                 Buf {
                                     dtype,
