@@ -819,25 +819,29 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
             | InstrOp::AllReduce { algorithm, .. } => !algorithm.is_ring(),
             _ => false,
         };
-        let f32_gather = match &ins.op {
-            InstrOp::AllGather { dtype, dst, .. } => plan
-                .buffers
-                .get(dst.index())
-                .is_some_and(|b| b.dtype != *dtype),
-            _ => false,
-        };
-        if rewritten || f32_gather {
+        // A gather that names the shard's own dtype on the wire runs as
+        // the cast-first form here (the same values; see `Step::AllGather`
+        // below).
+        if rewritten {
             return Err(CudaError::Unsupported {
                 instr: i,
-                what: if rewritten {
-                    "a rewritten collective (hierarchical, or all-reduce as reduce-scatter and all-gather)".into()
-                } else {
-                    "an all-gather that sends the shard in its own dtype and converts on receipt".into()
-                },
-                reason: "the cuda backend runs ring collectives that cast before gathering; compile with --rewrites cast-before-gather".into(),
+                what: "a rewritten collective (hierarchical, or all-reduce as reduce-scatter and all-gather)".into(),
+                reason: "the cuda backend runs ring collectives; compile with --rewrites cast-before-gather".into(),
             }
             .into());
         }
+    }
+    if let Some(i) = prep
+        .steps
+        .iter()
+        .position(|s| matches!(s, Step::WireGather { .. } | Step::WireReduceScatter { .. }))
+    {
+        return Err(CudaError::Unsupported {
+            instr: i,
+            what: "a quantized collective (fp8 or int8 wire format)".into(),
+            reason: "the low-precision wire formats run on the CPU runtime only; compile with --allgather-wire native --reduce-scatter-wire native".into(),
+        }
+        .into());
     }
     for (i, s) in prep.steps.iter().enumerate() {
         let what = match s {
@@ -1242,6 +1246,12 @@ fn lower_step(
             return Err(unsupported(
                 "loss scaler",
                 "not implemented on the cuda backend".into(),
+            ))
+        }
+        Step::WireGather { .. } | Step::WireReduceScatter { .. } => {
+            return Err(unsupported(
+                "quantized collective",
+                "the fp8 and int8 wire formats are not implemented on the cuda backend; compile with --allgather-wire native --reduce-scatter-wire native".into(),
             ))
         }
     }
