@@ -218,6 +218,15 @@ impl<'a> RankEnv<'a> {
         Ok(())
     }
 
+    /// The cross-node and node-local communicators of `stream` (the two
+    /// levels of a hierarchical collective).
+    fn levels(&self, stream: Stream) -> (&dyn Communicator, &dyn Communicator) {
+        (
+            self.comm(stream, Group::CrossNode),
+            self.comm(stream, Group::NodeLocal),
+        )
+    }
+
     /// A hierarchical all-gather (`CollectiveAlgorithm::Hierarchical`), per
     /// part of n elements: across nodes first, the m shards at this rank's
     /// place on each node into `staging` (m n elements, the gathered
@@ -239,10 +248,7 @@ impl<'a> RankEnv<'a> {
         let ce = |e: CommError| comm_err(self.rank, e);
         let (send, recv) = self.send_recv(mem, src, dst)?;
         let st = mem.view_mut(mem.whole(staging))?;
-        let (inter, intra) = (
-            self.comm(stream, Group::CrossNode),
-            self.comm(stream, Group::NodeLocal),
-        );
+        let (inter, intra) = self.levels(stream);
         let (m, k) = (inter.size(), intra.size());
         let (se, re) = (send.dtype.size(), recv.dtype.size());
         for &(shard_at, flat_at, n) in parts {
@@ -291,10 +297,7 @@ impl<'a> RankEnv<'a> {
         let ce = |e: CommError| comm_err(self.rank, e);
         let (send, recv) = self.send_recv(mem, src, dst)?;
         let st = mem.view_mut(mem.whole(staging))?;
-        let (inter, intra) = (
-            self.comm(stream, Group::CrossNode),
-            self.comm(stream, Group::NodeLocal),
-        );
+        let (inter, intra) = self.levels(stream);
         let (m, k) = (inter.size(), intra.size());
         let c = recv.len();
         let (se, fe) = (send.dtype.size(), DType::F32.size());
