@@ -4,11 +4,11 @@
 //! simulated step with every rule and with none (`--rewrites none`), which
 //! is what the overlap leaves of those savings. bf16 mixed precision, full
 //! activation checkpointing, full_shard; 8 ranks per node on the GPU
-//! presets.
+//! presets. `+flat` is the preset with a collective library whose rings
+//! are flat across nodes (`Hardware::flat_collectives`, as MPI over TCP):
+//! where the explicit hierarchical forms pay.
 //!
 //! Run: `cargo bench --bench rewrites` (about half a minute).
-
-mod common;
 
 use fsdpc_ir::DType;
 use fsdpc_planner::rewrite::Rules;
@@ -16,7 +16,14 @@ use fsdpc_planner::{CheckpointPolicy, FsdpConfig};
 use std::time::Instant;
 
 fn main() {
-    let presets = ["a100-80g-roce", "h100-80g-ib", "h200-141g-ib", "cpu-local"];
+    let presets = [
+        ("a100-80g-roce", false),
+        ("a100-80g-roce", true),
+        ("h100-80g-ib", false),
+        ("h100-80g-ib", true),
+        ("h200-141g-ib", false),
+        ("cpu-local", false),
+    ];
     let cases = [("gpt3-175b", 512u32), ("t5-11b", 64), ("t5-11b", 8)];
     let base = FsdpConfig {
         param_dtype: DType::Bf16,
@@ -30,20 +37,28 @@ fn main() {
         "preset", "model", "world", "none s", "all s", "gain %", "compile"
     );
     for (model, world) in cases {
-        for preset in presets {
+        for (preset, flat) in presets {
             let per_node = if preset == "cpu-local" { world } else { 8 };
-            let none = common::compile(
-                model,
-                preset,
-                world,
-                per_node,
-                &FsdpConfig {
-                    rewrites: Rules::none(),
-                    ..base.clone()
-                },
-            );
+            let compile = |cfg: &FsdpConfig| -> Result<fsdpc_planner::Plan, String> {
+                let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
+                    .map_err(|e| e.to_string())?;
+                let mut cluster = fsdpc_planner::Cluster::preset(preset, world, per_node)
+                    .map_err(|e| e.to_string())?;
+                cluster.hardware.flat_collectives |= flat;
+                let info = fsdpc_planner::ModelInfo {
+                    name: m.name.clone(),
+                    params: m.program.graph.param_numel(),
+                    tokens_per_rank_step: m.tokens_per_rank_step(),
+                };
+                fsdpc_planner::compile(m.program, info, &cluster, cfg).map_err(|e| e.to_string())
+            };
+            let none = compile(&FsdpConfig {
+                rewrites: Rules::none(),
+                ..base.clone()
+            });
             let t = Instant::now();
-            let all = common::compile(model, preset, world, per_node, &base);
+            let all = compile(&base);
+            let preset = format!("{preset}{}", if flat { "+flat" } else { "" });
             let compile_s = t.elapsed().as_secs_f64();
             let (none, all) = match (none, all) {
                 (Ok(n), Ok(a)) => (n, a),

@@ -30,7 +30,8 @@ fn gpt(batch: u32) -> String {
 
 /// `cpu-local` with `per_node` ranks to a node and a slow network between
 /// nodes (1/50 of the bandwidth, 10 x the latency): a small two-level
-/// cluster where the hierarchical forms pay.
+/// cluster whose library rings are flat (`flat_collectives`, as the CPU
+/// ranks' communicator's), where the hierarchical forms pay.
 fn two_level(world: u32, per_node: u32) -> Cluster {
     let mut c = Cluster::preset("cpu-local", world, per_node).expect("preset");
     c.hardware.inter_bw = c.hardware.intra_bw / 50.0;
@@ -211,12 +212,17 @@ fn the_cluster_decides_which_rules_fire() {
     // split into levels.
     let one_node = on(&Cluster::preset("a100-80g-roce", 4, 4).unwrap());
     assert_eq!(one_node, vec!["cast-before-gather".to_string()]);
-    // Two nodes: the hierarchical forms too.
+    // Two nodes with NCCL: one library call is node-aware already, so the
+    // explicit two-level forms do not pay.
     let two_nodes = on(&Cluster::preset("a100-80g-roce", 4, 2).unwrap());
-    assert!(
-        two_nodes.contains(&"hierarchical-all-gather".to_string()),
-        "{two_nodes:?}"
-    );
+    assert_eq!(two_nodes, vec!["cast-before-gather".to_string()]);
+    // The same hardware with a library whose rings are flat: they do.
+    let mut flat = Cluster::preset("a100-80g-roce", 4, 2).unwrap();
+    flat.hardware.flat_collectives = true;
+    let flat = on(&flat);
+    for rule in ["hierarchical-all-gather", "hierarchical-reduce-scatter"] {
+        assert!(flat.contains(&rule.to_string()), "{flat:?}");
+    }
     // Without the rules nothing fires anywhere.
     let none = compile(
         &model,
@@ -286,13 +292,9 @@ fn inspect_names_the_rules_that_fired() {
         .lines()
         .find(|l| l.starts_with("rewrites"))
         .unwrap_or_else(|| panic!("a rewrites line: {text}"));
-    for rule in [
-        "cast-before-gather",
-        "hierarchical-all-gather",
-        "hierarchical-reduce-scatter",
-    ] {
-        assert!(line.contains(rule), "{line}");
-    }
+    // NCCL's calls are node-aware: only the cast pays.
+    assert!(line.contains("cast-before-gather x"), "{line}");
+    assert!(!line.contains("hierarchical"), "{line}");
     let json = ok(&["inspect", "--json", s(&plan)]);
     assert!(json.contains("\"rewrites\""), "{json}");
     ok(&[

@@ -86,6 +86,15 @@ pub struct Hardware {
     /// `intra_latency_s` (empty in presets and older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub collective_fits: Vec<CollectiveFit>,
+    /// Whether the collective library runs one flat ring over a group that
+    /// spans nodes (MPI over TCP, the CPU ranks' shared-memory
+    /// communicator). `false` (the GPU presets): one library call is
+    /// node-aware (NCCL keeps most ring hops inside the node, or goes
+    /// across on 1/k of the buffer), so a ring collective costs the better
+    /// of the flat ring and a one-call hierarchical algorithm, and the
+    /// planner's explicit two-level forms (`rewrite`) rarely pay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flat_collectives: bool,
     /// Where ranks share cores with their own collectives (CPU ranks): how
     /// much a collective and a kernel slow each other while both run
     /// (`None`: streams do not contend, as on GPUs with copy engines).
@@ -514,6 +523,8 @@ fn cpu_local(ranks_per_node: u32) -> Hardware {
         // and the optimizer run at memory speed.
         host_bw: 10e9 / share,
         host_mem_bw: 10e9 / share,
+        // The shared-memory communicator's rings are flat.
+        flat_collectives: true,
         ..Hardware::default()
     }
 }

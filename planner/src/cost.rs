@@ -327,8 +327,13 @@ pub fn collective_time(
     }
 }
 
-/// The flat ring's time of `op` over `per_node` ranks on each of `nodes`
-/// nodes (the measured fit inside one node when the cluster has one).
+/// The time of one library call of `op` (`CollectiveAlgorithm::Ring`)
+/// over `per_node` ranks on each of `nodes` nodes: inside one node the
+/// measured fit when the cluster has one, else the ring; across nodes the
+/// flat ring where the library's rings are flat (`flat_collectives`), else
+/// the better of the flat ring and a one-call hierarchical algorithm
+/// (inside the node on the whole buffer, across on `1/k` of it), as a
+/// node-aware library (NCCL) does.
 pub fn ring_collective_time(
     op: CollectiveKind,
     per_node: u32,
@@ -341,7 +346,23 @@ pub fn ring_collective_time(
         return intra_time(op, k, bytes, cluster);
     }
     let hw = &cluster.hardware;
-    ring_formula(op, k * m, bytes, hw.inter_bw, hw.inter_latency_s)
+    let flat = ring_formula(op, k * m, bytes, hw.inter_bw, hw.inter_latency_s);
+    if hw.flat_collectives || k == 1 {
+        return flat;
+    }
+    let slice = bytes / f64::from(k);
+    let across = |o| ring_formula(o, m, slice, hw.inter_bw, hw.inter_latency_s);
+    let library = match op {
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
+            intra_time(op, k, bytes, cluster) + across(op)
+        }
+        CollectiveKind::AllReduce => {
+            intra_time(CollectiveKind::ReduceScatter, k, bytes, cluster)
+                + across(CollectiveKind::AllReduce)
+                + intra_time(CollectiveKind::AllGather, k, bytes, cluster)
+        }
+    };
+    flat.min(library)
 }
 
 /// The hierarchical algorithm's time, as the runtime runs it
@@ -689,11 +710,27 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
         let (ranks, inter_node) = group_shape(plan, group);
         let (_, bytes, algo) = collective_cost(plan, cluster, ins);
         let hier = usize::from(algo == Algorithm::Hierarchical);
+        let (k, m) = group_layout(plan, group);
+        // A node-aware library's one call goes across on 1/k of the buffer
+        // where that is its faster algorithm (`ring_collective_time`).
+        let library_two_level = !cluster.hardware.flat_collectives && k > 1 && m > 1 && {
+            let kind = match op {
+                "all_gather" => CollectiveKind::AllGather,
+                "reduce_scatter" => CollectiveKind::ReduceScatter,
+                _ => CollectiveKind::AllReduce,
+            };
+            let b = bytes as f64;
+            let hw = &cluster.hardware;
+            ring_collective_time(kind, k, m, b, cluster)
+                < ring_formula(kind, k * m, b, hw.inter_bw, hw.inter_latency_s)
+        };
         let across = match (inter_node, algo, &ins.op) {
             (false, _, _) => 0,
+            (true, Algorithm::Ring, _) if library_two_level => {
+                ring_bytes(m, bytes / u64::from(k.max(1)))
+            }
             (true, Algorithm::Ring, _) => bytes,
             (true, Algorithm::Hierarchical, op) => {
-                let (k, m) = group_layout(plan, group);
                 let (full, scale) = match op {
                     InstrOp::AllGather { dst, dtype, .. } => (wire_bytes(plan, *dst, *dtype), 1),
                     InstrOp::ReduceScatter { src, dtype, .. } => (
@@ -745,7 +782,15 @@ mod tests {
 
     #[test]
     fn hierarchical_beats_the_ring_across_nodes() {
-        let c = cluster();
+        let mut c = cluster();
+        // A node-aware library's one call: inside on the whole buffer,
+        // 7 x 1 + 7/8 x 800 / 100 = 14, then across on 800 / 8, 10.
+        for op in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+            let t = ring_collective_time(op, 8, 2, 800.0, &c);
+            assert!((t - 24.0).abs() < 1e-9, "{op:?}: {t}");
+        }
+        // A library whose rings are flat (MPI over TCP, say).
+        c.hardware.flat_collectives = true;
         // Ring over 16 ranks at the inter-node figures:
         // 15 x 5 + 15/16 x 800 / 10 = 75 + 75.
         // Hierarchical, as the runtime runs it: inside (8 ranks) once per
@@ -777,8 +822,11 @@ mod tests {
         let (t, algo) = collective_time(CollectiveKind::AllGather, 1, 4, 800.0, &c);
         assert_eq!(algo, Algorithm::Ring);
         assert!((t - (3.0 * 5.0 + 0.75 * 80.0)).abs() < 1e-9, "{t}");
-        // Small buffers across nodes: latency decides, still hierarchical
-        // (8 - 1 + 2 - 1 steps of latency against 15).
+        // Small buffers across nodes, with a flat library: latency decides,
+        // still the two levels (2 x (8 - 1) + 2 - 1 steps of latency
+        // against 15 x 5).
+        let mut c = c;
+        c.hardware.flat_collectives = true;
         let (_, algo) = collective_time(CollectiveKind::AllGather, 8, 2, 8.0, &c);
         assert_eq!(algo, Algorithm::Hierarchical);
     }
