@@ -25,14 +25,24 @@ pub fn compile(
     per_node: u32,
     cfg: &fsdpc_planner::FsdpConfig,
 ) -> Result<fsdpc_planner::Plan, String> {
-    let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
-        .map_err(|e| e.to_string())?;
     let cluster =
         fsdpc_planner::Cluster::preset(preset, world, per_node).map_err(|e| e.to_string())?;
+    compile_for(model, &cluster, cfg)
+}
+
+/// Loads `model` and compiles it on `cluster` with `cfg`.
+#[allow(dead_code)]
+pub fn compile_for(
+    model: &str,
+    cluster: &fsdpc_planner::Cluster,
+    cfg: &fsdpc_planner::FsdpConfig,
+) -> Result<fsdpc_planner::Plan, String> {
+    let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
+        .map_err(|e| e.to_string())?;
     let info = fsdpc_planner::ModelInfo {
         name: m.name.clone(),
         params: m.program.graph.param_numel(),
         tokens_per_rank_step: m.tokens_per_rank_step(),
     };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg).map_err(|e| e.to_string())
+    fsdpc_planner::compile(m.program, info, cluster, cfg).map_err(|e| e.to_string())
 }

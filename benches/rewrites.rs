@@ -10,6 +10,8 @@
 //!
 //! Run: `cargo bench --bench rewrites` (about half a minute).
 
+mod common;
+
 use fsdpc_ir::DType;
 use fsdpc_planner::rewrite::Rules;
 use fsdpc_planner::{CheckpointPolicy, FsdpConfig};
@@ -39,19 +41,15 @@ fn main() {
     for (model, world) in cases {
         for (preset, flat) in presets {
             let per_node = if preset == "cpu-local" { world } else { 8 };
-            let compile = |cfg: &FsdpConfig| -> Result<fsdpc_planner::Plan, String> {
-                let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
-                    .map_err(|e| e.to_string())?;
-                let mut cluster = fsdpc_planner::Cluster::preset(preset, world, per_node)
-                    .map_err(|e| e.to_string())?;
-                cluster.hardware.flat_collectives |= flat;
-                let info = fsdpc_planner::ModelInfo {
-                    name: m.name.clone(),
-                    params: m.program.graph.param_numel(),
-                    tokens_per_rank_step: m.tokens_per_rank_step(),
-                };
-                fsdpc_planner::compile(m.program, info, &cluster, cfg).map_err(|e| e.to_string())
+            let mut cluster = match fsdpc_planner::Cluster::preset(preset, world, per_node) {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("{preset}: {e}");
+                    continue;
+                }
             };
+            cluster.hardware.flat_collectives |= flat;
+            let compile = |cfg: &FsdpConfig| common::compile_for(model, &cluster, cfg);
             let none = compile(&FsdpConfig {
                 rewrites: Rules::none(),
                 ..base.clone()

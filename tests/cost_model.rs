@@ -49,13 +49,7 @@ fn groups_lie_on_nodes_as_the_layout_says() {
     // With a flat library the rewrite runs them in two levels.
     let mut flat = Cluster::preset("a100-80g-roce", 16, 8).unwrap();
     flat.hardware.flat_collectives = true;
-    let m = fsdpc_frontends::load(GPT, &Default::default()).unwrap();
-    let info = fsdpc_planner::ModelInfo {
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-        params: m.program.graph.param_numel(),
-        name: m.name,
-    };
-    let p2 = fsdpc_planner::compile(m.program, info, &flat, &FsdpConfig::default()).unwrap();
+    let p2 = common::compile_for(GPT, &flat, &FsdpConfig::default()).unwrap();
     let t = traffic(&p2, &flat);
     assert!(t.iter().all(|t| t.hierarchical > 0), "{t:?}");
     let p = common::compile_on(GPT, "a100-80g-roce", 8, 8, &FsdpConfig::default()).expect("plan");

@@ -10,12 +10,11 @@ mod common;
 
 use common::cli::{dir, ok, s};
 use common::{bits, max_loss_rel_diff, max_param_diff, train};
-use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::DType;
 use fsdpc_planner::cluster::{CollectiveFit, CollectiveKind};
 use fsdpc_planner::rewrite::{Rule, Rules};
 use fsdpc_planner::{
-    BufferKind, Cluster, CollectiveAlgorithm, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy,
+    BufferKind, Cluster, CollectiveAlgorithm, FsdpConfig, InstrOp, Plan, Strategy,
 };
 use fsdpc_runtime::ExecMode;
 
@@ -40,13 +39,7 @@ fn two_level(world: u32, per_node: u32) -> Cluster {
 }
 
 fn compile(spec: &str, cluster: &Cluster, cfg: &FsdpConfig) -> Plan {
-    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
-    let info = ModelInfo {
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-        params: m.program.graph.param_numel(),
-        name: m.name,
-    };
-    let plan = fsdpc_planner::compile(m.program, info, cluster, cfg).expect("plan compiles");
+    let plan = common::compile_for(spec, cluster, cfg).expect("plan compiles");
     plan.validate().expect("plan validates");
     plan
 }

@@ -222,9 +222,27 @@ pub fn group_shape(plan: &Plan, group: Group) -> (u32, bool) {
 /// consecutive ranks; the replicas of one shard are F ranks apart; a
 /// reshard group is consecutive inside a shard group).
 pub fn group_layout(plan: &Plan, group: Group) -> (u32, u32) {
-    let world = plan.cluster.world.max(1);
-    let f = plan.config.shard_factor.clamp(1, world);
-    let rpn = plan.cluster.ranks_per_node.max(1);
+    layout_of(
+        group,
+        plan.cluster.world,
+        plan.config.shard_factor,
+        plan.cluster.ranks_per_node,
+        plan.reshard_group(),
+    )
+}
+
+/// `group_layout` from the figures it reads: the world, F, the ranks per
+/// node and the reshard group's size (if any).
+pub fn layout_of(
+    group: Group,
+    world: u32,
+    shard_factor: u32,
+    ranks_per_node: u32,
+    reshard: Option<u32>,
+) -> (u32, u32) {
+    let world = world.max(1);
+    let f = shard_factor.clamp(1, world);
+    let rpn = ranks_per_node.max(1);
     // `n` consecutive ranks.
     let consecutive = |n: u32| {
         if n <= rpn {
@@ -245,7 +263,7 @@ pub fn group_layout(plan: &Plan, group: Group) -> (u32, u32) {
                 (k, r.div_ceil(k))
             }
         }
-        Group::Reshard => consecutive(plan.reshard_group().map_or(f, |n| n.clamp(1, f))),
+        Group::Reshard => consecutive(reshard.map_or(f, |n| n.clamp(1, f))),
         Group::NodeLocal => (consecutive(f).0, 1),
         Group::CrossNode => (1, consecutive(f).1),
     }
@@ -341,14 +359,27 @@ pub fn ring_collective_time(
     bytes: f64,
     cluster: &Cluster,
 ) -> f64 {
+    library_call(op, per_node, nodes, bytes, cluster).0
+}
+
+/// `ring_collective_time`, and whether the library's call goes across
+/// nodes on `1/k` of the buffer (its one-call hierarchical algorithm is the
+/// faster) rather than as one flat ring.
+pub fn library_call(
+    op: CollectiveKind,
+    per_node: u32,
+    nodes: u32,
+    bytes: f64,
+    cluster: &Cluster,
+) -> (f64, bool) {
     let (k, m) = (per_node.max(1), nodes.max(1));
     if m == 1 {
-        return intra_time(op, k, bytes, cluster);
+        return (intra_time(op, k, bytes, cluster), false);
     }
     let hw = &cluster.hardware;
     let flat = ring_formula(op, k * m, bytes, hw.inter_bw, hw.inter_latency_s);
     if hw.flat_collectives || k == 1 {
-        return flat;
+        return (flat, false);
     }
     let slice = bytes / f64::from(k);
     let across = |o| ring_formula(o, m, slice, hw.inter_bw, hw.inter_latency_s);
@@ -362,7 +393,11 @@ pub fn ring_collective_time(
                 + intra_time(CollectiveKind::AllGather, k, bytes, cluster)
         }
     };
-    flat.min(library)
+    if library < flat {
+        (library, true)
+    } else {
+        (flat, false)
+    }
 }
 
 /// The hierarchical algorithm's time, as the runtime runs it
@@ -699,12 +734,16 @@ pub struct Traffic {
 pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
     let mut out: Vec<Traffic> = Vec::new();
     for ins in &plan.instructions {
-        let (op, group) = match ins.op {
-            InstrOp::AllGather { group, .. } => ("all_gather", group),
-            InstrOp::ReduceScatter { group, .. } => ("reduce_scatter", group),
+        let (op, kind, group) = match ins.op {
+            InstrOp::AllGather { group, .. } => ("all_gather", CollectiveKind::AllGather, group),
+            InstrOp::ReduceScatter { group, .. } => {
+                ("reduce_scatter", CollectiveKind::ReduceScatter, group)
+            }
             InstrOp::AllReduce { group, .. }
             | InstrOp::NormAllReduce { group, .. }
-            | InstrOp::FoundInfAllReduce { group, .. } => ("all_reduce", group),
+            | InstrOp::FoundInfAllReduce { group, .. } => {
+                ("all_reduce", CollectiveKind::AllReduce, group)
+            }
             _ => continue,
         };
         let (ranks, inter_node) = group_shape(plan, group);
@@ -712,18 +751,8 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
         let hier = usize::from(algo == Algorithm::Hierarchical);
         let (k, m) = group_layout(plan, group);
         // A node-aware library's one call goes across on 1/k of the buffer
-        // where that is its faster algorithm (`ring_collective_time`).
-        let library_two_level = !cluster.hardware.flat_collectives && k > 1 && m > 1 && {
-            let kind = match op {
-                "all_gather" => CollectiveKind::AllGather,
-                "reduce_scatter" => CollectiveKind::ReduceScatter,
-                _ => CollectiveKind::AllReduce,
-            };
-            let b = bytes as f64;
-            let hw = &cluster.hardware;
-            ring_collective_time(kind, k, m, b, cluster)
-                < ring_formula(kind, k * m, b, hw.inter_bw, hw.inter_latency_s)
-        };
+        // where that is its faster algorithm (`library_call`).
+        let library_two_level = library_call(kind, k, m, bytes as f64, cluster).1;
         let across = match (inter_node, algo, &ins.op) {
             (false, _, _) => 0,
             (true, Algorithm::Ring, _) if library_two_level => {

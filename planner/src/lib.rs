@@ -300,7 +300,6 @@ fn lower(
         &rewrite::RewriteInput {
             cluster,
             shard_factor,
-            replicas: cluster.world / shard_factor.max(1),
             rules: &cfg.rewrites,
         },
     )?;

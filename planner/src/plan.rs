@@ -750,6 +750,14 @@ impl CollectiveAlgorithm {
     }
 }
 
+/// The shape a hierarchical collective over the shard group runs on:
+/// `(k, m)`, k > 1 ranks per node on each of m > 1 nodes, F a multiple of
+/// the ranks per node; `None` where no two-level form can run.
+pub fn hierarchical_shape(shard_factor: u32, ranks_per_node: u32) -> Option<(u32, u32)> {
+    let (f, k) = (shard_factor, ranks_per_node);
+    (k > 1 && f > k && f.is_multiple_of(k)).then_some((k, f / k))
+}
+
 /// Bytes of a hierarchical all-gather's staging: the m shards of the
 /// cross-node step, in the gathered buffer's dtype.
 pub fn hier_gather_staging_bytes(shard_numel: u64, nodes: u32, dst: DType) -> u64 {

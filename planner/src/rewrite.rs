@@ -33,11 +33,11 @@
 //! saturated and those a limit stopped.
 
 use crate::cluster::{Cluster, CollectiveKind};
-use crate::cost::{algorithm_time, hierarchical_time_with, ring_collective_time};
+use crate::cost::{algorithm_time, hierarchical_time_with, layout_of, ring_collective_time};
 use crate::error::PlanError;
 use crate::plan::{
-    hier_gather_staging_bytes, hier_reduce_staging_bytes, Buffer, BufferId, BufferKind,
-    CollectiveAlgorithm, Group, InstrOp, Location, RewriteReport, RuleFired,
+    hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, Buffer, BufferId,
+    BufferKind, CollectiveAlgorithm, Group, InstrOp, Location, RewriteReport, RuleFired,
 };
 use crate::schedule::Schedule;
 use egg::{
@@ -343,7 +343,12 @@ impl CostFunction<Coll> for Seconds<'_> {
         };
         // A second collective call costs its launch.
         let launch = match enode {
-            Coll::Ag([x]) if matches!(self.egraph[*x].nodes.first(), Some(Coll::Rs(_))) => {
+            Coll::Ag([x])
+                if self.egraph[*x]
+                    .nodes
+                    .iter()
+                    .any(|n| matches!(n, Coll::Rs(_))) =>
+            {
                 hw.kernel_overhead_s
             }
             _ => 0.0,
@@ -473,13 +478,6 @@ fn choose(site: &Site, cluster: &Cluster) -> Result<Form, PlanError> {
     })
 }
 
-/// The shard group's shape when a hierarchical form can run on it: k > 1
-/// ranks on each of m > 1 nodes, F a multiple of the ranks per node.
-fn hier_shape(f: u32, ranks_per_node: u32) -> Option<(u32, u32)> {
-    let k = ranks_per_node.max(1);
-    (f > k && k > 1 && f.is_multiple_of(k)).then_some((k, f / k))
-}
-
 /// The streams' staging buffers (`BufferKind::Staging`), made on first
 /// use and grown to the most any collective of the stream needs.
 #[derive(Default)]
@@ -523,8 +521,6 @@ impl Stagings {
 pub struct RewriteInput<'a> {
     pub cluster: &'a Cluster,
     pub shard_factor: u32,
-    /// Members of the replicate group (world / F).
-    pub replicas: u32,
     pub rules: &'a Rules,
 }
 
@@ -532,20 +528,10 @@ pub struct RewriteInput<'a> {
 /// returns the report.
 pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport, PlanError> {
     let f = input.shard_factor.max(1);
-    let rpn = input.cluster.ranks_per_node.max(1);
-    let shard_shape = if f <= rpn {
-        (f, 1)
-    } else {
-        (rpn, f.div_ceil(rpn))
-    };
-    let hier = hier_shape(f, rpn);
-    let replicas = input.replicas.max(1);
-    let replicate_shape = if f >= rpn {
-        (1, replicas)
-    } else {
-        let k = (rpn / f).clamp(1, replicas);
-        (k, replicas.div_ceil(k))
-    };
+    let c = input.cluster;
+    let shape = |g| layout_of(g, c.world, f, c.ranks_per_node, None);
+    let (shard_shape, replicate_shape) = (shape(Group::Shard), shape(Group::Replicate));
+    let hier = hierarchical_shape(f, c.ranks_per_node);
     let mut cache: HashMap<Site, Form> = HashMap::new();
     let mut report = RewriteReport {
         enabled: input.rules.0.iter().map(|r| r.name().to_string()).collect(),
@@ -628,8 +614,15 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
                 };
                 let numel = numel_of(*buffer);
                 let n = u64::from(k * m);
+                // The layout rounds up where the replicas do not fill
+                // whole nodes; split only where it is the member count.
+                let members = u64::from(match group {
+                    Group::Shard => f,
+                    _ => c.world.max(1) / f,
+                });
                 let mut rules = Vec::new();
                 if n > 1
+                    && n == members
                     && numel.is_multiple_of(n)
                     && dtype_of(*buffer) == Some(*dtype)
                     && input.rules.has(Rule::AllReduceAsReduceScatterAllGather)
@@ -787,9 +780,9 @@ mod tests {
 
     #[test]
     fn hierarchical_needs_whole_nodes() {
-        assert_eq!(hier_shape(16, 8), Some((8, 2)));
-        assert_eq!(hier_shape(8, 8), None);
-        assert_eq!(hier_shape(12, 8), None);
-        assert_eq!(hier_shape(4, 1), None);
+        assert_eq!(hierarchical_shape(16, 8), Some((8, 2)));
+        assert_eq!(hierarchical_shape(8, 8), None);
+        assert_eq!(hierarchical_shape(12, 8), None);
+        assert_eq!(hierarchical_shape(4, 1), None);
     }
 }

@@ -15,7 +15,7 @@ use crate::validate::PlanViolation;
 pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
     let f = plan.config.shard_factor.max(1);
     let k = plan.cluster.ranks_per_node.max(1);
-    let whole_nodes = k > 1 && f > k && f.is_multiple_of(k);
+    let whole_nodes = hierarchical_shape(f, k).is_some();
     let numel = |b: BufferId| {
         plan.buffers
             .get(b.index())

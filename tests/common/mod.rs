@@ -31,14 +31,24 @@ pub fn compile_on(
     per_node: u32,
     cfg: &FsdpConfig,
 ) -> Result<Plan, fsdpc_planner::PlanError> {
-    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
     let cluster = Cluster::preset(preset, world, per_node).expect("preset");
+    compile_for(spec, &cluster, cfg)
+}
+
+/// Compiles `spec` on `cluster` with `cfg`: the plan, or the planner's
+/// refusal.
+pub fn compile_for(
+    spec: &str,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+) -> Result<Plan, fsdpc_planner::PlanError> {
+    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
         name: m.name,
     };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg)
+    fsdpc_planner::compile(m.program, info, cluster, cfg)
 }
 
 /// Compiles `spec` for `world` ranks on the `cpu-local` preset with `cfg`, and

@@ -7,7 +7,7 @@
 use crate::error::RuntimeError;
 use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
 use fsdpc_planner::plan::{
-    hier_gather_staging_bytes, hier_reduce_staging_bytes, BufferId, BufferKind,
+    hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, BufferId, BufferKind,
     CollectiveAlgorithm, Group, InstrOp, Location, Plan, Slot, Stream, UnitId, Wire,
 };
 
@@ -720,29 +720,26 @@ fn gather_parts(
 /// group on each of m nodes (k the ranks per node, k > 1, F = k m, m > 1).
 pub fn hier_shape(plan: &Plan, i: usize) -> Result<(usize, usize), RuntimeError> {
     let (f, k) = (plan.config.shard_factor, plan.cluster.ranks_per_node);
-    if k > 1 && f > k && f.is_multiple_of(k) {
-        Ok((k as usize, (f / k) as usize))
-    } else {
-        Err(err(
-            i,
-            format!(
-                "a hierarchical collective needs a shard group of whole nodes with more than one rank each: F = {f}, {k} ranks per node"
-            ),
-        ))
-    }
+    hierarchical_shape(f, k)
+        .map(|(k, m)| (k as usize, m as usize))
+        .ok_or_else(|| {
+            err(
+                i,
+                format!(
+                    "a hierarchical collective needs a shard group of whole nodes with more than one rank each: F = {f}, {k} ranks per node"
+                ),
+            )
+        })
 }
 
-/// Members of a group of kind `g` (see `plan::Group`).
+/// Members of a group of kind `g` (see `plan::Group`): what the ranks make
+/// their communicators over (`group_ranks`).
 fn group_size(plan: &Plan, g: Group) -> usize {
     let world = plan.cluster.world.max(1) as usize;
     let f = (plan.config.shard_factor.max(1) as usize).min(world);
-    match g {
-        Group::Shard => f,
-        Group::Replicate => world / f,
-        Group::Reshard => plan.reshard_group().map_or(f, |n| n as usize),
-        Group::NodeLocal => (plan.cluster.ranks_per_node as usize).min(f),
-        Group::CrossNode => f / (plan.cluster.ranks_per_node.max(1) as usize).min(f),
-    }
+    let n = plan.reshard_group().map_or(f, |n| n as usize);
+    let k = plan.cluster.ranks_per_node.max(1) as usize;
+    super::rank::group_ranks(g, 0, world, f, n, k).len()
 }
 
 /// A rewritten collective's staging buffer: named, a `Staging` buffer of
