@@ -26,7 +26,15 @@ fn main() {
         ("h200-141g-ib", false),
         ("cpu-local", false),
     ];
-    let cases = [("gpt3-175b", 512u32), ("t5-11b", 64), ("t5-11b", 8)];
+    // The small models at scale: units small next to a ring's latency,
+    // where bucketing the gathers issued together pays.
+    let cases = [
+        ("gpt3-175b", 512u32),
+        ("t5-11b", 64),
+        ("t5-11b", 8),
+        ("t5-large", 512),
+        ("gpt2", 64),
+    ];
     let base = FsdpConfig {
         param_dtype: DType::Bf16,
         reduce_dtype: DType::Bf16,

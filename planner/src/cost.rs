@@ -505,9 +505,12 @@ fn wire_bytes(plan: &Plan, b: BufferId, dtype: fsdpc_ir::DType) -> u64 {
 
 /// Time, bytes a rank sends (ring accounting) and the algorithm of a
 /// collective instruction (the one it names: `CollectiveAlgorithm`);
-/// `(0, 0, Ring)` for any other.
+/// `(0, 0, Ring)` for any other. A `bucketed` gather is charged its bytes'
+/// transfer without the call's latency: the call of its bucket's last
+/// member pays that once (the alpha-beta time of the bucket is the sum).
 pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64, Algorithm) {
     let bytes_of = |b: &BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
+    let bucketed = matches!(ins.op, InstrOp::AllGather { bucketed: true, .. });
     let (op, group, bytes, scalar, algorithm, dtype) = match &ins.op {
         InstrOp::AllGather {
             dst,
@@ -593,6 +596,9 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
         let scale = 4.0 / dtype.size().max(1) as f64;
         hierarchical_time_with(op, k, m, bytes as f64, scale, cluster)
             .unwrap_or_else(|| ring_collective_time(op, k, m, bytes as f64, cluster))
+    } else if bucketed {
+        let t = algorithm_time(op, algorithm, k, m, bytes as f64, cluster);
+        (t - algorithm_time(op, algorithm, k, m, 0.0, cluster)).max(0.0)
     } else {
         algorithm_time(op, algorithm, k, m, bytes as f64, cluster)
     };

@@ -20,7 +20,9 @@
 //!    `rewrite::apply` rewrites each native collective with egg (cast
 //!    before gathering, hierarchical all-gather and reduce-scatter,
 //!    all-reduce as reduce-scatter then all-gather) into the form the
-//!    cluster's cost model charges least, with its staging buffer;
+//!    cluster's cost model charges least, with its staging buffer, and
+//!    buckets the gathers a stream issues back to back where that makes
+//!    their parameters ready sooner on the whole;
 //!    then `workspace::plan_workspaces`: each kernel's scratch, one
 //!    `Workspace` buffer per stream that runs kernels, and the bound of
 //!    what the matrix-product library allocates on its own (before it,

@@ -811,6 +811,15 @@ pub enum InstrOp {
         /// The `Staging` buffer of a hierarchical algorithm.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         staging: Option<BufferId>,
+        /// Bucketed (the `rewrite` pass's `bucket-all-gathers`): this
+        /// gather joins the call of the next all-gather of its stream, the
+        /// bucket's last member (not bucketed), and moves nothing at its own
+        /// place. Only `Wait`s come between them on the stream, so no
+        /// record announces `dst` before the call. A native ring gather of
+        /// a persistent shard over the shard group; the values are those of
+        /// the unbucketed gathers.
+        #[serde(default, skip_serializing_if = "is_false")]
+        bucketed: bool,
     },
     /// Sum the unit's full flat gradient `src` over `group` (the shard
     /// group), divide by the world size times `PlanConfig::grad_accum`, and

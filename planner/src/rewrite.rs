@@ -22,13 +22,25 @@
 //!   of k > 1 ranks on each of m > 1 nodes (F a multiple of the ranks per
 //!   node);
 //! - `all-reduce-as-reduce-scatter-all-gather`: `(ar x)` → `(ag (rs x))`,
-//!   where n divides the buffer.
-//!
-//! Bucketing small all-gathers into one call is not among them: the
-//! runtimes issue one call per unit (see the README).
+//!   where n divides the buffer;
+//! - `bucket-all-gathers`, over a run of all-gathers that a stream issues
+//!   back to back (only records between them, no other stream waiting on
+//!   those records in between: the gathers a prefetch point or the step's
+//!   start issues together): `(then (ag x) (ag y))` → `(ag (cat x y))`,
+//!   one call for both. Its extraction cost is not the stream's time
+//!   (bucketing always saves the second call's latency) but the sum of the
+//!   times at which each member's parameters are ready: a bucket saves the
+//!   later members a latency and delays the earlier ones by the later
+//!   ones' transfer, so small gathers on a high-latency group are bucketed
+//!   and large ones are not. The members the extraction groups are
+//!   written as `bucketed` gathers joining the call of the bucket's last
+//!   member, and the records between them move after it. This stage runs
+//!   after the per-collective one, on gathers that chose one native ring
+//!   over the shard group from a persistent shard, of one wire dtype.
 //!
 //! Every distinct collective (kind, dtypes, elements, group shape, rules)
-//! runs once, with the runner's limits (`ITER_LIMIT`, `NODE_LIMIT`,
+//! runs once, and every distinct run of gathers (at most `RUN_LIMIT`
+//! members) once, with the runner's limits (`ITER_LIMIT`, `NODE_LIMIT`,
 //! `TIME_LIMIT`); the report (`Plan::rewrites`) counts the runs that
 //! saturated and those a limit stopped.
 
@@ -56,6 +68,9 @@ use std::time::Duration;
 pub const ITER_LIMIT: usize = 8;
 pub const NODE_LIMIT: usize = 256;
 pub const TIME_LIMIT: Duration = Duration::from_millis(20);
+/// The most gathers one bucketing run considers (a longer run is cut):
+/// its e-graph holds a class per contiguous stretch of members.
+pub const RUN_LIMIT: usize = 8;
 
 /// A named rewrite rule.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -65,14 +80,16 @@ pub enum Rule {
     HierarchicalAllGather,
     HierarchicalReduceScatter,
     AllReduceAsReduceScatterAllGather,
+    BucketAllGathers,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 4] = [
+    pub const ALL: [Rule; 5] = [
         Rule::CastBeforeGather,
         Rule::HierarchicalAllGather,
         Rule::HierarchicalReduceScatter,
         Rule::AllReduceAsReduceScatterAllGather,
+        Rule::BucketAllGathers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,23 +98,33 @@ impl Rule {
             Rule::HierarchicalAllGather => "hierarchical-all-gather",
             Rule::HierarchicalReduceScatter => "hierarchical-reduce-scatter",
             Rule::AllReduceAsReduceScatterAllGather => "all-reduce-as-reduce-scatter-all-gather",
+            Rule::BucketAllGathers => "bucket-all-gathers",
         }
     }
 
-    fn rewrite(self) -> Rewrite<Coll, Payloads> {
+    fn rewrites(self) -> Vec<Rewrite<Coll, Payloads>> {
         match self {
             Rule::CastBeforeGather => {
-                rewrite!("cast-before-gather"; "(recv ?d (ag ?x))" => "(ag (cast ?d ?x))")
+                vec![rewrite!("cast-before-gather"; "(recv ?d (ag ?x))" => "(ag (cast ?d ?x))")]
             }
             Rule::HierarchicalAllGather => {
-                rewrite!("hierarchical-all-gather"; "(ag ?x)" => "(hag ?x)")
+                vec![rewrite!("hierarchical-all-gather"; "(ag ?x)" => "(hag ?x)")]
             }
             Rule::HierarchicalReduceScatter => {
-                rewrite!("hierarchical-reduce-scatter"; "(rs ?x)" => "(hrs ?x)")
+                vec![rewrite!("hierarchical-reduce-scatter"; "(rs ?x)" => "(hrs ?x)")]
             }
             Rule::AllReduceAsReduceScatterAllGather => {
-                rewrite!("all-reduce-as-reduce-scatter-all-gather"; "(ar ?x)" => "(ag (rs ?x))")
+                vec![
+                    rewrite!("all-reduce-as-reduce-scatter-all-gather"; "(ar ?x)" => "(ag (rs ?x))"),
+                ]
             }
+            // The run is right-nested: the last two members, or the first
+            // two of a longer rest. Every contiguous grouping is reachable.
+            Rule::BucketAllGathers => vec![
+                rewrite!("bucket-all-gathers"; "(then (ag ?x) (ag ?y))" => "(ag (cat ?x ?y))"),
+                rewrite!("bucket-all-gathers-rest";
+                    "(then (ag ?x) (then (ag ?y) ?z))" => "(then (ag (cat ?x ?y)) ?z)"),
+            ],
         }
     }
 }
@@ -184,6 +211,8 @@ define_language! {
         "ar" = Ar([Id; 1]),
         "cast" = Cast([Id; 2]),
         "recv" = Recv([Id; 2]),
+        "cat" = Cat([Id; 2]),
+        "then" = Then([Id; 2]),
         Num(u64),
         Ty(Ty),
         Other(Symbol),
@@ -191,12 +220,17 @@ define_language! {
 }
 
 /// What an e-class holds: a count, a dtype, or a value of `numel`
-/// elements (this rank's) of `dtype`.
+/// elements (this rank's) of `dtype`, made of `parts` gathers' payloads
+/// (more than one where buckets concatenate them).
 #[derive(Copy, Clone, Debug, PartialEq)]
 enum Data {
     Num(u64),
     Ty(DType),
-    Val { numel: u64, dtype: DType },
+    Val {
+        numel: u64,
+        dtype: DType,
+        parts: u32,
+    },
     None,
 }
 
@@ -212,25 +246,50 @@ impl Analysis<Coll> for Payloads {
         let n = egraph.analysis.n.max(1);
         let d = |i: &Id| egraph[*i].data;
         let val = |i: &Id| match d(i) {
-            Data::Val { numel, dtype } => Some((numel, dtype)),
+            Data::Val {
+                numel,
+                dtype,
+                parts,
+            } => Some((numel, dtype, parts)),
             _ => None,
         };
-        let of = |v: Option<(u64, DType)>| {
-            v.map_or(Data::None, |(numel, dtype)| Data::Val { numel, dtype })
+        let of = |v: Option<(u64, DType, u32)>| {
+            v.map_or(Data::None, |(numel, dtype, parts)| Data::Val {
+                numel,
+                dtype,
+                parts,
+            })
         };
         match enode {
             Coll::Num(x) => Data::Num(*x),
             Coll::Ty(t) => Data::Ty(t.0),
-            Coll::Other(_) => Data::None,
+            Coll::Other(_) | Coll::Then(_) => Data::None,
             Coll::Shard([t, x]) => match (d(t), d(x)) {
-                (Data::Ty(dtype), Data::Num(numel)) => Data::Val { numel, dtype },
+                (Data::Ty(dtype), Data::Num(numel)) => Data::Val {
+                    numel,
+                    dtype,
+                    parts: 1,
+                },
                 _ => Data::None,
             },
-            Coll::Ag([x]) | Coll::HierAg([x]) => of(val(x).map(|(e, t)| (e * n, t))),
-            Coll::Rs([x]) | Coll::HierRs([x]) => of(val(x).map(|(e, t)| (e / n, t))),
+            Coll::Ag([x]) | Coll::HierAg([x]) => of(val(x).map(|(e, t, p)| (e * n, t, p))),
+            Coll::Rs([x]) | Coll::HierRs([x]) => of(val(x).map(|(e, t, p)| (e / n, t, p))),
             Coll::Ar([x]) => of(val(x)),
             Coll::Cast([t, x]) | Coll::Recv([t, x]) => match (d(t), val(x)) {
-                (Data::Ty(dtype), Some((numel, _))) => Data::Val { numel, dtype },
+                (Data::Ty(dtype), Some((numel, _, parts))) => Data::Val {
+                    numel,
+                    dtype,
+                    parts,
+                },
+                _ => Data::None,
+            },
+            // One dtype per run (`runs`): a concatenation of two.
+            Coll::Cat([a, b]) => match (val(a), val(b)) {
+                (Some((ea, ta, pa)), Some((eb, tb, pb))) if ta == tb => Data::Val {
+                    numel: ea + eb,
+                    dtype: ta,
+                    parts: pa + pb,
+                },
                 _ => Data::None,
             },
         }
@@ -258,7 +317,7 @@ struct Seconds<'a> {
 impl Seconds<'_> {
     fn val(&self, id: Id) -> (f64, DType) {
         match self.egraph[id].data {
-            Data::Val { numel, dtype } => (numel as f64, dtype),
+            Data::Val { numel, dtype, .. } => (numel as f64, dtype),
             _ => (0.0, DType::F32),
         }
     }
@@ -281,6 +340,8 @@ impl CostFunction<Coll> for Seconds<'_> {
         let hw = &self.cluster.hardware;
         let here = match enode {
             Coll::Num(_) | Coll::Ty(_) | Coll::Other(_) | Coll::Shard(_) | Coll::Recv(_) => 0.0,
+            // Not in a single collective's term.
+            Coll::Cat(_) | Coll::Then(_) => f64::INFINITY,
             Coll::Cast([t, x]) => {
                 let (e, from) = self.val(*x);
                 let to = match self.egraph[*t].data {
@@ -402,7 +463,8 @@ fn choose(site: &Site, cluster: &Cluster) -> Result<Form, PlanError> {
     let start: RecExpr<Coll> = start_term(site).parse().map_err(|e| PlanError::Program {
         reason: format!("collective rewrite: the term of a collective does not parse: {e}"),
     })?;
-    let rules: Vec<Rewrite<Coll, Payloads>> = site.rules.iter().map(|r| r.rewrite()).collect();
+    let rules: Vec<Rewrite<Coll, Payloads>> =
+        site.rules.iter().flat_map(|r| r.rewrites()).collect();
     let runner = Runner::<Coll, Payloads>::new(Payloads {
         n: u64::from(site.k * site.m),
     })
@@ -673,6 +735,15 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
         out.push(ins);
     }
     s.instructions = out;
+    if input.rules.has(Rule::BucketAllGathers) {
+        let (k, m) = shard_shape;
+        let (calls, saved, counts) = bucket::apply(s, c, k, m)?;
+        if calls > 0 {
+            fired.insert(Rule::BucketAllGathers, (calls, saved));
+        }
+        report.saturated += counts.0;
+        report.limited += counts.1;
+    }
     report.fired = Rule::ALL
         .into_iter()
         .filter_map(|r| {
@@ -737,6 +808,350 @@ fn write_back(
     }
 }
 
+/// The bucketing stage (`bucket-all-gathers`): runs of back-to-back
+/// gathers, their grouping by egg, and the rewritten instruction list.
+mod bucket {
+    use super::*;
+    use crate::plan::{Instr, Stream};
+
+    /// The extraction cost of a run: `sum_s`, the sum over its members of
+    /// the time from the run's start at which each member's parameters
+    /// are gathered (the objective); `busy_s`, the stream's time; `count`,
+    /// the members.
+    #[derive(Copy, Clone, Debug, PartialEq, PartialOrd)]
+    pub(super) struct Ready {
+        pub sum_s: f64,
+        pub busy_s: f64,
+        pub count: f64,
+    }
+
+    struct Readiness<'a> {
+        egraph: &'a EGraph<Coll, Payloads>,
+        cluster: &'a Cluster,
+        k: u32,
+        m: u32,
+    }
+
+    impl CostFunction<Coll> for Readiness<'_> {
+        type Cost = Ready;
+
+        fn cost<C>(&mut self, enode: &Coll, mut costs: C) -> Ready
+        where
+            C: FnMut(Id) -> Ready,
+        {
+            let zero = Ready {
+                sum_s: 0.0,
+                busy_s: 0.0,
+                count: 0.0,
+            };
+            match enode {
+                Coll::Num(_) | Coll::Ty(_) | Coll::Shard(_) | Coll::Cat(_) => zero,
+                // One call gathers the whole (concatenated) payload; every
+                // member is ready when it ends.
+                Coll::Ag([x]) => match self.egraph[*x].data {
+                    Data::Val {
+                        numel,
+                        dtype,
+                        parts,
+                    } => {
+                        let n = f64::from(self.k * self.m);
+                        let bytes = numel as f64 * n * dtype.size() as f64;
+                        let t = ring_collective_time(
+                            CollectiveKind::AllGather,
+                            self.k,
+                            self.m,
+                            bytes,
+                            self.cluster,
+                        );
+                        Ready {
+                            sum_s: f64::from(parts) * t,
+                            busy_s: t,
+                            count: f64::from(parts),
+                        }
+                    }
+                    _ => Ready {
+                        sum_s: f64::INFINITY,
+                        ..zero
+                    },
+                },
+                // The rest starts when the first has ended.
+                Coll::Then([a, b]) => {
+                    let (a, b) = (costs(*a), costs(*b));
+                    Ready {
+                        sum_s: a.sum_s + b.count * a.busy_s + b.sum_s,
+                        busy_s: a.busy_s + b.busy_s,
+                        count: a.count + b.count,
+                    }
+                }
+                _ => Ready {
+                    sum_s: f64::INFINITY,
+                    ..zero
+                },
+            }
+        }
+    }
+
+    /// One run: its members' wire dtype and shard elements.
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    struct RunKey {
+        dtype: DType,
+        numels: Vec<u64>,
+    }
+
+    /// The grouping chosen for a run: the members per bucket, in order;
+    /// the stream time saved; whether the runner saturated.
+    #[derive(Clone, Debug)]
+    struct Grouping {
+        sizes: Vec<usize>,
+        saved_s: f64,
+        saturated: bool,
+    }
+
+    fn run_term(key: &RunKey) -> String {
+        let ag = |e: &u64| format!("(ag (shard {} {e}))", key.dtype);
+        let mut t = ag(key.numels.last().expect("a run has members"));
+        for e in key.numels.iter().rev().skip(1) {
+            t = format!("(then {} {t})", ag(e));
+        }
+        t
+    }
+
+    /// The members per call of the extracted form, in order.
+    fn bucket_sizes(expr: &RecExpr<Coll>) -> Vec<usize> {
+        fn walk(expr: &RecExpr<Coll>, id: Id, out: &mut Vec<usize>, leaves: &dyn Fn(&Coll) -> u32) {
+            match &expr[id] {
+                Coll::Then([a, b]) => {
+                    walk(expr, *a, out, leaves);
+                    walk(expr, *b, out, leaves);
+                }
+                n @ Coll::Ag(_) => out.push(leaves(n) as usize),
+                _ => {}
+            }
+        }
+        // The leaves under a gather: the shards its term concatenates.
+        let leaves = |n: &Coll| -> u32 {
+            fn count(expr: &RecExpr<Coll>, id: Id) -> u32 {
+                match &expr[id] {
+                    Coll::Shard(_) => 1,
+                    Coll::Cat([a, b]) => count(expr, *a) + count(expr, *b),
+                    _ => 0,
+                }
+            }
+            match n {
+                Coll::Ag([x]) => count(expr, *x),
+                _ => 0,
+            }
+        };
+        let mut out = Vec::new();
+        walk(expr, Id::from(expr.as_ref().len() - 1), &mut out, &leaves);
+        out
+    }
+
+    fn choose(key: &RunKey, cluster: &Cluster, k: u32, m: u32) -> Result<Grouping, PlanError> {
+        let start: RecExpr<Coll> = run_term(key).parse().map_err(|e| PlanError::Program {
+            reason: format!("collective rewrite: the term of a run of gathers does not parse: {e}"),
+        })?;
+        let n = u64::from(k * m);
+        let runner = Runner::<Coll, Payloads>::new(Payloads { n })
+            .with_iter_limit(ITER_LIMIT.max(key.numels.len() + 2))
+            .with_node_limit(NODE_LIMIT * 4)
+            .with_time_limit(TIME_LIMIT)
+            .with_expr(&start)
+            .run(&Rule::BucketAllGathers.rewrites());
+        let saturated = matches!(runner.stop_reason, Some(StopReason::Saturated));
+        let cost = |eg| Readiness {
+            egraph: eg,
+            cluster,
+            k,
+            m,
+        };
+        let (best, expr) =
+            Extractor::new(&runner.egraph, cost(&runner.egraph)).find_best(runner.roots[0]);
+        let sizes = bucket_sizes(&expr);
+        // The stream time of one call per member, less the chosen form's.
+        let mut fresh = EGraph::<Coll, Payloads>::new(Payloads { n });
+        let at = fresh.add_expr(&start);
+        fresh.rebuild();
+        let (unbucketed, _) = Extractor::new(&fresh, cost(&fresh)).find_best(at);
+        Ok(Grouping {
+            sizes,
+            saved_s: (unbucketed.busy_s - best.busy_s).max(0.0),
+            saturated,
+        })
+    }
+
+    /// Whether instruction `ins` may join a run: a native ring gather over
+    /// the shard group from a persistent shard.
+    fn member(ins: &Instr, buffers: &[Buffer]) -> Option<(DType, u64)> {
+        match &ins.op {
+            InstrOp::AllGather {
+                src,
+                dtype,
+                group: Group::Shard,
+                wire,
+                algorithm: CollectiveAlgorithm::Ring,
+                bucketed: false,
+                ..
+            } if wire.is_native() => {
+                let b = buffers.get(src.index())?;
+                (b.kind == BufferKind::ShardParams)
+                    .then(|| (*dtype, b.bytes / b.dtype.size().max(1) as u64))
+            }
+            _ => None,
+        }
+    }
+
+    /// The runs of `instructions`: per stream, gathers of one wire dtype
+    /// with only records between them, cut where another stream waits on
+    /// one of those records and at `RUN_LIMIT` members.
+    fn runs(instructions: &[Instr], buffers: &[Buffer]) -> Vec<(RunKey, Vec<usize>)> {
+        struct Open {
+            dtype: DType,
+            members: Vec<(usize, u64)>,
+            events: Vec<crate::plan::EventId>,
+        }
+        let mut open: HashMap<Stream, Open> = HashMap::new();
+        let mut done = Vec::new();
+        let close = |o: Open, done: &mut Vec<(RunKey, Vec<usize>)>| {
+            if o.members.len() > 1 {
+                done.push((
+                    RunKey {
+                        dtype: o.dtype,
+                        numels: o.members.iter().map(|m| m.1).collect(),
+                    },
+                    o.members.iter().map(|m| m.0).collect(),
+                ));
+            }
+        };
+        for (i, ins) in instructions.iter().enumerate() {
+            if let InstrOp::Wait { event } = &ins.op {
+                let waited: Vec<Stream> = open
+                    .iter()
+                    .filter(|(s, o)| **s != ins.stream && o.events.contains(event))
+                    .map(|(s, _)| *s)
+                    .collect();
+                for s in waited {
+                    if let Some(o) = open.remove(&s) {
+                        close(o, &mut done);
+                    }
+                }
+            }
+            match (member(ins, buffers), &ins.op) {
+                (Some((dtype, numel)), _) => {
+                    let joins = open
+                        .get(&ins.stream)
+                        .is_some_and(|o| o.dtype == dtype && o.members.len() < RUN_LIMIT);
+                    if joins {
+                        if let Some(o) = open.get_mut(&ins.stream) {
+                            o.members.push((i, numel));
+                        }
+                    } else {
+                        let fresh = Open {
+                            dtype,
+                            members: vec![(i, numel)],
+                            events: Vec::new(),
+                        };
+                        if let Some(o) = open.insert(ins.stream, fresh) {
+                            close(o, &mut done);
+                        }
+                    }
+                }
+                (None, InstrOp::Record { event }) => {
+                    if let Some(o) = open.get_mut(&ins.stream) {
+                        o.events.push(*event);
+                    }
+                }
+                (None, _) => {
+                    if let Some(o) = open.remove(&ins.stream) {
+                        close(o, &mut done);
+                    }
+                }
+            }
+        }
+        for (_, o) in open {
+            close(o, &mut done);
+        }
+        done.sort_by_key(|(_, m)| m[0]);
+        done
+    }
+
+    /// Buckets the runs of `s` where the extraction groups them. Returns
+    /// the gathers that joined another's call, the stream time saved, and
+    /// the runs that saturated and those a limit stopped.
+    pub(super) fn apply(
+        s: &mut Schedule,
+        cluster: &Cluster,
+        k: u32,
+        m: u32,
+    ) -> Result<(u32, f64, (u32, u32)), PlanError> {
+        let mut cache: HashMap<RunKey, Grouping> = HashMap::new();
+        let (mut joined, mut saved, mut sat, mut lim) = (0u32, 0.0, 0u32, 0u32);
+        // Records to move: (record's index, the index it goes after).
+        let mut moves: HashMap<usize, usize> = HashMap::new();
+        for (key, members) in runs(&s.instructions, &s.buffers) {
+            let g = match cache.get(&key) {
+                Some(g) => g.clone(),
+                None => {
+                    let g = choose(&key, cluster, k, m)?;
+                    if g.saturated {
+                        sat += 1;
+                    } else {
+                        lim += 1;
+                    }
+                    cache.insert(key.clone(), g.clone());
+                    g
+                }
+            };
+            if g.sizes.iter().sum::<usize>() != members.len() {
+                return Err(PlanError::Program {
+                    reason: "collective rewrite: a bucketing does not cover its run".into(),
+                });
+            }
+            if g.sizes.len() < members.len() {
+                saved += g.saved_s;
+            }
+            let mut at = 0;
+            for &size in &g.sizes {
+                let bucket = &members[at..at + size];
+                at += size;
+                let (first, last) = (bucket[0], bucket[size - 1]);
+                if size < 2 {
+                    continue;
+                }
+                let stream = s.instructions[first].stream;
+                for &i in &bucket[..size - 1] {
+                    if let InstrOp::AllGather { bucketed, .. } = &mut s.instructions[i].op {
+                        *bucketed = true;
+                        joined += 1;
+                    }
+                }
+                for i in first + 1..last {
+                    let ins = &s.instructions[i];
+                    if ins.stream == stream && matches!(ins.op, InstrOp::Record { .. }) {
+                        moves.insert(i, last);
+                    }
+                }
+            }
+        }
+        if !moves.is_empty() {
+            let old = std::mem::take(&mut s.instructions);
+            let mut after: HashMap<usize, Vec<Instr>> = HashMap::new();
+            let mut kept = Vec::with_capacity(old.len());
+            for (i, ins) in old.into_iter().enumerate() {
+                match moves.get(&i) {
+                    Some(&to) => after.entry(to).or_default().push(ins),
+                    None => kept.push((i, ins)),
+                }
+            }
+            for (i, ins) in kept {
+                s.instructions.push(ins);
+                s.instructions.extend(after.remove(&i).unwrap_or_default());
+            }
+        }
+        Ok((joined, saved, (sat, lim)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -764,7 +1179,8 @@ mod tests {
             eg[id].data,
             Data::Val {
                 numel: 400,
-                dtype: DType::Bf16
+                dtype: DType::Bf16,
+                parts: 1
             }
         );
         let e: RecExpr<Coll> = "(ag (rs (shard f32 400)))".parse().unwrap();
@@ -773,7 +1189,8 @@ mod tests {
             eg[id].data,
             Data::Val {
                 numel: 400,
-                dtype: DType::F32
+                dtype: DType::F32,
+                parts: 1
             }
         );
     }

@@ -282,6 +282,11 @@ pub fn slice_name(plan: &Plan, op: &InstrOp) -> String {
                 .map_or("?", |n| n.name.as_str());
             format!("{kernel} {name}")
         }
+        InstrOp::AllGather {
+            unit,
+            bucketed: true,
+            ..
+        } => format!("all_gather unit {unit} (bucketed into the next)"),
         InstrOp::AllGather { unit, .. } => format!("all_gather unit {unit}"),
         InstrOp::ReduceScatter { unit, .. } => format!("reduce_scatter unit {unit}"),
         InstrOp::AllReduce { unit, .. } => format!("all_reduce unit {unit}"),

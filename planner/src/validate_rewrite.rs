@@ -6,7 +6,9 @@
 //! it); the staging is its stream's persistent `Staging` buffer on the
 //! device, at least as large as the algorithm needs, touched by no other
 //! kind of instruction; no instruction names the groups internal to the
-//! hierarchical algorithm.
+//! hierarchical algorithm; a bucketed gather is a native ring gather of a
+//! persistent shard over the shard group, and the next instruction of its
+//! stream other than a wait is the all-gather whose call it joins.
 
 use crate::plan::*;
 use crate::validate::PlanViolation;
@@ -145,6 +147,53 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                     reason: format!("staging buffer {b} is used outside its collective"),
                 });
             }
+        }
+    }
+    check_buckets(plan, out);
+}
+
+/// A gather that can join a bucket, or run the bucket's call.
+fn ring_shard_gather(plan: &Plan, op: &InstrOp) -> bool {
+    match op {
+        InstrOp::AllGather {
+            src,
+            group: Group::Shard,
+            wire,
+            algorithm: CollectiveAlgorithm::Ring,
+            ..
+        } => {
+            wire.is_native()
+                && plan.buffers.get(src.index()).map(|b| b.kind) == Some(BufferKind::ShardParams)
+        }
+        _ => false,
+    }
+}
+
+fn check_buckets(plan: &Plan, out: &mut Vec<PlanViolation>) {
+    let ins = &plan.instructions;
+    for (i, x) in ins.iter().enumerate() {
+        if !matches!(x.op, InstrOp::AllGather { bucketed: true, .. }) {
+            continue;
+        }
+        let mut push = |reason: String| {
+            out.push(PlanViolation::Rewrite {
+                instr: i as u32,
+                reason,
+            })
+        };
+        if !ring_shard_gather(plan, &x.op) {
+            push("a bucketed all-gather must be a native ring gather of a shard over the shard group".into());
+            continue;
+        }
+        let next = ins[i + 1..]
+            .iter()
+            .find(|y| y.stream == x.stream && !matches!(y.op, InstrOp::Wait { .. }));
+        match next {
+            Some(y) if ring_shard_gather(plan, &y.op) => {}
+            _ => push(format!(
+                "a bucketed all-gather must be followed on the {:?} stream (waits aside) by the all-gather whose call it joins",
+                x.stream
+            )),
         }
     }
 }

@@ -191,7 +191,8 @@ pub struct PlanFlags {
     /// The collective rewrite rules the planner may apply (egg, with the
     /// cluster's cost model choosing the form): all, none, or a comma list
     /// of cast-before-gather, hierarchical-all-gather,
-    /// hierarchical-reduce-scatter, all-reduce-as-reduce-scatter-all-gather.
+    /// hierarchical-reduce-scatter, all-reduce-as-reduce-scatter-all-gather,
+    /// bucket-all-gathers (the gathers a stream issues together in one call).
     /// `fsdpc inspect` names the rules that fired.
     #[arg(long, value_name = "RULES", default_value = "all")]
     pub rewrites: String,

@@ -219,6 +219,7 @@ impl Lowering<'_> {
                 wire_buffer: None,
                 algorithm: CollectiveAlgorithm::Ring,
                 staging: None,
+                bucketed: false,
             },
         );
         // A resharded slice or a staged copy (`offload`) is used once.

@@ -81,6 +81,17 @@ pub trait Communicator: Send + Sync {
     /// converted to `recv.dtype`.
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError>;
 
+    /// Several all-gathers as one call (a bucket; NCCL's grouped calls):
+    /// each `(send, recv)` pair as by `all_gather`, in order. Every member
+    /// passes the same number of pairs of the same lengths. The default
+    /// makes one call per pair.
+    fn all_gather_group(&self, calls: Vec<(Buf<'_>, BufMut<'_>)>) -> Result<(), CommError> {
+        for (send, recv) in calls {
+            self.all_gather(send, recv)?;
+        }
+        Ok(())
+    }
+
     /// Sums the members' `send` buffers in position order, divides by
     /// `divide_by`, and keeps this member's `1/size` slice in `recv`.
     fn reduce_scatter(

@@ -536,6 +536,69 @@ impl Communicator for ShmComm {
         })
     }
 
+    /// One rendezvous for every pair: each member posts the address of
+    /// its list of pairs, and the work phase gathers pair c of every
+    /// member into its own pair c's receive buffer.
+    fn all_gather_group(&self, calls: Vec<(Buf<'_>, BufMut<'_>)>) -> Result<(), CommError> {
+        let n = self.group.n;
+        let items: Vec<Post> = calls
+            .iter()
+            .map(|(send, recv)| {
+                send_post(
+                    "all_gather",
+                    send,
+                    recv.bytes.as_ptr() as usize,
+                    recv.len(),
+                    recv.dtype,
+                )
+            })
+            .collect();
+        let post = Post {
+            send: items.as_ptr() as usize,
+            send_len: items.len(),
+            ..Post::new("all_gather_group")
+        };
+        let res = self.collective(post, |posts| {
+            // SAFETY: each member's list lives until its call returns,
+            // after barrier B.
+            let lists: Vec<&[Post]> = posts
+                .iter()
+                .map(|p| unsafe { std::slice::from_raw_parts(p.send as *const Post, p.send_len) })
+                .collect();
+            if lists.iter().any(|l| l.len() != items.len()) {
+                return Err(mismatch(
+                    "all_gather_group",
+                    format!(
+                        "members grouped {:?} gathers",
+                        lists.iter().map(|l| l.len()).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+            for (c, own) in items.iter().enumerate() {
+                let s = lists[0][c].send_len;
+                if lists.iter().any(|l| l[c].send_len != s) || own.recv_len != n * s {
+                    return Err(mismatch(
+                        "all_gather_group",
+                        format!(
+                            "gather {c}: send lengths {:?} do not fill a receive buffer of {}",
+                            lists.iter().map(|l| l[c].send_len).collect::<Vec<_>>(),
+                            own.recv_len
+                        ),
+                    ));
+                }
+                for (q, l) in lists.iter().enumerate() {
+                    // SAFETY: see `send_of`; the receive range is this
+                    // member's own.
+                    let (src, dst) = unsafe { (send_of(&l[c]), recv_of(own, q * s, s)) };
+                    convert(src, l[c].send_dt, dst, own.recv_dt);
+                }
+            }
+            Ok(())
+        });
+        drop(calls);
+        res
+    }
+
     fn reduce_scatter(
         &self,
         send: Buf<'_>,

@@ -814,6 +814,7 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
     }
     for (i, ins) in plan.instructions.iter().enumerate() {
         let rewritten = match &ins.op {
+            InstrOp::AllGather { bucketed: true, .. } => true,
             InstrOp::AllGather { algorithm, .. }
             | InstrOp::ReduceScatter { algorithm, .. }
             | InstrOp::AllReduce { algorithm, .. } => !algorithm.is_ring(),
@@ -825,7 +826,7 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
         if rewritten {
             return Err(CudaError::Unsupported {
                 instr: i,
-                what: "a rewritten collective (hierarchical, or all-reduce as reduce-scatter and all-gather)".into(),
+                what: "a rewritten collective (hierarchical, bucketed, or all-reduce as reduce-scatter and all-gather)".into(),
                 reason: "the cuda backend runs ring collectives; compile with --rewrites cast-before-gather".into(),
             }
             .into());
@@ -937,6 +938,13 @@ fn lower_step(
     let mut scratch = 0u64;
     match s {
         Step::Free(_) => return Ok((Work::Nothing, 0)),
+        // `refuse_unsupported` refuses plans with bucketed gathers.
+        Step::Bucketed => {
+            return Err(unsupported(
+                "a bucketed all-gather",
+                "the cuda backend runs one call per gather; compile with --rewrites cast-before-gather".into(),
+            ))
+        }
         Step::Record(e) => return Ok((Work::Record(*e), 0)),
         Step::Wait(e) => return Ok((Work::Wait(*e), 0)),
         Step::AllGather {

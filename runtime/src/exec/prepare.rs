@@ -19,6 +19,9 @@ pub struct Region {
     pub len: usize,
 }
 
+/// A bucketed gather's `src`, `dst` and parts (see `Step::AllGather`).
+pub type Bucketed = (BufferId, BufferId, Vec<(usize, usize, usize)>);
+
 /// One resolved instruction.
 #[derive(Debug)]
 pub enum Step<'p> {
@@ -34,7 +37,13 @@ pub enum Step<'p> {
         /// `CollectiveAlgorithm::Hierarchical`: its staging buffer (see
         /// `RankEnv::hier_all_gather`).
         hier: Option<BufferId>,
+        /// The bucketed gathers whose call this one runs (`src`, `dst`,
+        /// `parts` each), before its own parts, in stream order.
+        with: Vec<Bucketed>,
     },
+    /// A bucketed all-gather: gathered by the call of the next all-gather
+    /// of its stream (its `with`); nothing at its own place.
+    Bucketed,
     /// Keep this rank's slice of `src` in `dst` (`InstrOp::Reshard`).
     Reshard {
         src: BufferId,
@@ -157,6 +166,64 @@ fn err(i: usize, reason: String) -> RuntimeError {
     RuntimeError::plan_at(i, reason)
 }
 
+/// Moves each bucketed gather into the call of the next all-gather of its
+/// stream (waits may come between; nothing else may).
+fn join_buckets(plan: &Plan, steps: &mut [Step<'_>]) -> Result<(), RuntimeError> {
+    for s in Stream::ALL {
+        let mut pending: Vec<(usize, Bucketed)> = Vec::new();
+        for (i, ins) in plan.instructions.iter().enumerate() {
+            if ins.stream != s {
+                continue;
+            }
+            let bucketed = matches!(ins.op, InstrOp::AllGather { bucketed: true, .. });
+            match &mut steps[i] {
+                Step::Wait(_) => {}
+                step @ Step::AllGather {
+                    hier: None,
+                    group: Group::Shard,
+                    ..
+                } if bucketed => {
+                    if let Step::AllGather {
+                        src, dst, parts, ..
+                    } = std::mem::replace(step, Step::Bucketed)
+                    {
+                        pending.push((i, (src, dst, parts)));
+                    }
+                }
+                _ if bucketed => {
+                    return Err(err(
+                        i,
+                        "a bucketed all-gather must be a ring gather over the shard group".into(),
+                    ))
+                }
+                Step::AllGather {
+                    hier: None,
+                    group: Group::Shard,
+                    with,
+                    ..
+                } => with.extend(pending.drain(..).map(|(_, b)| b)),
+                _ => {
+                    if let Some(&(at, _)) = pending.first() {
+                        return Err(err(
+                            at,
+                            format!(
+                                "bucketed all-gather joins no call: instruction {i} of its stream comes before any ring all-gather over the shard group"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(&(at, _)) = pending.first() {
+            return Err(err(
+                at,
+                "bucketed all-gather joins no call: no all-gather follows on its stream".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Resolves `plan`.
 pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
     check_buffers(plan)?;
@@ -165,6 +232,7 @@ pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
     for (i, ins) in plan.instructions.iter().enumerate() {
         steps.push(resolve(plan, graph, i, &ins.op)?);
     }
+    join_buckets(plan, &mut steps)?;
     let streams = Stream::ALL
         .iter()
         .map(|&s| {
@@ -369,6 +437,7 @@ fn resolve<'p>(
                 parts,
                 group: *group,
                 hier,
+                with: Vec::new(),
             }
         }
         InstrOp::Reshard {
@@ -700,8 +769,21 @@ fn gather_parts(
     };
     let (src_n, dst_n) = (elems(src), elems(dst));
     let mut parts = Vec::new();
+    let mut end = 0;
     for s in unit.segments() {
         let n = s.numel / f;
+        // In flat order and disjoint: the executor splits the gathered
+        // buffer into the parts' places.
+        if s.flat_offset < end {
+            return Err(err(
+                i,
+                format!(
+                    "unit {u}: segment at flat element {} overlaps or precedes the one before (ending at {end})",
+                    s.flat_offset
+                ),
+            ));
+        }
+        end = s.flat_offset + s.numel;
         if s.shard_offset + n > src_n || s.flat_offset + s.numel > dst_n {
             return Err(err(
                 i,

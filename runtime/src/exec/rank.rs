@@ -185,37 +185,55 @@ impl<'a> RankEnv<'a> {
     }
 
     /// Gathers each segment of a unit's flat parameter into its place (see
-    /// `Step::AllGather`): one all-gather per segment, in segment order on
-    /// every rank.
+    /// `Step::AllGather`), and those of the bucketed gathers `with` before
+    /// it: one grouped call (`Communicator::all_gather_group`) of a gather
+    /// per segment, in bucket and segment order on every rank.
     ///
     /// # Safety
-    /// As for `Memory::view_mut`; `prepare` checked the parts' bounds.
+    /// As for `Memory::view_mut`; `prepare` checked the parts' bounds, and
+    /// the members' buffers are distinct live buffers.
     unsafe fn all_gather(
         &self,
         mem: &Memory,
         stream: Stream,
-        src: BufferId,
-        dst: BufferId,
-        parts: &[(usize, usize, usize)],
+        with: &[super::prepare::Bucketed],
+        own: (BufferId, BufferId, &[(usize, usize, usize)]),
         group: Group,
     ) -> Result<(), RuntimeError> {
-        let (send, recv) = self.send_recv(mem, src, dst)?;
         let comm = self.comm(stream, group);
         let f = comm.size();
-        let (se, re) = (send.dtype.size(), recv.dtype.size());
-        for &(shard_at, flat_at, n) in parts {
-            let part = Buf {
-                dtype: send.dtype,
-                bytes: &send.bytes[shard_at * se..(shard_at + n) * se],
-            };
-            let into = BufMut {
-                dtype: recv.dtype,
-                bytes: &mut recv.bytes[flat_at * re..(flat_at + n * f) * re],
-            };
-            comm.all_gather(part, into)
-                .map_err(|e| comm_err(self.rank, e))?;
+        let members = with
+            .iter()
+            .map(|(s, d, p)| (*s, *d, p.as_slice()))
+            .chain(std::iter::once(own));
+        let mut calls = Vec::new();
+        for (src, dst, parts) in members {
+            let (send, recv) = self.send_recv(mem, src, dst)?;
+            let (se, re) = (send.dtype.size(), recv.dtype.size());
+            let mut rest = recv.bytes;
+            let mut taken = 0;
+            for &(shard_at, flat_at, n) in parts {
+                let part = Buf {
+                    dtype: send.dtype,
+                    bytes: &send.bytes[shard_at * se..(shard_at + n) * se],
+                };
+                // Parts are in flat order and disjoint: split them off.
+                let tail = std::mem::take(&mut rest);
+                let (_, from) = tail.split_at_mut(flat_at * re - taken);
+                let (into, after) = from.split_at_mut(n * f * re);
+                taken = (flat_at + n * f) * re;
+                rest = after;
+                calls.push((
+                    part,
+                    BufMut {
+                        dtype: recv.dtype,
+                        bytes: into,
+                    },
+                ));
+            }
         }
-        Ok(())
+        comm.all_gather_group(calls)
+            .map_err(|e| comm_err(self.rank, e))
     }
 
     /// The cross-node and node-local communicators of `stream` (the two
@@ -351,7 +369,9 @@ impl<'a> RankEnv<'a> {
                     parts,
                     group,
                     hier: None,
-                } => self.all_gather(mem, stream, *src, *dst, parts, *group),
+                    with,
+                } => self.all_gather(mem, stream, with, (*src, *dst, parts), *group),
+                Step::Bucketed => Ok(()),
                 Step::AllGather {
                     src,
                     dst,
