@@ -814,7 +814,6 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
     }
     for (i, ins) in plan.instructions.iter().enumerate() {
         let rewritten = match &ins.op {
-            InstrOp::AllGather { bucketed: true, .. } => true,
             InstrOp::AllGather { algorithm, .. }
             | InstrOp::ReduceScatter { algorithm, .. }
             | InstrOp::AllReduce { algorithm, .. } => !algorithm.is_ring(),
@@ -826,8 +825,8 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
         if rewritten {
             return Err(CudaError::Unsupported {
                 instr: i,
-                what: "a rewritten collective (hierarchical, bucketed, or all-reduce as reduce-scatter and all-gather)".into(),
-                reason: "the cuda backend runs ring collectives; compile with --rewrites cast-before-gather".into(),
+                what: "a rewritten collective (hierarchical, or all-reduce as reduce-scatter and all-gather)".into(),
+                reason: "the cuda backend runs ring collectives; compile with --rewrites cast-before-gather,bucket-all-gathers".into(),
             }
             .into());
         }
@@ -938,13 +937,8 @@ fn lower_step(
     let mut scratch = 0u64;
     match s {
         Step::Free(_) => return Ok((Work::Nothing, 0)),
-        // `refuse_unsupported` refuses plans with bucketed gathers.
-        Step::Bucketed => {
-            return Err(unsupported(
-                "a bucketed all-gather",
-                "the cuda backend runs one call per gather; compile with --rewrites cast-before-gather".into(),
-            ))
-        }
+        // Gathered by the bucket's last member (its `with`).
+        Step::Bucketed => return Ok((Work::Nothing, 0)),
         Step::Record(e) => return Ok((Work::Record(*e), 0)),
         Step::Wait(e) => return Ok((Work::Wait(*e), 0)),
         Step::AllGather {
@@ -952,49 +946,58 @@ fn lower_step(
             dst,
             parts,
             group,
+            with,
             ..
         } => {
-            let ((_, sdt), (_, ddt)) = (elems(prep, *src), elems(prep, *dst));
-            let (se, de) = (sdt.size() as u64, ddt.size() as u64);
-            let size = group_size(*group) as u64;
-            for &(shard_at, flat_at, n) in parts {
-                let (from, into) = (
-                    l.buffer(prep, *src) + shard_at as u64 * se,
-                    l.buffer(prep, *dst) + flat_at as u64 * de,
-                );
-                if use_nccl(*group) {
-                    let comm = comms.get(stream, *group);
-                    if sdt == ddt {
-                        items.push(Item::Coll(Coll::AllGather {
-                            comm,
-                            send: from,
-                            recv: into,
-                            count: n,
-                            dt: sdt,
+            // A bucket's gathers, then this one's: one NCCL call per part,
+            // in order (not grouped into one launch here).
+            let members = with
+                .iter()
+                .map(|(s, d, p)| (s, d, p.as_slice()))
+                .chain(std::iter::once((src, dst, parts.as_slice())));
+            for (src, dst, parts) in members {
+                let ((_, sdt), (_, ddt)) = (elems(prep, *src), elems(prep, *dst));
+                let (se, de) = (sdt.size() as u64, ddt.size() as u64);
+                let size = group_size(*group) as u64;
+                for &(shard_at, flat_at, n) in parts {
+                    let (from, into) = (
+                        l.buffer(prep, *src) + shard_at as u64 * se,
+                        l.buffer(prep, *dst) + flat_at as u64 * de,
+                    );
+                    if use_nccl(*group) {
+                        let comm = comms.get(stream, *group);
+                        if sdt == ddt {
+                            items.push(Item::Coll(Coll::AllGather {
+                                comm,
+                                send: from,
+                                recv: into,
+                                count: n,
+                                dt: sdt,
+                            }));
+                        } else {
+                            // Mixed precision gathers the f32 shard as bf16/f16:
+                            // this member's part, converted, goes to its own
+                            // slot of the gathered buffer, then NCCL gathers in
+                            // place (send = this member's slot).
+                            let mine = into + position(*group) as u64 * n as u64 * de;
+                            items.push(convert(from, sdt, mine, ddt, n as u64, 1.0));
+                            items.push(Item::Coll(Coll::AllGather {
+                                comm,
+                                send: mine,
+                                recv: into,
+                                count: n,
+                                dt: ddt,
+                            }));
+                        }
+                    } else if sdt == ddt {
+                        items.push(Item::Act(Action::Copy {
+                            src: from,
+                            dst: into,
+                            bytes: n as u64 * se * size,
                         }));
                     } else {
-                        // Mixed precision gathers the f32 shard as bf16/f16:
-                        // this member's part, converted, goes to its own
-                        // slot of the gathered buffer, then NCCL gathers in
-                        // place (send = this member's slot).
-                        let mine = into + position(*group) as u64 * n as u64 * de;
-                        items.push(convert(from, sdt, mine, ddt, n as u64, 1.0));
-                        items.push(Item::Coll(Coll::AllGather {
-                            comm,
-                            send: mine,
-                            recv: into,
-                            count: n,
-                            dt: ddt,
-                        }));
+                        items.push(convert(from, sdt, into, ddt, n as u64, 1.0));
                     }
-                } else if sdt == ddt {
-                    items.push(Item::Act(Action::Copy {
-                        src: from,
-                        dst: into,
-                        bytes: n as u64 * se * size,
-                    }));
-                } else {
-                    items.push(convert(from, sdt, into, ddt, n as u64, 1.0));
                 }
             }
         }
