@@ -212,11 +212,18 @@ fn bucketed_all_gathers_are_bit_identical() {
     // On the paper's cluster a ring's latency outweighs a small unit's
     // transfer: the gathers a prefetch point issues together (the root and
     // the first block at the start; deeper prefetch, more) share a call.
-    for (world, depth) in [(2u32, 1u32), (4, 2), (4, 3)] {
+    // (world, prefetch depth, hybrid F): F = world is full_shard.
+    for (world, depth, f) in [(2u32, 1u32, 2u32), (4, 2, 4), (4, 3, 4), (4, 2, 2)] {
         let cluster = Cluster::preset("a100-80g-roce", world, world).expect("preset");
         let cfg = FsdpConfig {
             prefetch_depth: depth,
             limit_all_gathers: depth + 1,
+            strategy: if f < world {
+                Strategy::HybridShard
+            } else {
+                Strategy::FullShard
+            },
+            shard_factor: (f < world).then_some(f),
             ..FsdpConfig::default()
         };
         let model = "gpt:layers=3,hidden=32,heads=2,seq=8,vocab=64,batch=2";
