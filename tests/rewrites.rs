@@ -193,6 +193,20 @@ fn all_reduce_as_reduce_scatter_and_all_gather_is_bit_identical() {
     }
 }
 
+/// What the verifier and a one-step run say of a tampered plan (both
+/// must refuse it).
+fn refusals(t: &Plan) -> (String, String) {
+    let verifier = format!("{:?}", t.validate().unwrap_err());
+    let opts = fsdpc_runtime::TrainOptions {
+        steps: 1,
+        ..Default::default()
+    };
+    let runtime = fsdpc_runtime::train(t, &opts, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    (verifier, runtime)
+}
+
 fn bucketed(plan: &Plan) -> usize {
     plan.instructions
         .iter()
@@ -269,17 +283,10 @@ fn tampered_buckets_are_refused() {
     if let InstrOp::AllGather { bucketed, .. } = &mut t.instructions[last].op {
         *bucketed = true;
     }
-    let e = format!("{:?}", t.validate().unwrap_err());
-    assert!(e.contains("whose call it joins"), "{e}");
-    let opts = fsdpc_runtime::TrainOptions {
-        steps: 1,
-        ..Default::default()
-    };
-    let e = fsdpc_runtime::train(&t, &opts, &mut |_| {})
-        .unwrap_err()
-        .to_string();
+    let (verifier, runtime) = refusals(&t);
+    assert!(verifier.contains("whose call it joins"), "{verifier}");
     // The runtime verifies the plan first.
-    assert!(e.contains("whose call it joins"), "{e}");
+    assert!(runtime.contains("whose call it joins"), "{runtime}");
 }
 
 #[test]
@@ -350,16 +357,9 @@ fn tampered_rewrites_are_refused() {
     if let InstrOp::AllGather { staging, .. } = &mut t.instructions[at].op {
         *staging = None;
     }
-    let e = format!("{:?}", t.validate().unwrap_err());
-    assert!(e.contains("no staging buffer"), "{e}");
-    let opts = fsdpc_runtime::TrainOptions {
-        steps: 1,
-        ..Default::default()
-    };
-    let e = fsdpc_runtime::train(&t, &opts, &mut |_| {})
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("staging"), "{e}");
+    let (verifier, runtime) = refusals(&t);
+    assert!(verifier.contains("no staging buffer"), "{verifier}");
+    assert!(runtime.contains("staging"), "{runtime}");
     // Hierarchical where the shard group is one node.
     let mut t = plan.clone();
     t.cluster.ranks_per_node = 4;

@@ -758,6 +758,28 @@ pub fn hierarchical_shape(shard_factor: u32, ranks_per_node: u32) -> Option<(u32
     (k > 1 && f > k && f.is_multiple_of(k)).then_some((k, f / k))
 }
 
+/// What a gather that can be in a bucket (`InstrOp::AllGather::bucketed`,
+/// as a member or as the last one, whose call runs it) moves: its wire
+/// dtype and shard elements; `None` for any other instruction. A native
+/// ring gather over the shard group from a persistent shard.
+pub fn bucketable_gather(op: &InstrOp, buffers: &[Buffer]) -> Option<(DType, u64)> {
+    match op {
+        InstrOp::AllGather {
+            src,
+            dtype,
+            group: Group::Shard,
+            wire,
+            algorithm: CollectiveAlgorithm::Ring,
+            ..
+        } if wire.is_native() => {
+            let b = buffers.get(src.index())?;
+            (b.kind == BufferKind::ShardParams)
+                .then(|| (*dtype, b.bytes / b.dtype.size().max(1) as u64))
+        }
+        _ => None,
+    }
+}
+
 /// Bytes of a hierarchical all-gather's staging: the m shards of the
 /// cross-node step, in the gathered buffer's dtype.
 pub fn hier_gather_staging_bytes(shard_numel: u64, nodes: u32, dst: DType) -> u64 {

@@ -152,23 +152,6 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
     check_buckets(plan, out);
 }
 
-/// A gather that can join a bucket, or run the bucket's call.
-fn ring_shard_gather(plan: &Plan, op: &InstrOp) -> bool {
-    match op {
-        InstrOp::AllGather {
-            src,
-            group: Group::Shard,
-            wire,
-            algorithm: CollectiveAlgorithm::Ring,
-            ..
-        } => {
-            wire.is_native()
-                && plan.buffers.get(src.index()).map(|b| b.kind) == Some(BufferKind::ShardParams)
-        }
-        _ => false,
-    }
-}
-
 fn check_buckets(plan: &Plan, out: &mut Vec<PlanViolation>) {
     let ins = &plan.instructions;
     for (i, x) in ins.iter().enumerate() {
@@ -181,7 +164,7 @@ fn check_buckets(plan: &Plan, out: &mut Vec<PlanViolation>) {
                 reason,
             })
         };
-        if !ring_shard_gather(plan, &x.op) {
+        if bucketable_gather(&x.op, &plan.buffers).is_none() {
             push("a bucketed all-gather must be a native ring gather of a shard over the shard group".into());
             continue;
         }
@@ -189,7 +172,7 @@ fn check_buckets(plan: &Plan, out: &mut Vec<PlanViolation>) {
             .iter()
             .find(|y| y.stream == x.stream && !matches!(y.op, InstrOp::Wait { .. }));
         match next {
-            Some(y) if ring_shard_gather(plan, &y.op) => {}
+            Some(y) if bucketable_gather(&y.op, &plan.buffers).is_some() => {}
             _ => push(format!(
                 "a bucketed all-gather must be followed on the {:?} stream (waits aside) by the all-gather whose call it joins",
                 x.stream

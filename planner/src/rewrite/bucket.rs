@@ -4,7 +4,7 @@
 //! and the rewritten instruction list.
 
 use super::*;
-use crate::plan::{Instr, Stream};
+use crate::plan::{bucketable_gather, Instr, Stream};
 
 /// The extraction cost of a run: `sum_s`, the sum over its members of
 /// the time from the run's start at which each member's parameters
@@ -161,9 +161,7 @@ fn choose(key: &RunKey, cluster: &Cluster, k: u32, m: u32) -> Result<Grouping, P
         Extractor::new(&runner.egraph, cost(&runner.egraph)).find_best(runner.roots[0]);
     let sizes = bucket_sizes(&expr);
     // The stream time of one call per member, less the chosen form's.
-    let mut fresh = EGraph::<Coll, Payloads>::new(Payloads { n });
-    let at = fresh.add_expr(&start);
-    fresh.rebuild();
+    let (fresh, at) = unrewritten(&start, n);
     let (unbucketed, _) = Extractor::new(&fresh, cost(&fresh)).find_best(at);
     Ok(Grouping {
         sizes,
@@ -172,24 +170,11 @@ fn choose(key: &RunKey, cluster: &Cluster, k: u32, m: u32) -> Result<Grouping, P
     })
 }
 
-/// Whether instruction `ins` may join a run: a native ring gather over
-/// the shard group from a persistent shard.
+/// Whether instruction `ins` may join a run (not already bucketed).
 fn member(ins: &Instr, buffers: &[Buffer]) -> Option<(DType, u64)> {
-    match &ins.op {
-        InstrOp::AllGather {
-            src,
-            dtype,
-            group: Group::Shard,
-            wire,
-            algorithm: CollectiveAlgorithm::Ring,
-            bucketed: false,
-            ..
-        } if wire.is_native() => {
-            let b = buffers.get(src.index())?;
-            (b.kind == BufferKind::ShardParams)
-                .then(|| (*dtype, b.bytes / b.dtype.size().max(1) as u64))
-        }
-        _ => None,
+    match ins.op {
+        InstrOp::AllGather { bucketed: true, .. } => None,
+        _ => bucketable_gather(&ins.op, buffers),
     }
 }
 
@@ -382,9 +367,7 @@ mod tests {
             numels: vec![1000, 4000],
         };
         let start: RecExpr<Coll> = run_term(&key).parse().unwrap();
-        let mut eg = EGraph::<Coll, Payloads>::new(Payloads { n: 4 });
-        let at = eg.add_expr(&start);
-        eg.rebuild();
+        let (eg, at) = unrewritten(&start, 4);
         let cost = Readiness {
             egraph: &eg,
             cluster: &c,

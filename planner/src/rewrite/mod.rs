@@ -461,6 +461,15 @@ fn start_term(site: &Site) -> String {
     }
 }
 
+/// An e-graph of `start` alone, over a group of `n`: its only form is the
+/// start term (whose cost the rules' savings are measured against).
+fn unrewritten(start: &RecExpr<Coll>, n: u64) -> (EGraph<Coll, Payloads>, Id) {
+    let mut eg = EGraph::<Coll, Payloads>::new(Payloads { n });
+    let at = eg.add_expr(start);
+    eg.rebuild();
+    (eg, at)
+}
+
 fn choose(site: &Site, cluster: &Cluster) -> Result<Form, PlanError> {
     let start: RecExpr<Coll> = start_term(site).parse().map_err(|e| PlanError::Program {
         reason: format!("collective rewrite: the term of a collective does not parse: {e}"),
@@ -488,11 +497,7 @@ fn choose(site: &Site, cluster: &Cluster) -> Result<Form, PlanError> {
     let (best, expr) =
         Extractor::new(&runner.egraph, cost(&runner.egraph, cluster, site)).find_best(root);
     // The start term's own cost: the only form of a fresh e-graph.
-    let mut fresh = EGraph::<Coll, Payloads>::new(Payloads {
-        n: u64::from(site.k * site.m),
-    });
-    let at = fresh.add_expr(&start);
-    fresh.rebuild();
+    let (fresh, at) = unrewritten(&start, u64::from(site.k * site.m));
     let (start_cost, _) = Extractor::new(&fresh, cost(&fresh, cluster, site)).find_best(at);
     let nodes = expr.as_ref();
     let has = |f: &dyn Fn(&Coll) -> bool| nodes.iter().any(f);

@@ -506,39 +506,15 @@ impl Communicator for ShmComm {
         self.pos
     }
 
+    /// A group of one pair (`all_gather_group`).
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
-        let n = self.group.n;
-        let post = send_post(
-            "all_gather",
-            &send,
-            recv.bytes.as_mut_ptr() as usize,
-            recv.len(),
-            recv.dtype,
-        );
-        self.collective(post, |posts| {
-            let s = posts[0].send_len;
-            if posts.iter().any(|p| p.send_len != s) || post.recv_len != n * s {
-                return Err(mismatch(
-                    "all_gather",
-                    format!(
-                        "send lengths {:?} do not fill a receive buffer of {}",
-                        posts.iter().map(|p| p.send_len).collect::<Vec<_>>(),
-                        post.recv_len
-                    ),
-                ));
-            }
-            for (q, p) in posts.iter().enumerate() {
-                // SAFETY: see `send_of`; the receive range is this member's own.
-                let (src, dst) = unsafe { (send_of(p), recv_of(&post, q * s, s)) };
-                convert(src, p.send_dt, dst, post.recv_dt);
-            }
-            Ok(())
-        })
+        self.all_gather_group(vec![(send, recv)])
     }
 
     /// One rendezvous for every pair: each member posts the address of
     /// its list of pairs, and the work phase gathers pair c of every
-    /// member into its own pair c's receive buffer.
+    /// member into its own pair c's receive buffer (a plain `all_gather`
+    /// is a list of one).
     fn all_gather_group(&self, calls: Vec<(Buf<'_>, BufMut<'_>)>) -> Result<(), CommError> {
         let n = self.group.n;
         let items: Vec<Post> = calls
@@ -556,7 +532,7 @@ impl Communicator for ShmComm {
         let post = Post {
             send: items.as_ptr() as usize,
             send_len: items.len(),
-            ..Post::new("all_gather_group")
+            ..Post::new("all_gather")
         };
         let res = self.collective(post, |posts| {
             // SAFETY: each member's list lives until its call returns,
@@ -567,7 +543,7 @@ impl Communicator for ShmComm {
                 .collect();
             if lists.iter().any(|l| l.len() != items.len()) {
                 return Err(mismatch(
-                    "all_gather_group",
+                    "all_gather",
                     format!(
                         "members grouped {:?} gathers",
                         lists.iter().map(|l| l.len()).collect::<Vec<_>>()
@@ -578,7 +554,7 @@ impl Communicator for ShmComm {
                 let s = lists[0][c].send_len;
                 if lists.iter().any(|l| l[c].send_len != s) || own.recv_len != n * s {
                     return Err(mismatch(
-                        "all_gather_group",
+                        "all_gather",
                         format!(
                             "gather {c}: send lengths {:?} do not fill a receive buffer of {}",
                             lists.iter().map(|l| l[c].send_len).collect::<Vec<_>>(),
