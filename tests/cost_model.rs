@@ -5,8 +5,8 @@
 
 mod common;
 
-use fsdpc_planner::cluster::SKINNY_DIM;
 use fsdpc_planner::cluster::{CollectiveKind, Contention};
+use fsdpc_planner::cluster::{PROMOTION_FAMILY, SKINNY_DIM};
 use fsdpc_planner::cost::{group_layout, matmul_min_dim, traffic};
 use fsdpc_planner::simulate::simulate;
 use fsdpc_planner::{Cluster, FsdpConfig, Group, InstrOp, Strategy, Stream};
@@ -75,6 +75,7 @@ fn the_event_loop_agrees_with_one_pass_when_nothing_contends() {
     barely.hardware.comm_compute_contention = Some(Contention {
         comm_slowdown: 1.0 + 1e-12,
         compute_slowdown: 1.0,
+        ..Contention::default()
     });
     let evented = simulate(&p, &barely);
     assert!(
@@ -100,6 +101,7 @@ fn contention_lengthens_the_step_by_at_most_its_factor() {
     slow.hardware.comm_compute_contention = Some(Contention {
         comm_slowdown: 2.0,
         compute_slowdown: 1.5,
+        ..Contention::default()
     });
     let contended = simulate(&p, &slow).step_time_s;
     assert!(contended > plain, "{contended} vs {plain}");
@@ -192,6 +194,60 @@ fn skinny_products_use_their_own_curve() {
         }
     }
     assert!(products >= 6, "{products}");
+}
+
+/// A half-precision matrix product on a cluster that multiplies in f32
+/// (`cast:bf16` measured) pays its operands' widening and its output's
+/// narrowing: six bytes per half element at that rate; f32 products and
+/// every other kernel cost what they did, and without the figure (GPU
+/// presets) nothing changes.
+#[test]
+fn half_products_pay_their_promotion_where_products_run_in_f32() {
+    let cfg = FsdpConfig {
+        param_dtype: fsdpc_ir::DType::Bf16,
+        reduce_dtype: fsdpc_ir::DType::Bf16,
+        ..FsdpConfig::default()
+    };
+    let p = common::plan_with(GPT, 1, &cfg);
+    let c = Cluster::from_info(&p.cluster);
+    let base = simulate(&p, &c);
+    let mut cpu = c.clone();
+    cpu.hardware
+        .kernel_bw
+        .insert(PROMOTION_FAMILY.to_string(), 6e6);
+    let promoted = simulate(&p, &cpu);
+    let g = &p.training.graph;
+    let half = |t: &fsdpc_ir::TensorType| t.dtype == fsdpc_ir::DType::Bf16;
+    let mut products = 0;
+    for (i, ins) in p.instructions.iter().enumerate() {
+        let InstrOp::Kernel { node, .. } = ins.op else {
+            continue;
+        };
+        let (d0, d1) = (
+            base.end[i] - base.start[i],
+            promoted.end[i] - promoted.start[i],
+        );
+        let elements: u64 = g
+            .inputs(node)
+            .iter()
+            .map(|v| g.value_type(*v))
+            .chain(g.node(node).outputs.iter())
+            .filter(|t| half(t))
+            .map(|t| t.numel())
+            .sum();
+        if matches!(g.node(node).op, fsdpc_ir::Op::MatMul { .. }) && elements > 0 {
+            // 6 bytes per element at 6e6 B/s: 1 us each.
+            let want = elements as f64 * 1e-6;
+            assert!(
+                (d1 - d0 - want).abs() < 1e-9,
+                "instruction {i}: {d0} -> {d1}"
+            );
+            products += 1;
+        } else if !matches!(g.node(node).op, fsdpc_ir::Op::Cast { .. }) {
+            assert!((d0 - d1).abs() <= 1e-12, "instruction {i}: {d0} -> {d1}");
+        }
+    }
+    assert!(products >= 8, "{products}");
 }
 
 /// `LoadInput` costs the per-kernel overhead plus its bytes at the rate

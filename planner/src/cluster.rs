@@ -79,6 +79,16 @@ pub struct Hardware {
     /// older files: no cache is modelled).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_bytes: f64,
+    /// How memory-bound kernels slow as the bytes one call moves outgrow
+    /// the caches: points (bytes of one call, its rate over the rate at the
+    /// first point), bytes increasing, ratios in (0, 1], interpolated in
+    /// log bytes (1 below the first point, the last ratio beyond the last).
+    /// `kernel_bw` is measured at about the first point's bytes. When
+    /// given it replaces the `cache_bytes` / `mem_bw` cap: a cache size
+    /// read from sysfs in a VM is the host's, not the guest's share
+    /// (empty in presets and older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bandwidth_by_size: Vec<(f64, f64)>,
     /// The communicator inside a node as measured per collective and group
     /// size: `latency_s + wire / bw`, where `wire` is what a rank sends in
     /// the ring algorithm (`cost::ring_wire_bytes`). A collective of a kind
@@ -177,16 +187,70 @@ pub struct CollectiveFit {
 /// How much work on different streams slows while a collective and a
 /// kernel run at the same time: each runs at `1 / factor` of its speed
 /// alone for the overlap (factors >= 1).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Contention {
     /// A collective's slowdown while a kernel runs beside it.
     pub comm_slowdown: f64,
     /// A kernel's slowdown while a collective runs beside it.
     pub compute_slowdown: f64,
+    /// Each collective's slowdown while two collectives (an all-gather
+    /// and a reduce-scatter, as backward's prefetch and reduction) run
+    /// beside a kernel (0: not measured, `comm_slowdown`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub two_comm_slowdown: f64,
+    /// A kernel's slowdown while two collectives run beside it (0: not
+    /// measured, `compute_slowdown`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub two_compute_slowdown: f64,
+    /// Each collective's slowdown while two run beside each other and no
+    /// kernel (0: not measured, none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_pair_slowdown: f64,
+}
+
+impl Contention {
+    /// The rates (of their speed alone) at which collectives and a kernel
+    /// progress while `comms` collectives run and a kernel does or does
+    /// not (`compute`).
+    pub fn rates(&self, comms: usize, compute: bool) -> (f64, f64) {
+        let or = |x: f64, y: f64| if x >= 1.0 { x } else { y };
+        let (comm, kernel) = match (comms, compute) {
+            (0, _) => (1.0, 1.0),
+            (1, false) => (1.0, 1.0),
+            (_, false) => (or(self.comm_pair_slowdown, 1.0), 1.0),
+            (1, true) => (self.comm_slowdown, self.compute_slowdown),
+            (_, true) => (
+                or(self.two_comm_slowdown, self.comm_slowdown),
+                or(self.two_compute_slowdown, self.compute_slowdown),
+            ),
+        };
+        (1.0 / comm.max(1.0), 1.0 / kernel.max(1.0))
+    }
+
+    /// Whether any factor slows anything.
+    pub fn slows(&self) -> bool {
+        [
+            self.comm_slowdown,
+            self.compute_slowdown,
+            self.two_comm_slowdown,
+            self.two_compute_slowdown,
+            self.comm_pair_slowdown,
+        ]
+        .iter()
+        .any(|&x| x > 1.0)
+    }
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn unmeasured_as_1(x: f64) -> f64 {
+    if x == 0.0 {
+        1.0
+    } else {
+        x
+    }
 }
 
 /// PCIe 4.0 x16: 32 GB/s raw per direction, about 25 GB/s achieved by
@@ -210,6 +274,11 @@ fn host_mem() -> f64 {
     HOST_MEM_BW
 }
 
+/// The `kernel_bw` family of the cast between a half-precision dtype and
+/// f32: what a backend that multiplies in f32 pays per promoted element
+/// (`Hardware::promotion_bandwidth`).
+pub const PROMOTION_FAMILY: &str = "cast:bf16";
+
 /// Products whose smallest dimension is at most this many are skinny
 /// (`Hardware::skinny_matmul_efficiency`).
 pub const SKINNY_DIM: usize = 64;
@@ -232,6 +301,20 @@ pub fn matmul_shape_key(m: u64, k: u64, n: u64, trans_a: bool, trans_b: bool) ->
     };
     let t = |x: bool| if x { 't' } else { 'n' };
     format!("{shape}:{}{}", t(trans_a), t(trans_b))
+}
+
+/// The smallest dimension of the skinny products whose curves are keyed
+/// `rows:nn`, `inner:tn`, ...: `fsdpc calibrate` measures them with 16
+/// rows, inner size or columns.
+pub const SKINNY_BASE_DIM: usize = 16;
+
+/// The key of the same skinny curve measured `SKINNY_DIM` wide
+/// (`rows:nn@64`): a product whose smallest dimension lies between
+/// `SKINNY_BASE_DIM` and `SKINNY_DIM` interpolates between the two, as a
+/// CPU micro-kernel's tiles fill (a 64-row product ran 3x faster per FLOP
+/// than the 16-row curve said on this project's 2-core machine).
+pub fn wide_skinny_key(key: &str) -> String {
+    format!("{key}@{SKINNY_DIM}")
 }
 
 /// An efficiency curve at `flops`: linear in log(flops) between points,
@@ -285,12 +368,27 @@ impl Hardware {
         trans_a: bool,
         trans_b: bool,
     ) -> f64 {
-        match self
-            .matmul_curves
-            .get(&matmul_shape_key(m, k, n, trans_a, trans_b))
-        {
-            Some(c) if !c.is_empty() => curve_at(c, flops),
-            _ => self.matmul_efficiency_for(flops, m.min(k).min(n) as usize),
+        let key = matmul_shape_key(m, k, n, trans_a, trans_b);
+        let small = m.min(k).min(n) as f64;
+        match self.matmul_curves.get(&key) {
+            Some(c) if !c.is_empty() => {
+                let at_base = curve_at(c, flops);
+                let wide = self
+                    .matmul_curves
+                    .get(&wide_skinny_key(&key))
+                    .filter(|w| !w.is_empty());
+                match wide {
+                    // Between the two measured widths, linear in
+                    // log(width); held at the ends.
+                    Some(w) if small > SKINNY_BASE_DIM as f64 => {
+                        let (lo, hi) = (SKINNY_BASE_DIM as f64, SKINNY_DIM as f64);
+                        let t = ((small.ln() - lo.ln()) / (hi.ln() - lo.ln())).min(1.0);
+                        at_base + t * (curve_at(w, flops) - at_base)
+                    }
+                    _ => at_base,
+                }
+            }
+            _ => self.matmul_efficiency_for(flops, small as usize),
         }
     }
 
@@ -309,8 +407,28 @@ impl Hardware {
         self.kernel_bw
             .get(family)
             .or_else(|| self.kernel_bw.get(base))
+            // Files calibrated before casts had a family of their own
+            // measured them as the unary kernels.
+            .or_else(|| {
+                let unary = family.replacen("cast", "unary", 1);
+                (base == "cast")
+                    .then(|| self.kernel_bw.get(&unary).or(self.kernel_bw.get("unary")))
+                    .flatten()
+            })
             .copied()
             .unwrap_or(self.mem_bw)
+    }
+
+    /// Bytes per second (half-precision bytes plus f32 bytes) at which
+    /// this hardware's kernels widen half-precision operands to f32 and
+    /// narrow results back, when it multiplies in f32 (`cast:bf16` in
+    /// `kernel_bw`, which `fsdpc calibrate` measures on CPUs); `None` where
+    /// it multiplies half precision natively (presets, older files).
+    pub fn promotion_bandwidth(&self) -> Option<f64> {
+        self.kernel_bw
+            .get(PROMOTION_FAMILY)
+            .copied()
+            .filter(|&bw| bw > 0.0)
     }
 
     /// Measured FLOP/s of a compute-bound kernel of `family` (see
@@ -325,10 +443,20 @@ impl Hardware {
     }
 
     /// Bandwidth of a memory-bound kernel of `family` moving `bytes`: its
-    /// family's (`kernel_bandwidth`), capped at `mem_bw` when the bytes do
-    /// not fit in the rank's share of the cache (`cache_bytes` > 0).
+    /// family's (`kernel_bandwidth`) scaled by the measured slowdown at
+    /// that size (`bandwidth_by_size`), else capped at `mem_bw` when the
+    /// bytes do not fit in the rank's share of the cache (`cache_bytes` >
+    /// 0).
     pub fn kernel_bandwidth_for(&self, family: &str, bytes: f64) -> f64 {
         let bw = self.kernel_bandwidth(family);
+        if !self.bandwidth_by_size.is_empty() {
+            let first = self.bandwidth_by_size[0].0;
+            return if bytes <= first {
+                bw
+            } else {
+                bw * curve_at(&self.bandwidth_by_size, bytes)
+            };
+        }
         if self.cache_bytes > 0.0 && bytes > self.cache_bytes {
             bw.min(self.mem_bw)
         } else {
@@ -709,6 +837,13 @@ impl ClusterFile {
             for (name, x) in [
                 ("comm_slowdown", c.comm_slowdown),
                 ("compute_slowdown", c.compute_slowdown),
+                // 0: not measured.
+                ("two_comm_slowdown", unmeasured_as_1(c.two_comm_slowdown)),
+                (
+                    "two_compute_slowdown",
+                    unmeasured_as_1(c.two_compute_slowdown),
+                ),
+                ("comm_pair_slowdown", unmeasured_as_1(c.comm_pair_slowdown)),
             ] {
                 if !(x.is_finite() && x >= 1.0) {
                     return bad(format!(
@@ -741,6 +876,15 @@ impl ClusterFile {
                 }
                 prev = flops;
             }
+        }
+        let mut prev = 0.0;
+        for &(bytes, r) in &h.bandwidth_by_size {
+            if !(bytes.is_finite() && bytes > prev && r > 0.0 && r <= 1.0) {
+                return bad(format!(
+                    "hardware.bandwidth_by_size: point ({bytes}, {r}) must have bytes above the previous point's and a ratio in (0, 1]"
+                ));
+            }
+            prev = bytes;
         }
         Ok(())
     }
@@ -808,6 +952,32 @@ mod calibrated_fields {
             0.8,
             "no square:nt curve: the general one"
         );
+        // A curve measured 64 wide: products between 16 and 64 rows
+        // interpolate in log(rows); 16 and below keep the 16-row curve.
+        h.matmul_curves
+            .insert(wide_skinny_key("rows:nt"), vec![(1e6, 0.5), (1e8, 0.6)]);
+        assert_eq!(wide_skinny_key("rows:nt"), "rows:nt@64");
+        assert!((e(&h, 64, 4096, 4096, true) - 0.55).abs() < 1e-12);
+        assert!((e(&h, 32, 4096, 4096, true) - 0.35).abs() < 1e-12);
+        assert!((e(&h, 8, 4096, 4096, true) - 0.15).abs() < 1e-12);
+    }
+
+    #[test]
+    fn casts_have_their_own_family_and_promotion_needs_one() {
+        let mut h = Hardware {
+            mem_bw: 1e10,
+            ..Hardware::default()
+        };
+        assert_eq!(h.promotion_bandwidth(), None, "presets: native half");
+        h.kernel_bw.insert("unary:bf16".into(), 2e9);
+        assert_eq!(
+            h.kernel_bandwidth("cast:bf16"),
+            2e9,
+            "older files: casts as unary kernels"
+        );
+        h.kernel_bw.insert(PROMOTION_FAMILY.into(), 6e9);
+        assert_eq!(h.kernel_bandwidth("cast:bf16"), 6e9);
+        assert_eq!(h.promotion_bandwidth(), Some(6e9));
     }
 
     fn calibrated() -> ClusterFile {
@@ -828,6 +998,7 @@ mod calibrated_fields {
         h.comm_compute_contention = Some(Contention {
             comm_slowdown: 1.5,
             compute_slowdown: 1.2,
+            ..Contention::default()
         });
         f
     }
@@ -853,6 +1024,13 @@ mod calibrated_fields {
         h3.mem_bw = 2e9;
         assert_eq!(h3.kernel_bandwidth_for("softmax", 1e6), 3e9);
         assert_eq!(h3.kernel_bandwidth_for("softmax", 2e6), 2e9);
+        // A measured curve replaces the cap: the family's rate up to its
+        // first point, scaled beyond it (log-interpolated).
+        let mut h5 = h3.clone();
+        h5.bandwidth_by_size = vec![(1e6, 1.0), (1e8, 0.5)];
+        assert_eq!(h5.kernel_bandwidth_for("softmax", 5e5), 3e9);
+        assert!((h5.kernel_bandwidth_for("softmax", 1e7) - 2.25e9).abs() < 1.0);
+        assert_eq!(h5.kernel_bandwidth_for("softmax", 1e9), 1.5e9);
         assert_eq!(
             h.collective_fit(CollectiveKind::ReduceScatter, 2)
                 .map(|f| f.bw),
@@ -879,6 +1057,7 @@ mod calibrated_fields {
             "kernel_flops",
             "skinny_matmul_efficiency",
             "cache_bytes",
+            "bandwidth_by_size",
             "collective_fits",
             "comm_compute_contention",
         ] {
@@ -901,6 +1080,7 @@ mod calibrated_fields {
         f.hardware.comm_compute_contention = Some(Contention {
             comm_slowdown: 0.5,
             compute_slowdown: 1.0,
+            ..Contention::default()
         });
         let text = serde_json::to_string(&f).unwrap();
         let err = ClusterFile::from_json(&text).unwrap_err().to_string();
@@ -917,5 +1097,11 @@ mod calibrated_fields {
             .unwrap_err()
             .to_string();
         assert!(err.contains("kernel_bw.unary"), "{err}");
+        let mut f = calibrated();
+        f.hardware.bandwidth_by_size = vec![(1e6, 1.0), (1e6, 0.5)];
+        let err = ClusterFile::from_json(&serde_json::to_string(&f).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bandwidth_by_size"), "{err}");
     }
 }

@@ -77,7 +77,8 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
         Op::Attention { .. } => "attention",
         Op::AttentionGrad { .. } => "attention_grad",
         Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } | Op::Where => "binary",
-        Op::Unary { .. } | Op::Not | Op::Cast { .. } | Op::Dropout { .. } => "unary",
+        Op::Unary { .. } | Op::Not | Op::Dropout { .. } => "unary",
+        Op::Cast { .. } => "cast",
         Op::UnaryGrad { .. } => "unary_grad",
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => "layer_norm",
         Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. } => "layer_norm_grad",
@@ -161,6 +162,30 @@ fn matmul_efficiency(graph: &Graph, node: fsdpc_ir::NodeId, flops: f64, cluster:
     )
 }
 
+/// Seconds a backend that multiplies in f32 spends widening a matrix
+/// product's half-precision operands to f32 copies and narrowing its
+/// half-precision output back (the CPU backend's `promoted`): every half
+/// element read in one dtype and written in the other, at the measured
+/// rate of the cast kernel (`Hardware::promotion_bandwidth`); 0 on a
+/// cluster without that figure (GPUs multiply half precision natively).
+pub fn promotion_time(graph: &Graph, node: fsdpc_ir::NodeId, hw: &crate::cluster::Hardware) -> f64 {
+    let Some(bw) = hw.promotion_bandwidth() else {
+        return 0.0;
+    };
+    let half =
+        |t: &fsdpc_ir::TensorType| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16);
+    let elements: u64 = graph
+        .inputs(node)
+        .iter()
+        .map(|v| graph.value_type(*v))
+        .chain(graph.node(node).outputs.iter())
+        .filter(|t| half(t))
+        .map(|t| t.numel())
+        .sum();
+    // Two bytes read or written in half precision, four in f32.
+    (elements * 6) as f64 / bw
+}
+
 /// Time of the kernel of graph node `node`: the per-kernel overhead plus
 /// its roofline (see the module header).
 pub fn node_kernel_time(
@@ -185,11 +210,12 @@ pub fn node_kernel_time(
             // smallest dimension.
             let rate = hw.peak_flops(dtype) * matmul_efficiency(graph, node, flops, cluster);
             let compute = if rate > 0.0 { flops / rate } else { 0.0 };
-            compute.max(if hw.mem_bw > 0.0 {
+            let body = compute.max(if hw.mem_bw > 0.0 {
                 bytes / hw.mem_bw
             } else {
                 0.0
-            })
+            });
+            body + promotion_time(graph, node, hw)
         }
         // Compute-bound kernels of their own (attention): at their
         // measured FLOP rate when the cluster has one.

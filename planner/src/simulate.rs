@@ -7,12 +7,14 @@
 //! Contention: on a cluster whose ranks share cores with their own
 //! collectives (`Hardware::comm_compute_contention`), a collective and a
 //! kernel on other streams slow each other while both run: each progresses
-//! at `1 / slowdown` of its speed alone for the overlap. Work that does not
-//! overlap runs at full speed. Without contention the simulation is one
+//! at `1 / slowdown` of its speed alone for the overlap, with the factors
+//! measured for one collective beside a kernel, two beside a kernel
+//! (backward's prefetch and reduction) and two beside each other
+//! (`Contention::rates`). Work that does not overlap runs at full speed. Without contention the simulation is one
 //! pass over the instructions; with it, a deterministic event loop over
 //! the streams' progress (`schedule`). Seconds throughout.
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Contention};
 use crate::cost;
 use crate::plan::*;
 
@@ -41,9 +43,9 @@ pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
         .map(|ins| cost::instr_cost(plan, cluster, ins))
         .collect();
     match &cluster.hardware.comm_compute_contention {
-        Some(c) if c.comm_slowdown > 1.0 || c.compute_slowdown > 1.0 => {
+        Some(c) if c.slows() => {
             let items = items(plan, &costs);
-            let s = schedule(&items, c.comm_slowdown, c.compute_slowdown);
+            let s = schedule(&items, c);
             tl.start = s.start;
             tl.end = s.end;
             tl.exposed_comm_s = s.exposed_s;
@@ -74,7 +76,7 @@ pub fn contends(cluster: &Cluster) -> bool {
         .hardware
         .comm_compute_contention
         .as_ref()
-        .is_some_and(|c| c.comm_slowdown > 1.0 || c.compute_slowdown > 1.0)
+        .is_some_and(Contention::slows)
 }
 
 /// Seconds of work on the plan's busiest stream, each instruction at its
@@ -187,12 +189,12 @@ pub struct Schedule {
 }
 
 /// The event loop: every stream runs its items in list order; a `Wait`
-/// item starts once the item it waits for has ended; while a `Comm` and a
-/// `Compute` item run at the same time, they progress at
-/// `1 / comm_slowdown` and `1 / compute_slowdown` of their speed. An item
+/// item starts once the item it waits for has ended; while `Comm` items
+/// run beside each other or beside a `Compute` item, each progresses at
+/// the rate `Contention::rates` gives for how many run. An item
 /// waiting for one that never ends (not in a valid plan) is released at the
 /// time every stream is stuck, so the loop always ends.
-pub fn schedule(items: &[Item], comm_slowdown: f64, compute_slowdown: f64) -> Schedule {
+pub fn schedule(items: &[Item], contention: &Contention) -> Schedule {
     let streams = items.iter().map(|it| it.stream + 1).max().unwrap_or(0);
     let mut queues: Vec<Vec<usize>> = vec![Vec::new(); streams];
     for (i, it) in items.iter().enumerate() {
@@ -251,16 +253,17 @@ pub fn schedule(items: &[Item], comm_slowdown: f64, compute_slowdown: f64) -> Sc
             release = true;
             continue;
         }
-        let kind_runs = |k: Work| {
+        let runs = |k: Work| {
             active
                 .iter()
-                .any(|&s| running[s].is_some_and(|(i, _)| items[i].kind == k))
+                .filter(|&&s| running[s].is_some_and(|(i, _)| items[i].kind == k))
+                .count()
         };
-        let both = kind_runs(Work::Comm) && kind_runs(Work::Compute);
-        let rate = |k: Work| match (both, k) {
-            (true, Work::Comm) => 1.0 / comm_slowdown.max(1.0),
-            (true, Work::Compute) => 1.0 / compute_slowdown.max(1.0),
-            _ => 1.0,
+        let (comm_rate, compute_rate) = contention.rates(runs(Work::Comm), runs(Work::Compute) > 0);
+        let rate = |k: Work| match k {
+            Work::Comm => comm_rate,
+            Work::Compute => compute_rate,
+            Work::Other => 1.0,
         };
         let dt = active
             .iter()
@@ -402,12 +405,12 @@ mod tests {
             item(0, 1.0, Work::Compute, None),
             item(1, 1.0, Work::Comm, None),
         ];
-        let s = schedule(&both, 2.0, 1.5);
+        let s = schedule(&both, &slow(2.0, 1.5));
         assert_eq!(s.start, vec![0.0, 0.0]);
         assert!((s.end[0] - 1.5).abs() < 1e-12, "{:?}", s.end);
         assert!((s.end[1] - 1.75).abs() < 1e-12, "{:?}", s.end);
         // Without contention both end at 1 s.
-        let s = schedule(&both, 1.0, 1.0);
+        let s = schedule(&both, &slow(1.0, 1.0));
         assert_eq!(s.end, vec![1.0, 1.0]);
         // The same two in sequence (the collective waits for a record after
         // the kernel): no overlap, no slowdown.
@@ -420,7 +423,7 @@ mod tests {
             },
             item(1, 1.0, Work::Comm, None),
         ];
-        let s = schedule(&seq, 2.0, 1.5);
+        let s = schedule(&seq, &slow(2.0, 1.5));
         assert_eq!(s.end[0], 1.0);
         assert_eq!(s.start[3], 1.0);
         assert_eq!(s.end[3], 2.0);
@@ -434,9 +437,45 @@ mod tests {
                 item(0, 1.0, Work::Compute, None),
                 item(1, 2.0, Work::Compute, None),
             ],
-            3.0,
-            3.0,
+            &slow(3.0, 3.0),
         );
         assert_eq!(s.end, vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn two_collectives_beside_a_kernel_use_their_own_factors() {
+        // An all-gather and a reduce-scatter (1 s alone each) beside a
+        // kernel (1 s alone): x4 each and the kernel x2 while all three
+        // run; the kernel ends at 2 s with each collective half done,
+        // then the two beside each other (x1.5 each) end at 2.75 s.
+        let three = [
+            item(0, 1.0, Work::Compute, None),
+            item(1, 1.0, Work::Comm, None),
+            item(2, 1.0, Work::Comm, None),
+        ];
+        let c = Contention {
+            two_comm_slowdown: 4.0,
+            two_compute_slowdown: 2.0,
+            comm_pair_slowdown: 1.5,
+            ..slow(2.0, 1.5)
+        };
+        let s = schedule(&three, &c);
+        assert!((s.end[0] - 2.0).abs() < 1e-12, "{:?}", s.end);
+        assert!((s.end[1] - 2.75).abs() < 1e-12, "{:?}", s.end);
+        assert!((s.end[2] - 2.75).abs() < 1e-12, "{:?}", s.end);
+        // Unmeasured (0), they fall back to the one-collective factors and
+        // no pair slowdown: the kernel at 1.5 s, each collective 0.75 s
+        // done, then 0.25 s alone.
+        let s = schedule(&three, &slow(2.0, 1.5));
+        assert!((s.end[0] - 1.5).abs() < 1e-12, "{:?}", s.end);
+        assert!((s.end[1] - 1.75).abs() < 1e-12, "{:?}", s.end);
+    }
+
+    fn slow(comm_slowdown: f64, compute_slowdown: f64) -> Contention {
+        Contention {
+            comm_slowdown,
+            compute_slowdown,
+            ..Contention::default()
+        }
     }
 }

@@ -9,7 +9,10 @@
 //! 10-25% fast):
 //! - matrix products through the CPU backend's `gemm_f32` over shapes like
 //!   those of the kernels (rows x inner x columns): the peak FLOP/s and the
-//!   achievable-efficiency curve in FLOPs; skinny products (one dimension
+//!   achievable-efficiency curve in FLOPs, each repetition on operands
+//!   from a rotation spanning 64 MiB (not those the last one left in the
+//!   core's caches: a training step's products read tensors other kernels
+//!   touched since); skinny products (one dimension
 //!   16, the others 512..4096) give the curve for products whose smallest
 //!   dimension is small;
 //! - the per-kernel fixed overhead: the backend's kernel dispatch
@@ -21,9 +24,11 @@
 //!   kernel-sized tensors, in f32 and bf16, rotating over several buffer
 //!   sets so the inputs are not hot in the core's caches: bytes read plus
 //!   written per second, less the overhead, by kernel family (the cost
-//!   model's `cost::kernel_family`), on working sets that fit the rank's
-//!   share of the last-level cache (`cache_bytes`, from sysfs); a 64 MiB
-//!   copy gives `mem_bw`, what kernels beyond the cache run at;
+//!   model's `cost::kernel_family`); the AdamW update at 128K, 1M and 8M
+//!   elements gives how that rate falls as a kernel's bytes outgrow the
+//!   caches (`bandwidth_by_size`: measured, since a VM's sysfs reports the
+//!   host's last-level cache, `cache_bytes`, not the guest's share); a
+//!   64 MiB copy gives `mem_bw`;
 //! - attention and its gradient through the same dispatch: FLOP/s
 //!   (`kernel_flops`);
 //! - the runtime's synthetic data source writing float features and token
@@ -32,9 +37,12 @@
 //!   all-reduce over groups of 2..=R rank threads (at least 2) at three
 //!   sizes, fitted by least squares to `latency + ring wire bytes / bw`
 //!   per kind and size;
-//! - contention: every rank runs a matrix product on its compute thread and
-//!   all-gathers on its communication thread at the same time; each one's
-//!   median time over its median time alone is the slowdown.
+//! - contention: every rank runs matrix products on its compute thread
+//!   and all-gathers on a communication thread at the same time; then
+//!   all-gathers and reduce-scatters on two communication threads beside
+//!   the products (backward's prefetch and reduction); then the two
+//!   collective threads alone: each one's mean time over its mean time
+//!   alone is the slowdown (`Contention`).
 //!
 //! `measure` is public so benchmarks can calibrate without the CLI.
 
@@ -42,7 +50,8 @@ use super::{print_out, CliError};
 use clap::Args;
 use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
 use fsdpc_planner::cluster::{
-    matmul_shape_key, ClusterFile, CollectiveFit, CollectiveKind, Contention, SKINNY_DIM,
+    matmul_shape_key, wide_skinny_key, ClusterFile, CollectiveFit, CollectiveKind, Contention,
+    PROMOTION_FAMILY, SKINNY_BASE_DIM, SKINNY_DIM,
 };
 use fsdpc_planner::cost::ring_wire_bytes;
 use fsdpc_runtime::comm::{Buf, BufMut, Communicator};
@@ -70,8 +79,9 @@ pub struct CalibrateArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Per-operation seconds of a rank's collectives and of its products.
-type OpTimes = (Vec<f64>, Vec<f64>);
+/// Per-operation seconds of a rank's collectives (one list per kind) and
+/// of its products.
+type OpTimes = (Vec<Vec<f64>>, Vec<f64>);
 
 /// What one rank thread repeats.
 type Body = Box<dyn FnMut() -> Result<(), String>>;
@@ -191,24 +201,40 @@ fn matmul_rate_of(
 ) -> Result<(f64, f64), CliError> {
     let flops = 2.0 * (m * k * n) as f64;
     let reps = ((2e8 / flops) as usize).clamp(3, 200);
+    // Operands rotate over sets spanning ROTATION_BYTES: in a training
+    // step a product's operands were written or read by other kernels
+    // since, not by the same product a moment ago.
+    let sets = rotation_sets(4 * (m * k + k * n + m * n)).min(reps);
     let times = lockstep(ranks, reps, |_| {
-        let a = vec![0.5f32; m * k];
-        let b = vec![0.25f32; k * n];
-        let mut out = vec![0f32; m * n];
+        let mut ops: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..sets)
+            .map(|_| {
+                (
+                    vec![0.5f32; m * k],
+                    vec![0.25f32; k * n],
+                    // Written, not zero-allocated: a first write to a
+                    // fresh zero page faults, which a plan's arena
+                    // does not.
+                    vec![1f32; m * n],
+                )
+            })
+            .collect();
+        let mut set = 0;
         Ok(Box::new(move || {
+            let (a, b, out) = &mut ops[set];
+            set = (set + 1) % sets;
             let ma = Mat {
-                data: &a,
+                data: a,
                 rows: m,
                 cols: k,
                 trans: trans_a,
             };
             let mb = Mat {
-                data: &b,
+                data: b,
                 rows: k,
                 cols: n,
                 trans: trans_b,
             };
-            gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false).map_err(|e| e.0)
+            gemm_f32(Parallelism::None, out, ma, mb, 1.0, false).map_err(|e| e.0)
         }))
     })
     .map_err(|e| fail("matrix product", e))?;
@@ -646,83 +672,134 @@ fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
     (a, 1.0 / slope)
 }
 
-/// Median per-operation seconds of `ranks` ranks each doing matrix products
-/// on one thread and all-gathers of `bytes` on another: alone, then both at
-/// once. Returns (comm alone, comm beside compute, compute alone, compute
-/// beside comm).
-fn contention(ranks: usize, bytes: usize, collectives: usize) -> Result<[f64; 4], CliError> {
+/// What the contention measurements give: per rank, mean seconds of an
+/// all-gather, a reduce-scatter and a matrix product alone, and, for each
+/// mix that runs at once, each one's mean seconds within it.
+struct ContentionTimes {
+    ag_alone: f64,
+    rs_alone: f64,
+    gemm_alone: f64,
+    /// One all-gather stream beside products: (all-gather, product).
+    ag_gemm: (f64, f64),
+    /// An all-gather and a reduce-scatter stream beside products:
+    /// (all-gather, reduce-scatter, product).
+    ag_rs_gemm: (f64, f64, f64),
+    /// An all-gather and a reduce-scatter stream, no products.
+    ag_rs: (f64, f64),
+}
+
+impl ContentionTimes {
+    /// The factors, each at least 1: a collective's and a product's beside
+    /// one collective, the same beside two, and two collectives' beside
+    /// each other.
+    fn factors(&self) -> Contention {
+        let over = |x: f64, alone: f64| (x / alone.max(1e-12)).max(1.0);
+        let (ag, rs, k) = self.ag_rs_gemm;
+        Contention {
+            comm_slowdown: over(self.ag_gemm.0, self.ag_alone),
+            compute_slowdown: over(self.ag_gemm.1, self.gemm_alone),
+            two_comm_slowdown: (over(ag, self.ag_alone) + over(rs, self.rs_alone)) / 2.0,
+            two_compute_slowdown: over(k, self.gemm_alone),
+            comm_pair_slowdown: (over(self.ag_rs.0, self.ag_alone)
+                + over(self.ag_rs.1, self.rs_alone))
+                / 2.0,
+        }
+    }
+}
+
+/// The 256^3 product the contention measurements run on a compute thread.
+fn contention_gemm() -> Body {
     let (m, k, n) = (256, 256, 256);
-    let world = ShmWorld::new(ranks, CommConfig::default());
-    let gemm_body = || -> Body {
-        let a = vec![0.5f32; m * k];
-        let b = vec![0.25f32; k * n];
-        let mut out = vec![0f32; m * n];
-        Box::new(move || {
-            let ma = Mat {
-                data: &a,
-                rows: m,
-                cols: k,
-                trans: false,
-            };
-            let mb = Mat {
-                data: &b,
-                rows: k,
-                cols: n,
-                trans: false,
-            };
-            gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false).map_err(|e| e.0)
-        })
-    };
-    let comm_alone = lockstep(ranks, collectives, |rank| {
-        collective_body(&world, CollectiveKind::AllGather, ranks, rank, bytes)
+    let a = vec![0.5f32; m * k];
+    let b = vec![0.25f32; k * n];
+    let mut out = vec![1f32; m * n];
+    Box::new(move || {
+        let ma = Mat {
+            data: &a,
+            rows: m,
+            cols: k,
+            trans: false,
+        };
+        let mb = Mat {
+            data: &b,
+            rows: k,
+            cols: n,
+            trans: false,
+        };
+        gemm_f32(Parallelism::None, &mut out, ma, mb, 1.0, false).map_err(|e| e.0)
     })
-    .map_err(|e| fail("contention", e))?;
-    let compute_alone =
-        lockstep(ranks, collectives, |_| Ok(gemm_body())).map_err(|e| fail("contention", e))?;
-    // Both: per rank a compute thread loops products until its
-    // communication thread has done `collectives` all-gathers.
-    let both_world = ShmWorld::new(ranks, CommConfig::default());
+}
+
+/// Every rank runs `collectives` operations of each kind in `ops` on a
+/// communication thread of its own (one shared-memory world per kind, as
+/// the runtime's streams have their own communicators) and, with
+/// `compute`, products on a compute thread until they are done: the mean
+/// seconds of each kind and of the product.
+fn run_beside(
+    ranks: usize,
+    bytes: usize,
+    collectives: usize,
+    ops: &[CollectiveKind],
+    compute: bool,
+) -> Result<(Vec<f64>, f64), CliError> {
+    let worlds: Vec<_> = ops
+        .iter()
+        .map(|_| ShmWorld::new(ranks, CommConfig::default()))
+        .collect();
     let results: Vec<Result<OpTimes, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..ranks)
             .map(|rank| {
-                let both_world = &both_world;
+                let worlds = &worlds;
                 s.spawn(move || {
                     let stop = AtomicBool::new(false);
                     std::thread::scope(|inner| {
                         let stop = &stop;
-                        let compute = inner.spawn(move || {
-                            let mut body = gemm_body();
-                            let mut times = Vec::new();
-                            while !stop.load(Ordering::Relaxed) {
-                                let t = Instant::now();
-                                body()?;
-                                if !stop.load(Ordering::Relaxed) {
-                                    times.push(t.elapsed().as_secs_f64());
+                        let gemm = compute.then(|| {
+                            inner.spawn(move || {
+                                let mut body = contention_gemm();
+                                let mut times = Vec::new();
+                                while !stop.load(Ordering::Relaxed) {
+                                    let t = Instant::now();
+                                    body()?;
+                                    if !stop.load(Ordering::Relaxed) {
+                                        times.push(t.elapsed().as_secs_f64());
+                                    }
                                 }
-                            }
-                            Ok::<_, String>(times)
+                                Ok::<_, String>(times)
+                            })
                         });
-                        let comm = (|| {
-                            let mut body = collective_body(
-                                both_world,
-                                CollectiveKind::AllGather,
-                                ranks,
-                                rank,
-                                bytes,
-                            )?;
-                            let mut times = Vec::with_capacity(collectives);
-                            for _ in 0..collectives {
-                                let t = Instant::now();
-                                body()?;
-                                times.push(t.elapsed().as_secs_f64());
-                            }
-                            Ok::<_, String>(times)
-                        })();
+                        let comms: Vec<_> = ops
+                            .iter()
+                            .zip(worlds)
+                            .map(|(&op, world)| {
+                                inner.spawn(move || {
+                                    let mut body = collective_body(world, op, ranks, rank, bytes)?;
+                                    let mut times = Vec::with_capacity(collectives);
+                                    for _ in 0..collectives {
+                                        let t = Instant::now();
+                                        body()?;
+                                        times.push(t.elapsed().as_secs_f64());
+                                    }
+                                    Ok::<_, String>(times)
+                                })
+                            })
+                            .collect();
+                        let comm: Result<Vec<Vec<f64>>, String> = comms
+                            .into_iter()
+                            .map(|h| {
+                                h.join().unwrap_or_else(|_| {
+                                    Err("a communication thread panicked".into())
+                                })
+                            })
+                            .collect();
                         stop.store(true, Ordering::Relaxed);
-                        let compute = compute
-                            .join()
-                            .unwrap_or_else(|_| Err("a compute thread panicked".into()));
-                        Ok((comm?, compute?))
+                        let gemm = match gemm {
+                            Some(h) => h
+                                .join()
+                                .unwrap_or_else(|_| Err("a compute thread panicked".into()))?,
+                            None => Vec::new(),
+                        };
+                        Ok((comm?, gemm))
                     })
                 })
             })
@@ -735,27 +812,59 @@ fn contention(ranks: usize, bytes: usize, collectives: usize) -> Result<[f64; 4]
             })
             .collect()
     });
-    let (mut comm_both, mut compute_both) = (Vec::new(), Vec::new());
+    let mut comm = vec![Vec::new(); ops.len()];
+    let mut gemm = Vec::new();
     for r in results {
         let (c, k) = r.map_err(|e| fail("contention", e))?;
-        comm_both.extend(c);
-        compute_both.extend(k);
+        for (all, mine) in comm.iter_mut().zip(c) {
+            all.extend(mine);
+        }
+        gemm.extend(k);
     }
-    if compute_both.is_empty() {
+    if compute && gemm.is_empty() {
         return Err(fail(
             "contention",
-            "no matrix product finished beside the all-gathers",
+            "no matrix product finished beside the collectives",
         ));
     }
-    // Means, not medians: beside the other thread an operation is either
+    // Means, not medians: beside the other threads an operation is either
     // untouched or preempted for a scheduler slice, and the slowdown is in
     // the mean (a median of 1.00 hid a 5x slower all-gather in training).
-    Ok([
-        mean(&comm_alone),
-        mean(&comm_both),
-        mean(&compute_alone),
-        mean(&compute_both),
-    ])
+    Ok((comm.iter().map(|t| mean(t)).collect(), mean(&gemm)))
+}
+
+/// How collectives of `bytes` and 256^3 products slow each other on
+/// `ranks` rank threads: alone, one all-gather stream beside products,
+/// an all-gather and a reduce-scatter stream beside products (backward:
+/// the next unit's gather and the last one's reduction), and the two
+/// collective streams without products.
+fn contention(ranks: usize, bytes: usize, collectives: usize) -> Result<ContentionTimes, CliError> {
+    use CollectiveKind::{AllGather, ReduceScatter};
+    let ag_alone = run_beside(ranks, bytes, collectives, &[AllGather], false)?.0[0];
+    let rs_alone = run_beside(ranks, bytes, collectives, &[ReduceScatter], false)?.0[0];
+    let gemm_alone = mean(
+        &lockstep(ranks, collectives, |_| Ok(contention_gemm()))
+            .map_err(|e| fail("contention", e))?,
+    );
+    let (c, k) = run_beside(ranks, bytes, collectives, &[AllGather], true)?;
+    let ag_gemm = (c[0], k);
+    let (c, k) = run_beside(ranks, bytes, collectives, &[AllGather, ReduceScatter], true)?;
+    let ag_rs_gemm = (c[0], c[1], k);
+    let (c, _) = run_beside(
+        ranks,
+        bytes,
+        collectives,
+        &[AllGather, ReduceScatter],
+        false,
+    )?;
+    Ok(ContentionTimes {
+        ag_alone,
+        rs_alone,
+        gemm_alone,
+        ag_gemm,
+        ag_rs_gemm,
+        ag_rs: (c[0], c[1]),
+    })
 }
 
 fn mean(times: &[f64]) -> f64 {
@@ -787,6 +896,22 @@ fn last_level_cache() -> Option<u64> {
 /// permutations).
 const SKINNY_SIZES: [usize; 4] = [512, 1024, 2048, 4096];
 
+/// Elements of the AdamW updates timed: the first is the optimizer
+/// family's bandwidth (a working set that fits a core's caches), the
+/// others how bandwidth falls beyond them (`bandwidth_by_size`).
+const OPTIMIZER_SIZES: [usize; 3] = [1 << 17, 1 << 20, 1 << 23];
+
+/// Bytes the buffer sets of one timed operation span together, so each
+/// repetition reads operands another has not left in a core's caches (a
+/// training step touches each tensor once between other work).
+const ROTATION_BYTES: usize = 64 << 20;
+
+/// How many buffer sets of `set_bytes` bytes rotate to span
+/// `ROTATION_BYTES` (at least 2, at most 256).
+fn rotation_sets(set_bytes: usize) -> usize {
+    ROTATION_BYTES.div_ceil(set_bytes.max(1)).clamp(2, 256)
+}
+
 /// The attention shape calibrated: batch, heads, sequence, head size.
 const ATTENTION: [usize; 4] = [4, 4, 128, 32];
 
@@ -813,12 +938,14 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     let bf16_cases = kernel_cases(1024, 256, DType::Bf16);
     let total = shapes.len()
         + SKINNY_SIZES.len()
-        + 16
+        + 28
         + 1
         + f32_cases.len()
         + bf16_cases.len()
+        + 1
         + 4
-        + 2
+        + OPTIMIZER_SIZES.len()
+        + 1
         + DATA_CASES.len()
         + group_sizes.len() * CollectiveKind::ALL.len() * coll_sizes.len()
         + 1;
@@ -893,26 +1020,33 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         .copied()
         .filter(|&(m, k, n)| m.min(k).min(n) > SKINNY_DIM)
         .collect();
-    let skinny_shapes = |which: usize| -> Vec<(usize, usize, usize)> {
+    let skinny_shapes = |which: usize, d: usize| -> Vec<(usize, usize, usize)> {
         SKINNY_SIZES
             .iter()
             .map(|&s| match which {
-                0 => (16, s, s),
-                1 => (s, 16, s),
-                _ => (s, s, 16),
+                0 => (d, s, s),
+                1 => (s, d, s),
+                _ => (s, s, d),
             })
             .collect()
     };
-    for (family, list) in [
-        ("square", square),
-        ("rows", skinny_shapes(0)),
-        ("inner", skinny_shapes(1)),
-        ("cols", skinny_shapes(2)),
+    let (base, wide) = (SKINNY_BASE_DIM, SKINNY_DIM);
+    for (family, list, width) in [
+        ("square", square, None),
+        ("rows", skinny_shapes(0, base), None),
+        ("inner", skinny_shapes(1, base), None),
+        ("cols", skinny_shapes(2, base), None),
+        ("rows", skinny_shapes(0, wide), Some(wide)),
+        ("inner", skinny_shapes(1, wide), Some(wide)),
+        ("cols", skinny_shapes(2, wide), Some(wide)),
     ] {
         for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
             bar.set_message(format!("matrix products, {family}"));
             let (m0, k0, n0) = list[0];
-            let key = matmul_shape_key(m0 as u64, k0 as u64, n0 as u64, trans_a, trans_b);
+            let mut key = matmul_shape_key(m0 as u64, k0 as u64, n0 as u64, trans_a, trans_b);
+            if width.is_some() {
+                key = wide_skinny_key(&key);
+            }
             let mut curve: Vec<(f64, f64)> = Vec::new();
             let mut shown = Vec::new();
             for &shape in &list {
@@ -985,6 +1119,32 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         kernel_bw.insert(case.family.clone(), bw);
         bar.inc(1);
     }
+    // What a kernel that computes in f32 pays to promote a half-precision
+    // operand (`PROMOTION_FAMILY`; the matrix products' cost model adds it
+    // per half element): a bf16 tensor widened to f32 and an f32 tensor
+    // narrowed to bf16, the bytes of both over the time of both.
+    bar.set_message("kernel cast:bf16");
+    let (mut cast_s, mut cast_bytes) = (0.0, 0.0);
+    for (to, from) in [(DType::F32, DType::Bf16), (DType::Bf16, DType::F32)] {
+        let case = KernelCase {
+            family: PROMOTION_FAMILY.to_string(),
+            op: Op::Cast { to },
+            inputs: vec![TensorType::new(from, vec![1024, 256])],
+        };
+        let (t, bytes, _) = kernel_time(ranks, &case, 4, 4, 8)?;
+        cast_s += (t - overhead).max(t * 0.05);
+        cast_bytes += bytes;
+    }
+    let cast_bw = cast_bytes / cast_s.max(1e-12);
+    let _ = writeln!(
+        table,
+        "  {:<22} {:>8.1} us {:>8.2} GB/s   (bf16 -> f32 and f32 -> bf16)",
+        PROMOTION_FAMILY,
+        cast_s * 1e6,
+        cast_bw / 1e9
+    );
+    kernel_bw.insert(PROMOTION_FAMILY.to_string(), cast_bw);
+    bar.inc(1);
     let mut kernel_flops = std::collections::BTreeMap::new();
     for case in attention_cases(ATTENTION, DType::F32)
         .iter()
@@ -1003,18 +1163,27 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         kernel_flops.insert(case.family.clone(), rate);
         bar.inc(1);
     }
-    bar.set_message("optimizer step");
-    let (t, bytes) = optimizer_time(ranks, 1 << 17, 4)?;
-    let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
-    let _ = writeln!(
-        table,
-        "  {:<22} {:>8.1} us {:>8.2} GB/s",
-        "optimizer (AdamW 128K)",
-        t * 1e6,
-        bw / 1e9
-    );
-    kernel_bw.insert("optimizer".to_string(), bw);
-    bar.inc(1);
+    // The AdamW update at growing sizes: its bandwidth at the first is the
+    // optimizer family's, the others' over it how every memory-bound kernel
+    // slows once its bytes outgrow the caches (`bandwidth_by_size`).
+    let mut by_size: Vec<(f64, f64)> = Vec::new();
+    for n in OPTIMIZER_SIZES {
+        bar.set_message(format!("optimizer step, {n} elements"));
+        let (t, bytes) = optimizer_time(ranks, n, rotation_sets(16 * n))?;
+        let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
+        let _ = writeln!(
+            table,
+            "  {:<22} {:>8.1} us {:>8.2} GB/s",
+            format!("optimizer (AdamW {}K)", n >> 10),
+            t * 1e6,
+            bw / 1e9
+        );
+        let first = *kernel_bw.entry("optimizer".to_string()).or_insert(bw);
+        // Non-increasing: a larger working set is never faster.
+        let prev = by_size.last().map_or(1.0, |p| p.1);
+        by_size.push((bytes, (bw / first).clamp(1e-6, prev)));
+        bar.inc(1);
+    }
     for (family, spec, input) in DATA_CASES {
         bar.set_message(format!("data: {input}"));
         let (t, bytes) = data_time(ranks, spec, input)?;
@@ -1076,16 +1245,34 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
 
     bar.set_message("contention");
     let cont_ranks = ranks.max(2);
-    let [ca, cb, ka, kb] = contention(cont_ranks, 8 << 20, 40)?;
-    let comm_slowdown = (cb / ca.max(1e-12)).max(1.0);
-    let compute_slowdown = (kb / ka.max(1e-12)).max(1.0);
+    let times = contention(cont_ranks, 8 << 20, 40)?;
+    let factors = times.factors();
+    let us = |x: f64| x * 1e6;
     let _ = writeln!(
         table,
-        "contention ({cont_ranks} ranks, 8 MiB all-gathers beside 256^3 products): all-gather {:.1} -> {:.1} us (x{comm_slowdown:.2}), product {:.1} -> {:.1} us (x{compute_slowdown:.2})",
-        ca * 1e6,
-        cb * 1e6,
-        ka * 1e6,
-        kb * 1e6
+        "contention ({cont_ranks} ranks, 8 MiB collectives, 256^3 products; mean us, alone -> beside):\n  \
+         all-gather beside products: {:.1} -> {:.1} (x{:.2}), product {:.1} -> {:.1} (x{:.2})\n  \
+         all-gather and reduce-scatter beside products: {:.1} -> {:.1} and {:.1} -> {:.1} (x{:.2} each), product {:.1} -> {:.1} (x{:.2})\n  \
+         all-gather beside reduce-scatter: {:.1} -> {:.1} and {:.1} -> {:.1} (x{:.2} each)",
+        us(times.ag_alone),
+        us(times.ag_gemm.0),
+        factors.comm_slowdown,
+        us(times.gemm_alone),
+        us(times.ag_gemm.1),
+        factors.compute_slowdown,
+        us(times.ag_alone),
+        us(times.ag_rs_gemm.0),
+        us(times.rs_alone),
+        us(times.ag_rs_gemm.1),
+        factors.two_comm_slowdown,
+        us(times.gemm_alone),
+        us(times.ag_rs_gemm.2),
+        factors.two_compute_slowdown,
+        us(times.ag_alone),
+        us(times.ag_rs.0),
+        us(times.rs_alone),
+        us(times.ag_rs.1),
+        factors.comm_pair_slowdown,
     );
     bar.inc(1);
     bar.finish_and_clear();
@@ -1118,6 +1305,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         );
     }
     h.kernel_bw = kernel_bw;
+    h.bandwidth_by_size = by_size;
     h.kernel_flops = kernel_flops;
     h.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
     if let Some(g) = &h.cpu_gemm {
@@ -1140,10 +1328,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         h.inter_latency_s = ag2.latency_s;
     }
     h.collective_fits = fits;
-    h.comm_compute_contention = Some(Contention {
-        comm_slowdown,
-        compute_slowdown,
-    });
+    h.comm_compute_contention = Some(factors);
     let src = |what: &str| format!("fsdpc calibrate on {host}: {what}");
     for (k, v) in [
         (
@@ -1168,11 +1353,15 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         ),
         (
             "kernel_bw",
-            src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (4 buffer sets, in cache), bytes read + written over the time less the overhead; load_input and load_input_int: the synthetic data source writing a classifier's 64 x 1024 f32 features and a language model's 16 x 256 token ids, bytes written over the time less the overhead"),
+            src("Backend::run per kernel family on 1024 x 256 tensors (f32 and bf16) and the AdamW update on 128K elements (buffer sets rotating over 64 MiB), bytes read + written over the time less the overhead; load_input and load_input_int: the synthetic data source writing a classifier's 64 x 1024 f32 features and a language model's 16 x 256 token ids, bytes written over the time less the overhead; cast:bf16: a bf16 tensor cast to f32 and an f32 one to bf16, their bytes over their time (the promotion of a half-precision matrix product's operands)"),
+        ),
+        (
+            "bandwidth_by_size",
+            src("the AdamW update on 128K, 1M and 8M elements (buffer sets rotating over at least 64 MiB), each one's bandwidth over the first's"),
         ),
         (
             "matmul_curves",
-            src("gemm_f32 rate per rank by shape (square: the matmul_efficiency shapes over 64 in every dimension; rows, inner, cols: 16 x s x s, s x 16 x s, s x s x 16 for s = 512..4096) and operand layout (nn, nt, tn, tt), over the best"),
+            src("gemm_f32 rate per rank by shape (square: the matmul_efficiency shapes over 64 in every dimension; rows, inner, cols: 16 x s x s, s x 16 x s, s x s x 16 for s = 512..4096, and the same 64 wide under KEY@64) and operand layout (nn, nt, tn, tt), over the best"),
         ),
         (
             "skinny_matmul_efficiency",
@@ -1188,7 +1377,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         ),
         (
             "comm_compute_contention",
-            src("mean 8 MiB all-gather and 256^3 gemm_f32 per rank, beside each other over alone"),
+            src("mean 8 MiB all-gather and 256^3 gemm_f32 per rank, beside each other over alone; two_*: an all-gather and a reduce-scatter stream beside the products (each collective's the mean of the two); comm_pair_slowdown: the two collective streams without products"),
         ),
         (
             "cache_bytes",
