@@ -92,6 +92,15 @@ impl RankTag {
         let prev = TAG.try_with(|t| t.replace(tag)).unwrap_or(NONE);
         RankTag { prev }
     }
+
+    /// Counts the current thread's allocations to no rank until the guard
+    /// drops: for state every rank shares (a communicator group's table),
+    /// which would otherwise be charged to whichever rank happened to make
+    /// it first.
+    pub fn none() -> RankTag {
+        let prev = TAG.try_with(|t| t.replace(NONE)).unwrap_or(NONE);
+        RankTag { prev }
+    }
 }
 
 impl Drop for RankTag {

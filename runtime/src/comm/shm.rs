@@ -20,10 +20,11 @@
 //! leaves before the barrier completes (and nobody reads its buffers) or
 //! takes part in the whole collective.
 
-use super::{Buf, BufMut, Communicator, World};
+use super::{Buf, BufMut, Communicator, GatherCalls, World};
 use crate::error::CommError;
 use crate::tensor::{load_f64, store_f64};
 use fsdpc_ir::DType;
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,10 +113,15 @@ impl ShmWorld {
                 ),
             });
         }
-        let group = lock(&self.groups)
-            .entry((ranks.to_vec(), tag.to_string()))
-            .or_insert_with(|| Arc::new(Group::new(ranks.len())))
-            .clone();
+        // The group table is every member's: no rank is charged for it
+        // (the first to arrive would be, at random).
+        let group = {
+            let _shared = crate::account::RankTag::none();
+            lock(&self.groups)
+                .entry((ranks.to_vec(), tag.to_string()))
+                .or_insert_with(|| Arc::new(Group::new(ranks.len())))
+                .clone()
+        };
         let posts = Mutex::new(Vec::with_capacity(ranks.len()));
         Ok(ShmComm {
             world: self.clone(),
@@ -400,6 +406,9 @@ pub(super) fn convert(src: &[u8], sdt: DType, dst: &mut [u8], ddt: DType) {
         dst.copy_from_slice(src);
         return;
     }
+    if crate::cpu::kernels::cast::convert_floats(src, sdt, dst, ddt) {
+        return;
+    }
     for i in 0..dst.len() / ddt.size() {
         store_f64(ddt, dst, i, load_f64(sdt, src, i));
     }
@@ -442,16 +451,51 @@ pub(super) fn reduce_into<'a>(
             return;
         }
     }
-    for i in 0..dst.len() / ddt.size() {
-        let mut s = match first {
-            Some((b, t)) => load_f64(t, b, i) as f32,
-            None => load_f64(ddt, dst, i) as f32,
-        };
+    // Mixed dtypes: the same sums in the same order, a chunk of elements
+    // widened to f32 at a time.
+    const CHUNK: usize = 1024;
+    let n = dst.len() / ddt.size();
+    let (mut acc, mut part) = ([0f32; CHUNK], [0f32; CHUNK]);
+    for start in (0..n).step_by(CHUNK) {
+        let len = CHUNK.min(n - start);
+        let acc = &mut acc[..len];
+        match first {
+            Some((b, t)) => widen_into(b, t, start, acc),
+            None => widen_into(dst, ddt, start, acc),
+        }
         for k in 0..n_rest {
             let (b, t) = rest(k);
-            s += load_f64(t, b, i) as f32;
+            let part = &mut part[..len];
+            widen_into(b, t, start, part);
+            acc.iter_mut().zip(part.iter()).for_each(|(a, x)| *a += x);
         }
-        store_f64(ddt, dst, i, (s / d as f32) as f64);
+        acc.iter_mut().for_each(|a| *a /= d as f32);
+        let es = ddt.size();
+        let out = &mut dst[start * es..(start + len) * es];
+        if !crate::cpu::kernels::cast::convert_floats(
+            bytemuck::cast_slice(acc),
+            DType::F32,
+            out,
+            ddt,
+        ) {
+            for (i, &a) in acc.iter().enumerate() {
+                store_f64(ddt, out, i, a as f64);
+            }
+        }
+    }
+}
+
+/// Elements `start..start + out.len()` of `bytes` (dtype `dt`) as f32.
+fn widen_into(bytes: &[u8], dt: DType, start: usize, out: &mut [f32]) {
+    let es = dt.size();
+    let src = &bytes[start * es..(start + out.len()) * es];
+    let wide: &mut [u8] = bytemuck::cast_slice_mut(out);
+    if dt == DType::F32 {
+        wide.copy_from_slice(src);
+    } else if !crate::cpu::kernels::cast::convert_floats(src, dt, wide, DType::F32) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = load_f64(dt, src, i) as f32;
+        }
     }
 }
 
@@ -508,16 +552,16 @@ impl Communicator for ShmComm {
 
     /// A group of one pair (`all_gather_group`).
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<(), CommError> {
-        self.all_gather_group(vec![(send, recv)])
+        self.all_gather_group(smallvec::smallvec![(send, recv)])
     }
 
     /// One rendezvous for every pair: each member posts the address of
     /// its list of pairs, and the work phase gathers pair c of every
     /// member into its own pair c's receive buffer (a plain `all_gather`
     /// is a list of one).
-    fn all_gather_group(&self, calls: Vec<(Buf<'_>, BufMut<'_>)>) -> Result<(), CommError> {
+    fn all_gather_group(&self, calls: GatherCalls<'_>) -> Result<(), CommError> {
         let n = self.group.n;
-        let items: Vec<Post> = calls
+        let items: SmallVec<[Post; 8]> = calls
             .iter()
             .map(|(send, recv)| {
                 send_post(
@@ -537,7 +581,7 @@ impl Communicator for ShmComm {
         let res = self.collective(post, |posts| {
             // SAFETY: each member's list lives until its call returns,
             // after barrier B.
-            let lists: Vec<&[Post]> = posts
+            let lists: SmallVec<[&[Post]; 8]> = posts
                 .iter()
                 .map(|p| unsafe { std::slice::from_raw_parts(p.send as *const Post, p.send_len) })
                 .collect();

@@ -206,7 +206,7 @@ impl<'a> RankEnv<'a> {
             .iter()
             .map(|(s, d, p)| (*s, *d, p.as_slice()))
             .chain(std::iter::once(own));
-        let mut calls = Vec::new();
+        let mut calls = crate::comm::GatherCalls::new();
         for (src, dst, parts) in members {
             let (send, recv) = self.send_recv(mem, src, dst)?;
             let (se, re) = (send.dtype.size(), recv.dtype.size());

@@ -39,6 +39,22 @@ pub fn cast(x: &TensorRef, y: &mut TensorMut) -> KResult<()> {
     Ok(())
 }
 
+/// Converts the float elements of `src` (dtype `sdt`) into `dst` (dtype
+/// `ddt`, as many elements) where one side is f32 and the other bf16 or
+/// f16, as `cast` does (round to nearest); returns false, touching
+/// nothing, for any other pair. What collectives that change dtype on the
+/// way use instead of one dtype dispatch per element.
+pub fn convert_floats(src: &[u8], sdt: DType, dst: &mut [u8], ddt: DType) -> bool {
+    match (sdt, ddt) {
+        (DType::F32, DType::Bf16) => f32_to(src, dst, |v| bf16::from_f32(v).to_le_bytes()),
+        (DType::F32, DType::F16) => f32_to(src, dst, |v| f16::from_f32(v).to_le_bytes()),
+        (DType::Bf16, DType::F32) => to_f32(src, dst, |b| bf16::from_le_bytes(b).to_f32()),
+        (DType::F16, DType::F32) => to_f32(src, dst, |b| f16::from_le_bytes(b).to_f32()),
+        _ => return false,
+    }
+    true
+}
+
 fn f32_to(src: &[u8], dst: &mut [u8], f: impl Fn(f32) -> [u8; 2]) {
     for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
         d.copy_from_slice(&f(f32::from_le_bytes([s[0], s[1], s[2], s[3]])));
