@@ -4,14 +4,20 @@
 //! full_shard and no_shard, prefetch on and off, activation checkpointing
 //! and bf16.
 //!
-//! The cluster file comes from `FSDPC_CLUSTER` (used for every
+//! The bench runs `FSDPC_PREDICT_ROUNDS` rounds (default 3). Each round's
+//! cluster file comes from `FSDPC_CLUSTER` (used for every
 //! configuration; `FSDPC_CLUSTER_1`, if set, for the 1-rank ones), or, if
-//! unset, from calibrating this machine first (`fsdpc calibrate`'s
-//! `measure`, for 1 and for 2 ranks per node). Each configuration is
+//! unset, from calibrating this machine at the start of the round
+//! (`fsdpc calibrate`'s `measure`, for 1 and for 2 ranks per node): a
+//! user calibrates, then plans. Each round prints its own table; the
+//! scored table compares each configuration's median prediction with its
+//! median measurement over the rounds, with the measurements' spread (on
+//! a shared 2-core VM the same step's time drifts by 10-30% from one
+//! minute to the next, and one round's error is mostly that drift). Each configuration is
 //! compiled on that cluster, simulated (the predicted step), and trained
 //! with the runtime as `fsdpc train` does (thread ranks, arena mode, one
 //! matrix-product thread per rank) for `FSDPC_PREDICT_STEPS` steps
-//! (default 8); the first 3 are warm-up, the measured step time is the
+//! (default 20); the first 3 are warm-up, the measured step time is the
 //! median of the rest (`StepReport::step_time`; the fastest is printed
 //! too, unscored: on a loaded machine it is the least disturbed). Peak memory is measured
 //! by the counting allocator installed here (as tests/memory.rs does).
@@ -113,113 +119,196 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
-fn main() {
-    let steps: u64 = std::env::var("FSDPC_PREDICT_STEPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(8)
-        .max(WARMUP as u64 + 1);
-    println!("load average before: {}", load_average());
-    let (two, one) = match load_file("FSDPC_CLUSTER") {
+/// One configuration's figures in one round.
+struct Outcome {
+    predicted: f64,
+    measured: f64,
+    planned: u64,
+    peak: u64,
+}
+
+/// The cluster files of one round: from `FSDPC_CLUSTER` (and
+/// `FSDPC_CLUSTER_1`), else calibrated now (2 and 1 ranks per node).
+fn clusters(round: usize) -> (ClusterFile, ClusterFile) {
+    match load_file("FSDPC_CLUSTER") {
         Some(f) => {
             println!("cluster file: FSDPC_CLUSTER ({})", f.description);
             let one = load_file("FSDPC_CLUSTER_1").unwrap_or_else(|| f.clone());
             (f, one)
         }
         None => {
-            println!("FSDPC_CLUSTER unset: calibrating this machine (1 and 2 ranks per node)");
+            println!("round {round}: calibrating this machine (1 and 2 ranks per node)");
             let (two, table) = calibrate::measure(2, false).expect("calibration");
-            print!("{table}");
+            if round == 1 {
+                print!("{table}");
+            }
             let (one, _) = calibrate::measure(1, false).expect("calibration");
             (two, one)
         }
+    }
+}
+
+/// Compiles `case` on `file`'s cluster, simulates it and trains it for
+/// `steps` steps: the predicted and measured step and peak.
+fn run_case(case: &Case, file: &ClusterFile, steps: u64) -> (Outcome, f64, u64) {
+    let cluster = file
+        .cluster(Some(case.world), Some(case.world))
+        .expect("cluster");
+    let m = fsdpc_frontends::load(case.spec, &fsdpc_frontends::LoadOptions::default())
+        .expect("model loads");
+    let info = ModelInfo {
+        name: m.name.clone(),
+        params: m.program.graph.param_numel(),
+        tokens_per_rank_step: m.tokens_per_rank_step(),
     };
+    let params = info.params;
+    let plan = fsdpc_planner::compile(m.program, info, &cluster, &config(case)).expect("plan");
+    let predicted = fsdpc_planner::simulate::run(&plan, &cluster).step_time_s;
+    let opts = TrainOptions {
+        steps,
+        seed: 1,
+        mode: ExecMode::Arena,
+        threads_per_rank: 1,
+        ..TrainOptions::default()
+    };
+    let mut times = Vec::new();
+    let report = fsdpc_runtime::train(&plan, &opts, &mut |r| {
+        times.push(r.step_time.as_secs_f64());
+    })
+    .expect("training runs");
+    let mut kept = times.split_off(WARMUP.min(times.len()));
+    kept.sort_by(f64::total_cmp);
+    let measured = kept.get(kept.len() / 2).copied().unwrap_or(f64::NAN);
+    // The fastest kept step: the least disturbed by other processes on a
+    // shared machine (printed beside the median, not scored).
+    let fastest = kept.first().copied().unwrap_or(f64::NAN);
+    let outcome = Outcome {
+        predicted,
+        measured,
+        planned: plan.memory.rank_bytes,
+        peak: report.measured_peak_bytes.unwrap_or(0),
+    };
+    (outcome, fastest, params)
+}
+
+fn describe(case: &Case, params: u64) -> String {
+    format!(
+        "{:<62} {:>2} {:<10} {:>3} {:>3} {:>4}",
+        format!("{} ({:.1} M)", case.spec, params as f64 / 1e6),
+        case.world,
+        case.strategy.name(),
+        if case.prefetch { "on" } else { "off" },
+        if case.checkpoint { "on" } else { "off" },
+        case.dtype.to_string(),
+    )
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
+fn pct(predicted: f64, measured: f64) -> f64 {
+    (predicted - measured) / measured * 100.0
+}
+
+fn main() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let steps = env("FSDPC_PREDICT_STEPS", 20).max(WARMUP as u64 + 1);
+    let rounds = env("FSDPC_PREDICT_ROUNDS", 3).max(1) as usize;
     println!(
-        "\n{:<62} {:>2} {:<10} {:>3} {:>3} {:>4}  {:>9} {:>9} {:>7} {:>9}  {:>9} {:>9} {:>6}",
-        "model",
-        "w",
-        "strategy",
-        "pf",
-        "ac",
-        "dt",
-        "pred s",
-        "meas s",
-        "err %",
-        "fastest s",
-        "plan MiB",
-        "meas MiB",
-        "err %"
+        "{rounds} round(s), each a fresh calibration (unless FSDPC_CLUSTER is set) then every configuration: {steps} steps, the first {WARMUP} warm-up, the median of the rest"
     );
-    let (mut time_err, mut mem_err) = (Vec::new(), Vec::new());
-    for case in cases() {
-        let file = if case.world == 1 { &one } else { &two };
-        let cluster = file
-            .cluster(Some(case.world), Some(case.world))
-            .expect("cluster");
-        let m = fsdpc_frontends::load(case.spec, &fsdpc_frontends::LoadOptions::default())
-            .expect("model loads");
-        let info = ModelInfo {
-            name: m.name.clone(),
-            params: m.program.graph.param_numel(),
-            tokens_per_rank_step: m.tokens_per_rank_step(),
-        };
-        let params = info.params;
-        let plan = fsdpc_planner::compile(m.program, info, &cluster, &config(&case)).expect("plan");
-        let predicted = fsdpc_planner::simulate::run(&plan, &cluster).step_time_s;
-        let opts = TrainOptions {
-            steps,
-            seed: 1,
-            mode: ExecMode::Arena,
-            threads_per_rank: 1,
-            ..TrainOptions::default()
-        };
-        let mut times = Vec::new();
-        let report = fsdpc_runtime::train(&plan, &opts, &mut |r| {
-            times.push(r.step_time.as_secs_f64());
-        })
-        .expect("training runs");
-        let mut kept = times.split_off(WARMUP.min(times.len()));
-        kept.sort_by(f64::total_cmp);
-        let measured = kept.get(kept.len() / 2).copied().unwrap_or(f64::NAN);
-        // The fastest kept step: the least disturbed by other processes
-        // on a shared machine (printed beside the median, not scored).
-        let fastest = kept.first().copied().unwrap_or(f64::NAN);
-        let t_err = (predicted - measured) / measured * 100.0;
-        let planned = plan.memory.rank_bytes;
-        let peak = report.measured_peak_bytes.unwrap_or(0);
-        let m_err = (planned as f64 - peak as f64) / peak.max(1) as f64 * 100.0;
-        time_err.push(t_err.abs());
-        mem_err.push(m_err.abs());
+    println!("load average before: {}", load_average());
+    let header = format!(
+        "{:<62} {:>2} {:<10} {:>3} {:>3} {:>4}",
+        "model", "w", "strategy", "pf", "ac", "dt"
+    );
+    let cases = cases();
+    let mut all: Vec<Vec<Outcome>> = cases.iter().map(|_| Vec::new()).collect();
+    let mut names = vec![String::new(); cases.len()];
+    for round in 1..=rounds {
+        let (two, one) = clusters(round);
         println!(
-            "{:<62} {:>2} {:<10} {:>3} {:>3} {:>4}  {:>9.4} {:>9.4} {:>+7.1} {:>9.4}  {:>9.1} {:>9.1} {:>+6.2}",
-            format!("{} ({:.1} M)", case.spec, params as f64 / 1e6),
-            case.world,
-            case.strategy.name(),
-            if case.prefetch { "on" } else { "off" },
-            if case.checkpoint { "on" } else { "off" },
-            case.dtype.to_string(),
-            predicted,
-            measured,
-            t_err,
-            fastest,
-            mib(planned),
-            mib(peak),
-            m_err
+            "\nround {round}\n{header}  {:>9} {:>9} {:>7} {:>9}  {:>9} {:>9} {:>6}",
+            "pred s", "meas s", "err %", "fastest s", "plan MiB", "meas MiB", "err %"
+        );
+        let (mut time_err, mut mem_err) = (Vec::new(), Vec::new());
+        for (i, case) in cases.iter().enumerate() {
+            let file = if case.world == 1 { &one } else { &two };
+            let (o, fastest, params) = run_case(case, file, steps);
+            names[i] = describe(case, params);
+            let t_err = pct(o.predicted, o.measured);
+            let m_err = pct(o.planned as f64, o.peak.max(1) as f64);
+            time_err.push(t_err.abs());
+            mem_err.push(m_err.abs());
+            println!(
+                "{}  {:>9.4} {:>9.4} {:>+7.1} {:>9.4}  {:>9.1} {:>9.1} {:>+6.2}",
+                names[i],
+                o.predicted,
+                o.measured,
+                t_err,
+                fastest,
+                mib(o.planned),
+                mib(o.peak),
+                m_err
+            );
+            all[i].push(o);
+        }
+        println!(
+            "round {round}: step time |error| median {:.1}%, max {:.1}%; peak memory |error| median {:.2}%, max {:.2}%",
+            median(&time_err),
+            max(&time_err),
+            median(&mem_err),
+            max(&mem_err)
         );
     }
-    let stats = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let median = if v.len() % 2 == 1 {
-            v[v.len() / 2]
-        } else {
-            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-        };
-        (median, v.last().copied().unwrap_or(0.0))
-    };
-    let (tm, tx) = stats(&mut time_err);
-    let (mm, mx) = stats(&mut mem_err);
+    // Over the rounds: each configuration's median prediction against its
+    // median measurement (the machine's speed drifts between rounds, and
+    // each round's calibration with it), and how far its measurements
+    // spread.
     println!(
-        "\nstep time |error|: median {tm:.1}%, max {tx:.1}% (targets 5%, 15%); peak memory |error|: median {mm:.2}%, max {mx:.2}% (target 2%)"
+        "\nover {rounds} round(s): median predicted against median measured\n{header}  {:>9} {:>9} {:>7} {:>9}",
+        "pred s", "meas s", "err %", "spread %"
+    );
+    let (mut time_err, mut mem_err) = (Vec::new(), Vec::new());
+    for (name, outcomes) in names.iter().zip(&all) {
+        let p = median(&outcomes.iter().map(|o| o.predicted).collect::<Vec<_>>());
+        let ms: Vec<f64> = outcomes.iter().map(|o| o.measured).collect();
+        let m = median(&ms);
+        let spread = (ms.iter().copied().fold(f64::MIN, f64::max)
+            - ms.iter().copied().fold(f64::MAX, f64::min))
+            / m
+            * 100.0;
+        let e = pct(p, m);
+        time_err.push(e.abs());
+        mem_err.extend(
+            outcomes
+                .iter()
+                .map(|o| pct(o.planned as f64, o.peak.max(1) as f64).abs()),
+        );
+        println!("{name}  {p:>9.4} {m:>9.4} {e:>+7.1} {spread:>9.1}");
+    }
+    println!(
+        "\nstep time |error|: median {:.1}%, max {:.1}% (targets 5%, 15%); peak memory |error|: median {:.2}%, max {:.2}% (target 2%)",
+        median(&time_err),
+        max(&time_err),
+        median(&mem_err),
+        max(&mem_err)
     );
     println!("load average after: {}", load_average());
 }

@@ -148,6 +148,7 @@ fn a_measured_fit_sets_the_collective_time() {
                 ranks: 2,
                 latency_s: 0.5,
                 bw: 1e30,
+                points: Vec::new(),
             });
     }
     let tl = simulate(&p, &fitted);
@@ -248,6 +249,45 @@ fn half_products_pay_their_promotion_where_products_run_in_f32() {
         }
     }
     assert!(products >= 8, "{products}");
+}
+
+/// On such a cluster a collective that converts between bf16 and f32 (a
+/// mixed-precision gather of the f32 shard, a reduction of bf16
+/// gradients) pays the conversion at the cast rate; f32 collectives pay
+/// nothing more.
+#[test]
+fn converting_collectives_pay_the_cast_where_products_run_in_f32() {
+    let bf16 = FsdpConfig {
+        param_dtype: fsdpc_ir::DType::Bf16,
+        reduce_dtype: fsdpc_ir::DType::Bf16,
+        ..FsdpConfig::default()
+    };
+    let comm = |ins: &fsdpc_planner::Instr| {
+        matches!(
+            ins.op,
+            InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. }
+        )
+    };
+    for (cfg, converts) in [(bf16, true), (FsdpConfig::default(), false)] {
+        let p = common::plan_with(GPT, 2, &cfg);
+        let c = Cluster::from_info(&p.cluster);
+        let mut cpu = c.clone();
+        cpu.hardware
+            .kernel_bw
+            .insert(PROMOTION_FAMILY.to_string(), 1e6);
+        let (base, slow) = (simulate(&p, &c), simulate(&p, &cpu));
+        let mut seen = 0;
+        for (i, ins) in p.instructions.iter().enumerate().filter(|(_, i)| comm(i)) {
+            let (d0, d1) = (base.end[i] - base.start[i], slow.end[i] - slow.start[i]);
+            if converts {
+                assert!(d1 > d0, "instruction {i}: {d0} -> {d1}");
+            } else {
+                assert!((d1 - d0).abs() <= 1e-12, "instruction {i}: {d0} -> {d1}");
+            }
+            seen += 1;
+        }
+        assert!(seen >= 4, "{seen}");
+    }
 }
 
 /// `LoadInput` costs the per-kernel overhead plus its bytes at the rate

@@ -163,6 +163,7 @@ fn all_reduce_as_reduce_scatter_and_all_gather_is_bit_identical() {
             ranks: world,
             latency_s: 1e-5,
             bw,
+            points: Vec::new(),
         };
         cluster.hardware.collective_fits = vec![
             fit(CollectiveKind::AllGather, 2e10),

@@ -172,7 +172,9 @@ impl CollectiveKind {
 }
 
 /// An alpha-beta fit of one collective kind over groups of `ranks` ranks
-/// inside a node: `time = latency_s + wire_bytes / bw`.
+/// inside a node: `time = latency_s + wire_bytes / bw`, or, where the
+/// times were measured over sizes that span the caches (`points`), those
+/// times interpolated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CollectiveFit {
     pub op: CollectiveKind,
@@ -182,6 +184,42 @@ pub struct CollectiveFit {
     pub latency_s: f64,
     /// Bytes per second of the ring's per-rank traffic (1 / beta).
     pub bw: f64,
+    /// Measured `(wire bytes, seconds)`, wire bytes increasing: when
+    /// given, a collective's time is these interpolated linearly in wire
+    /// bytes (the first point's time below it, the last segment's slope
+    /// beyond the last). On CPUs one line cannot hold both a collective
+    /// that stays in the caches and one that streams through memory: the
+    /// 2-rank shared-memory all-gather of a 64 MiB unit ran 3-5x slower
+    /// than the fit to 4 KiB-4 MiB said (empty in presets and older
+    /// files: the fit).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub points: Vec<(f64, f64)>,
+}
+
+impl CollectiveFit {
+    /// Seconds of one collective whose ring traffic is `wire` bytes per
+    /// rank.
+    pub fn time(&self, wire: f64) -> f64 {
+        let fit = || self.latency_s + if self.bw > 0.0 { wire / self.bw } else { 0.0 };
+        let (Some(&first), Some(&last)) = (self.points.first(), self.points.last()) else {
+            return fit();
+        };
+        if self.points.len() < 2 {
+            return fit();
+        }
+        if wire <= first.0 {
+            return first.1;
+        }
+        for w in self.points.windows(2) {
+            let ((x0, t0), (x1, t1)) = (w[0], w[1]);
+            if wire <= x1 {
+                return t0 + (wire - x0) / (x1 - x0).max(f64::MIN_POSITIVE) * (t1 - t0);
+            }
+        }
+        let (x0, t0) = self.points[self.points.len() - 2];
+        let slope = ((last.1 - t0) / (last.0 - x0).max(f64::MIN_POSITIVE)).max(0.0);
+        last.1 + (wire - last.0) * slope
+    }
 }
 
 /// How much work on different streams slows while a collective and a
@@ -832,6 +870,17 @@ impl ClusterFile {
                     f.latency_s
                 ));
             }
+            let mut prev = 0.0;
+            for &(wire, t) in &f.points {
+                if !(wire.is_finite() && wire > prev && t.is_finite() && t > 0.0) {
+                    return bad(format!(
+                        "hardware.collective_fits: {} over {} ranks: point ({wire}, {t}) must have wire bytes above the previous point's and a positive time",
+                        f.op.name(),
+                        f.ranks
+                    ));
+                }
+                prev = wire;
+            }
         }
         if let Some(c) = &h.comm_compute_contention {
             for (name, x) in [
@@ -963,6 +1012,24 @@ mod calibrated_fields {
     }
 
     #[test]
+    fn measured_collective_points_are_interpolated() {
+        let mut f = CollectiveFit {
+            op: CollectiveKind::AllGather,
+            ranks: 2,
+            latency_s: 1.0,
+            bw: 10.0,
+            points: Vec::new(),
+        };
+        assert_eq!(f.time(100.0), 11.0, "no points: the fit");
+        f.points = vec![(10.0, 2.0), (110.0, 4.0), (210.0, 10.0)];
+        assert_eq!(f.time(1.0), 2.0, "below the first point: its time");
+        assert!((f.time(60.0) - 3.0).abs() < 1e-12);
+        assert!((f.time(160.0) - 7.0).abs() < 1e-12);
+        // Beyond the last: the last segment's slope (6 s per 100 bytes).
+        assert!((f.time(310.0) - 16.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn casts_have_their_own_family_and_promotion_needs_one() {
         let mut h = Hardware {
             mem_bw: 1e10,
@@ -994,6 +1061,7 @@ mod calibrated_fields {
             ranks: 2,
             latency_s: 1e-5,
             bw: 4e9,
+            points: Vec::new(),
         });
         h.comm_compute_contention = Some(Contention {
             comm_slowdown: 1.5,

@@ -326,7 +326,7 @@ fn intra_time(op: CollectiveKind, n: u32, bytes: f64, cluster: &Cluster) -> f64 
     }
     let hw = &cluster.hardware;
     if let Some(f) = hw.collective_fit(op, n) {
-        return f.latency_s + ring_wire_bytes(op, n, bytes) / f.bw;
+        return f.time(ring_wire_bytes(op, n, bytes));
     }
     ring_formula(op, n, bytes, hw.intra_bw, hw.intra_latency_s)
 }
@@ -648,6 +648,58 @@ fn ring_cost_of(op: CollectiveKind, k: u32, m: u32, bytes: u64, cluster: &Cluste
     (t, sent)
 }
 
+/// Seconds a runtime that reduces and converts on the CPU
+/// (`Hardware::promotion_bandwidth`; 0 elsewhere: GPUs convert at memory
+/// speed inside the collective) spends converting between half precision
+/// and f32 inside a native collective, at the cast rate per element: a
+/// gather whose shard and gathered buffer differ in dtype converts the
+/// whole gathered buffer on receipt; a reduce-scatter over n ranks widens
+/// the n half-precision slices of its shard and narrows a half-precision
+/// result; an all-reduce in half precision widens the n slices of its
+/// part (the whole buffer) and narrows its part. Identical dtypes in f32
+/// convert nothing.
+fn conversion_time(plan: &Plan, cluster: &Cluster, ins: &Instr) -> f64 {
+    let Some(bw) = cluster.hardware.promotion_bandwidth() else {
+        return 0.0;
+    };
+    let buf = |b: &BufferId| plan.buffers.get(b.index());
+    let half =
+        |d: fsdpc_ir::DType| u64::from(matches!(d, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
+    let numel = |b: &Buffer| b.bytes / b.dtype.size().max(1) as u64;
+    let elements = match &ins.op {
+        InstrOp::AllGather { src, dst, wire, .. } if wire.is_native() => match (buf(src), buf(dst))
+        {
+            (Some(s), Some(d)) if s.dtype != d.dtype && half(s.dtype) + half(d.dtype) > 0 => {
+                numel(d)
+            }
+            _ => 0,
+        },
+        InstrOp::ReduceScatter {
+            src,
+            dst,
+            wire,
+            group,
+            ..
+        } if wire.is_native() => match (buf(src), buf(dst)) {
+            (Some(s), Some(d)) => {
+                let n = u64::from(group_shape(plan, *group).0.max(1));
+                numel(d) * (n * half(s.dtype) + half(d.dtype))
+            }
+            _ => 0,
+        },
+        InstrOp::AllReduce { buffer, group, .. } => match buf(buffer) {
+            Some(b) if half(b.dtype) > 0 => {
+                let n = u64::from(group_shape(plan, *group).0.max(1));
+                numel(b) + numel(b) / n
+            }
+            _ => 0,
+        },
+        _ => 0,
+    };
+    // Two bytes on the half side, four on the f32 side.
+    (elements * 6) as f64 / bw
+}
+
 /// Time of one instruction on its stream (0 for bookkeeping instructions),
 /// and the bytes it sends.
 pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
@@ -660,6 +712,7 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
     match &ins.op {
         InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. } => {
             let (t, bytes, _) = collective_cost(plan, cluster, ins);
+            let t = t + conversion_time(plan, cluster, ins);
             // A quantized collective's encode and decode: element-wise
             // passes, at the bandwidth of the unary (cast) kernels.
             let codec = crate::wire::codec_bytes(plan, ins) as f64;
@@ -675,7 +728,7 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         | InstrOp::NormAllReduce { .. }
         | InstrOp::FoundInfAllReduce { .. } => {
             let (t, bytes, _) = collective_cost(plan, cluster, ins);
-            (t, bytes)
+            (t + conversion_time(plan, cluster, ins), bytes)
         }
         InstrOp::GradNormSq { grads, .. } => {
             let t = grads.iter().map(|g| bytes_of(g) as f64 / bw_at(g)).sum();
@@ -900,6 +953,7 @@ mod tests {
             ranks: 8,
             latency_s: 2.0,
             bw: 50.0,
+            points: Vec::new(),
         });
         // 2 + 7/8 x 800 / 50.
         let (t, _) = collective_time(CollectiveKind::AllGather, 8, 1, 800.0, &c);

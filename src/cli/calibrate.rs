@@ -638,7 +638,7 @@ fn collective_body(
 /// Best seconds of one collective over `n` rank threads.
 fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, CliError> {
     let world = ShmWorld::new(n, CommConfig::default());
-    let reps = ((32 << 20) / bytes.max(1)).clamp(5, 300);
+    let reps = ((32 << 20) / bytes.max(1)).clamp(9, 300);
     let times = lockstep(n, reps, |rank| collective_body(&world, op, n, rank, bytes))
         .map_err(|e| fail(op.name(), e))?;
     Ok(median(&times))
@@ -933,7 +933,9 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         (1024, 1024, 1024),
     ];
     let group_sizes: Vec<usize> = (2..=ranks.max(2)).collect();
-    let coll_sizes = [4usize << 10, 256 << 10, 4 << 20];
+    // Up to 32 MiB: a unit's gather or reduction streams through memory
+    // once it outgrows the caches, which the small sizes cannot show.
+    let coll_sizes = [4usize << 10, 256 << 10, 4 << 20, 32 << 20];
     let f32_cases = kernel_cases(1024, 256, DType::F32);
     let bf16_cases = kernel_cases(1024, 256, DType::Bf16);
     let total = shapes.len()
@@ -1209,7 +1211,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
 
     let _ = writeln!(
         table,
-        "collectives (shared memory, f32), fit latency + ring wire bytes / bw:"
+        "collectives (shared memory, f32), fit latency + ring wire bytes / bw (the cost model interpolates the measured points):"
     );
     let mut fits = Vec::new();
     for &n in &group_sizes {
@@ -1239,6 +1241,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
                 ranks: n as u32,
                 latency_s,
                 bw,
+                points: pts.clone(),
             });
         }
     }
@@ -1373,7 +1376,7 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
         ),
         (
             "collective_fits",
-            src("shared-memory all-gather, reduce-scatter, all-reduce over 2..=R rank threads at 4 KiB, 256 KiB and 4 MiB, least-squares latency + wire / bw"),
+            src("shared-memory all-gather, reduce-scatter, all-reduce over 2..=R rank threads at 4 KiB, 256 KiB, 4 MiB and 32 MiB: the median times as points (interpolated by the cost model), and their least-squares latency + wire / bw"),
         ),
         (
             "comm_compute_contention",
