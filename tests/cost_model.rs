@@ -277,7 +277,7 @@ fn converting_collectives_pay_the_cast_where_products_run_in_f32() {
             .insert(PROMOTION_FAMILY.to_string(), 1e6);
         let (base, slow) = (simulate(&p, &c), simulate(&p, &cpu));
         let mut seen = 0;
-        for (i, ins) in p.instructions.iter().enumerate().filter(|(_, i)| comm(i)) {
+        for (i, _) in p.instructions.iter().enumerate().filter(|(_, i)| comm(i)) {
             let (d0, d1) = (base.end[i] - base.start[i], slow.end[i] - slow.start[i]);
             if converts {
                 assert!(d1 > d0, "instruction {i}: {d0} -> {d1}");
