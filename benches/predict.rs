@@ -25,10 +25,13 @@
 //! Run: `cargo bench --bench predict` (a few minutes; prints the load
 //! average next to the figures: measure on a quiet machine).
 
+mod common;
+
+use common::mib;
 use fsdpc::cli::calibrate;
 use fsdpc_ir::DType;
 use fsdpc_planner::cluster::ClusterFile;
-use fsdpc_planner::{BackwardPrefetch, CheckpointPolicy, FsdpConfig, ModelInfo, Strategy};
+use fsdpc_planner::{BackwardPrefetch, CheckpointPolicy, FsdpConfig, Strategy};
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
@@ -115,10 +118,6 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn mib(b: u64) -> f64 {
-    b as f64 / (1024.0 * 1024.0)
-}
-
 /// One configuration's figures in one round.
 struct Outcome {
     predicted: f64,
@@ -154,15 +153,8 @@ fn run_case(case: &Case, file: &ClusterFile, steps: u64) -> (Outcome, f64, u64) 
     let cluster = file
         .cluster(Some(case.world), Some(case.world))
         .expect("cluster");
-    let m = fsdpc_frontends::load(case.spec, &fsdpc_frontends::LoadOptions::default())
-        .expect("model loads");
-    let info = ModelInfo {
-        name: m.name.clone(),
-        params: m.program.graph.param_numel(),
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-    };
-    let params = info.params;
-    let plan = fsdpc_planner::compile(m.program, info, &cluster, &config(case)).expect("plan");
+    let plan = common::compile_for(case.spec, &cluster, &config(case)).expect("plan");
+    let params = plan.model.params;
     let predicted = fsdpc_planner::simulate::run(&plan, &cluster).step_time_s;
     let opts = TrainOptions {
         steps,

@@ -200,25 +200,21 @@ impl CollectiveFit {
     /// Seconds of one collective whose ring traffic is `wire` bytes per
     /// rank.
     pub fn time(&self, wire: f64) -> f64 {
-        let fit = || self.latency_s + if self.bw > 0.0 { wire / self.bw } else { 0.0 };
-        let (Some(&first), Some(&last)) = (self.points.first(), self.points.last()) else {
-            return fit();
-        };
-        if self.points.len() < 2 {
-            return fit();
+        let p = &self.points;
+        if p.len() < 2 {
+            return self.latency_s + if self.bw > 0.0 { wire / self.bw } else { 0.0 };
         }
-        if wire <= first.0 {
-            return first.1;
+        if wire <= p[0].0 {
+            return p[0].1;
         }
-        for w in self.points.windows(2) {
-            let ((x0, t0), (x1, t1)) = (w[0], w[1]);
-            if wire <= x1 {
-                return t0 + (wire - x0) / (x1 - x0).max(f64::MIN_POSITIVE) * (t1 - t0);
-            }
-        }
-        let (x0, t0) = self.points[self.points.len() - 2];
-        let slope = ((last.1 - t0) / (last.0 - x0).max(f64::MIN_POSITIVE)).max(0.0);
-        last.1 + (wire - last.0) * slope
+        // The segment that holds `wire`, else the last one, extended.
+        let w = p
+            .windows(2)
+            .find(|w| wire <= w[1].0)
+            .unwrap_or(&p[p.len() - 2..]);
+        let ((x0, t0), (x1, t1)) = (w[0], w[1]);
+        let slope = ((t1 - t0) / (x1 - x0).max(f64::MIN_POSITIVE)).max(0.0);
+        t0 + (wire - x0) * slope
     }
 }
 
@@ -445,14 +441,6 @@ impl Hardware {
         self.kernel_bw
             .get(family)
             .or_else(|| self.kernel_bw.get(base))
-            // Files calibrated before casts had a family of their own
-            // measured them as the unary kernels.
-            .or_else(|| {
-                let unary = family.replacen("cast", "unary", 1);
-                (base == "cast")
-                    .then(|| self.kernel_bw.get(&unary).or(self.kernel_bw.get("unary")))
-                    .flatten()
-            })
             .copied()
             .unwrap_or(self.mem_bw)
     }
@@ -467,6 +455,15 @@ impl Hardware {
             .get(PROMOTION_FAMILY)
             .copied()
             .filter(|&bw| bw > 0.0)
+    }
+
+    /// Seconds to convert `elements` elements between half precision and
+    /// f32 where this hardware does so element by element on its cores
+    /// (`promotion_bandwidth`: two bytes on the half side, four on the f32
+    /// side); 0 where it has no such figure.
+    pub fn half_conversion_time(&self, elements: u64) -> f64 {
+        self.promotion_bandwidth()
+            .map_or(0.0, |bw| (elements * 6) as f64 / bw)
     }
 
     /// Measured FLOP/s of a compute-bound kernel of `family` (see
@@ -1030,21 +1027,23 @@ mod calibrated_fields {
     }
 
     #[test]
-    fn casts_have_their_own_family_and_promotion_needs_one() {
+    fn casts_have_their_own_family_and_conversion_needs_a_measured_rate() {
         let mut h = Hardware {
             mem_bw: 1e10,
             ..Hardware::default()
         };
         assert_eq!(h.promotion_bandwidth(), None, "presets: native half");
+        assert_eq!(h.half_conversion_time(1000), 0.0);
         h.kernel_bw.insert("unary:bf16".into(), 2e9);
         assert_eq!(
             h.kernel_bandwidth("cast:bf16"),
-            2e9,
-            "older files: casts as unary kernels"
+            1e10,
+            "a cast is not a unary kernel: unmeasured, at memory bandwidth"
         );
         h.kernel_bw.insert(PROMOTION_FAMILY.into(), 6e9);
         assert_eq!(h.kernel_bandwidth("cast:bf16"), 6e9);
         assert_eq!(h.promotion_bandwidth(), Some(6e9));
+        assert_eq!(h.half_conversion_time(1000), 1e-6);
     }
 
     fn calibrated() -> ClusterFile {

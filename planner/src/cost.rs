@@ -169,21 +169,19 @@ fn matmul_efficiency(graph: &Graph, node: fsdpc_ir::NodeId, flops: f64, cluster:
 /// rate of the cast kernel (`Hardware::promotion_bandwidth`); 0 on a
 /// cluster without that figure (GPUs multiply half precision natively).
 pub fn promotion_time(graph: &Graph, node: fsdpc_ir::NodeId, hw: &crate::cluster::Hardware) -> f64 {
-    let Some(bw) = hw.promotion_bandwidth() else {
-        return 0.0;
-    };
-    let half =
-        |t: &fsdpc_ir::TensorType| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16);
     let elements: u64 = graph
         .inputs(node)
         .iter()
         .map(|v| graph.value_type(*v))
         .chain(graph.node(node).outputs.iter())
-        .filter(|t| half(t))
+        .filter(|t| is_half(t.dtype))
         .map(|t| t.numel())
         .sum();
-    // Two bytes read or written in half precision, four in f32.
-    (elements * 6) as f64 / bw
+    hw.half_conversion_time(elements)
+}
+
+fn is_half(d: fsdpc_ir::DType) -> bool {
+    matches!(d, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16)
 }
 
 /// Time of the kernel of graph node `node`: the per-kernel overhead plus
@@ -202,7 +200,7 @@ pub fn node_kernel_time(
         .outputs
         .iter()
         .chain(graph.inputs(node).iter().map(|v| graph.value_type(*v)))
-        .any(|t| matches!(t.dtype, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
+        .any(|t| is_half(t.dtype));
     let body = match kernel_family(&n.op, half) {
         None => {
             // A matrix product: the efficiency of its calls' shape and
@@ -659,12 +657,11 @@ fn ring_cost_of(op: CollectiveKind, k: u32, m: u32, bytes: u64, cluster: &Cluste
 /// part (the whole buffer) and narrows its part. Identical dtypes in f32
 /// convert nothing.
 fn conversion_time(plan: &Plan, cluster: &Cluster, ins: &Instr) -> f64 {
-    let Some(bw) = cluster.hardware.promotion_bandwidth() else {
+    if cluster.hardware.promotion_bandwidth().is_none() {
         return 0.0;
-    };
+    }
     let buf = |b: &BufferId| plan.buffers.get(b.index());
-    let half =
-        |d: fsdpc_ir::DType| u64::from(matches!(d, fsdpc_ir::DType::Bf16 | fsdpc_ir::DType::F16));
+    let half = |d: fsdpc_ir::DType| u64::from(is_half(d));
     let numel = |b: &Buffer| b.bytes / b.dtype.size().max(1) as u64;
     let elements = match &ins.op {
         InstrOp::AllGather { src, dst, wire, .. } if wire.is_native() => match (buf(src), buf(dst))
@@ -696,8 +693,7 @@ fn conversion_time(plan: &Plan, cluster: &Cluster, ins: &Instr) -> f64 {
         },
         _ => 0,
     };
-    // Two bytes on the half side, four on the f32 side.
-    (elements * 6) as f64 / bw
+    cluster.hardware.half_conversion_time(elements)
 }
 
 /// Time of one instruction on its stream (0 for bookkeeping instructions),

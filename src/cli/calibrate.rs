@@ -1250,32 +1250,27 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, Stri
     let cont_ranks = ranks.max(2);
     let times = contention(cont_ranks, 8 << 20, 40)?;
     let factors = times.factors();
-    let us = |x: f64| x * 1e6;
+    // "alone -> beside" in microseconds.
+    let moved = |alone: f64, beside: f64| format!("{:.1} -> {:.1}", alone * 1e6, beside * 1e6);
+    let (t, f) = (&times, &factors);
     let _ = writeln!(
         table,
         "contention ({cont_ranks} ranks, 8 MiB collectives, 256^3 products; mean us, alone -> beside):\n  \
-         all-gather beside products: {:.1} -> {:.1} (x{:.2}), product {:.1} -> {:.1} (x{:.2})\n  \
-         all-gather and reduce-scatter beside products: {:.1} -> {:.1} and {:.1} -> {:.1} (x{:.2} each), product {:.1} -> {:.1} (x{:.2})\n  \
-         all-gather beside reduce-scatter: {:.1} -> {:.1} and {:.1} -> {:.1} (x{:.2} each)",
-        us(times.ag_alone),
-        us(times.ag_gemm.0),
-        factors.comm_slowdown,
-        us(times.gemm_alone),
-        us(times.ag_gemm.1),
-        factors.compute_slowdown,
-        us(times.ag_alone),
-        us(times.ag_rs_gemm.0),
-        us(times.rs_alone),
-        us(times.ag_rs_gemm.1),
-        factors.two_comm_slowdown,
-        us(times.gemm_alone),
-        us(times.ag_rs_gemm.2),
-        factors.two_compute_slowdown,
-        us(times.ag_alone),
-        us(times.ag_rs.0),
-        us(times.rs_alone),
-        us(times.ag_rs.1),
-        factors.comm_pair_slowdown,
+         all-gather beside products: {} (x{:.2}), product {} (x{:.2})\n  \
+         all-gather and reduce-scatter beside products: {} and {} (x{:.2} each), product {} (x{:.2})\n  \
+         all-gather beside reduce-scatter: {} and {} (x{:.2} each)",
+        moved(t.ag_alone, t.ag_gemm.0),
+        f.comm_slowdown,
+        moved(t.gemm_alone, t.ag_gemm.1),
+        f.compute_slowdown,
+        moved(t.ag_alone, t.ag_rs_gemm.0),
+        moved(t.rs_alone, t.ag_rs_gemm.1),
+        f.two_comm_slowdown,
+        moved(t.gemm_alone, t.ag_rs_gemm.2),
+        f.two_compute_slowdown,
+        moved(t.ag_alone, t.ag_rs.0),
+        moved(t.rs_alone, t.ag_rs.1),
+        f.comm_pair_slowdown,
     );
     bar.inc(1);
     bar.finish_and_clear();

@@ -472,16 +472,7 @@ pub(super) fn reduce_into<'a>(
         acc.iter_mut().for_each(|a| *a /= d as f32);
         let es = ddt.size();
         let out = &mut dst[start * es..(start + len) * es];
-        if !crate::cpu::kernels::cast::convert_floats(
-            bytemuck::cast_slice(acc),
-            DType::F32,
-            out,
-            ddt,
-        ) {
-            for (i, &a) in acc.iter().enumerate() {
-                store_f64(ddt, out, i, a as f64);
-            }
-        }
+        convert(bytemuck::cast_slice(acc), DType::F32, out, ddt);
     }
 }
 
@@ -489,14 +480,7 @@ pub(super) fn reduce_into<'a>(
 fn widen_into(bytes: &[u8], dt: DType, start: usize, out: &mut [f32]) {
     let es = dt.size();
     let src = &bytes[start * es..(start + out.len()) * es];
-    let wide: &mut [u8] = bytemuck::cast_slice_mut(out);
-    if dt == DType::F32 {
-        wide.copy_from_slice(src);
-    } else if !crate::cpu::kernels::cast::convert_floats(src, dt, wide, DType::F32) {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = load_f64(dt, src, i) as f32;
-        }
-    }
+    convert(src, dt, bytemuck::cast_slice_mut(out), DType::F32);
 }
 
 fn add_f32(out: &mut [f32], x: &[f32]) {

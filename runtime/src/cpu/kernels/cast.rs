@@ -15,10 +15,7 @@ pub fn cast(x: &TensorRef, y: &mut TensorMut) -> KResult<()> {
     }
     match (x.dtype(), y.dtype()) {
         (a, b) if a == b => y.bytes.copy_from_slice(x.bytes),
-        (DType::F32, DType::Bf16) => f32_to(x.bytes, y.bytes, |v| bf16::from_f32(v).to_le_bytes()),
-        (DType::F32, DType::F16) => f32_to(x.bytes, y.bytes, |v| f16::from_f32(v).to_le_bytes()),
-        (DType::Bf16, DType::F32) => to_f32(x.bytes, y.bytes, |b| bf16::from_le_bytes(b).to_f32()),
-        (DType::F16, DType::F32) => to_f32(x.bytes, y.bytes, |b| f16::from_le_bytes(b).to_f32()),
+        (a, b) if convert_floats(x.bytes, a, y.bytes, b) => {}
         (a, b) if !a.is_float() && !b.is_float() => {
             for i in 0..x.numel() {
                 y.set_i64(i, x.get_i64(i));
@@ -70,22 +67,12 @@ fn to_f32(src: &[u8], dst: &mut [u8], f: impl Fn([u8; 2]) -> f32) {
 /// Converts f32 values into `dst` of dtype `dt` (used for half-precision
 /// outputs computed in f32).
 pub fn store_f32s(dt: DType, src: &[f32], dst: &mut [u8]) {
-    match dt {
-        DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-        DType::Bf16 => {
-            for (d, &v) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
-            }
-        }
-        DType::F16 => {
-            for (d, &v) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&f16::from_f32(v).to_le_bytes());
-            }
-        }
-        _ => {
-            for (i, &v) in src.iter().enumerate() {
-                crate::tensor::store_f64(dt, dst, i, v as f64);
-            }
+    let wide: &[u8] = bytemuck::cast_slice(src);
+    if dt == DType::F32 {
+        dst.copy_from_slice(wide);
+    } else if !convert_floats(wide, DType::F32, dst, dt) {
+        for (i, &v) in src.iter().enumerate() {
+            crate::tensor::store_f64(dt, dst, i, v as f64);
         }
     }
 }
