@@ -181,6 +181,22 @@ fn every_entry_point_validates_the_plan() {
     );
 }
 
+/// The ranks a collective timeout names as not arriving, from its message
+/// (`... no answer from rank(s) 0, 1)`).
+fn unanswered(e: &str) -> Vec<&str> {
+    e.split("no answer from rank(s) ")
+        .nth(1)
+        .map(|t| {
+            t.split(|c: char| !c.is_ascii_digit() && c != ',' && c != ' ')
+                .next()
+                .unwrap_or("")
+                .split(", ")
+                .map(str::trim)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[test]
 fn a_rank_that_stops_answering_is_named_within_the_timeout() {
     use fsdpc_runtime::fault::{Fault, FaultAction};
@@ -209,13 +225,7 @@ fn a_rank_that_stops_answering_is_named_within_the_timeout() {
         // The sleeping rank is named. At world 4 a live rank blocked in
         // another stream's collective on it may be named beside it: the
         // timeout sees only who did not arrive.
-        let named: Vec<&str> = e
-            .split("no answer from rank(s) ")
-            .nth(1)
-            .and_then(|t| t.split(" timed out").next())
-            .map(|t| t.split(", ").collect())
-            .unwrap_or_default();
-        assert!(named.contains(&"1"), "world {world}: {e}");
+        assert!(unanswered(&e).contains(&"1"), "world {world}: {e}");
         assert_eq!(done, 2, "the steps up to the fault complete");
         println!("world {world}: a sleeping thread rank stopped every rank {took:?} after the fault ({e})");
         assert!(took < Duration::from_secs(10), "took {took:?}");
@@ -248,10 +258,16 @@ fn a_rank_that_never_returns_is_abandoned_and_named() {
             e.contains("rank 1 failed: did not stop within 1s"),
             "world {world}: {e}"
         );
-        assert!(e.contains("no answer from rank(s) 1"), "world {world}: {e}");
+        // As above, a live rank blocked on the hung one may be named
+        // beside it at world 4.
+        assert!(unanswered(&e).contains(&"1"), "world {world}: {e}");
         println!("world {world}: a hung thread rank abandoned {took:?} after the fault ({e})");
+        // The timeout and the grace are one second each. The step's report
+        // reaches this thread after the live ranks may already have entered
+        // the next collective, so under load the clock here starts a little
+        // late: the lower bound proves both waits ran, with slack for that.
         assert!(
-            took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+            took >= Duration::from_millis(1500) && took < Duration::from_secs(5),
             "took {took:?}"
         );
     }
