@@ -4,9 +4,8 @@
 
 use fsdpc_frontends::zoo::{self, ZooConfig};
 use fsdpc_frontends::FrontendError;
-use fsdpc_ir::{Graph, Op};
+use fsdpc_ir::{Graph, Init, Op};
 use std::fmt::Write;
-use std::time::{Duration, Instant};
 
 /// Builds `spec` and checks its parameter count against `expect`, both in the
 /// graph and in the config's closed form.
@@ -40,14 +39,16 @@ fn small_presets_param_counts() {
 }
 
 #[test]
-fn gpt3_175b_builds_fast_without_parameter_memory() {
-    let start = Instant::now();
+fn gpt3_175b_builds_without_parameter_memory() {
     let m = zoo::build("gpt3-175b").unwrap_or_else(|e| panic!("{e}"));
-    let took = start.elapsed();
     assert_eq!(m.graph.param_numel(), 174_604_259_328);
     assert_eq!(m.tokens_per_sample, 2048);
-    // Debug builds are slower; a release build takes milliseconds.
-    assert!(took < Duration::from_secs(1), "took {took:?}");
+    // Every parameter is a recipe (the runtime draws each rank's shard);
+    // none carries bytes. Its build time is part of each compile that
+    // `cargo bench --bench plan` times.
+    for p in &m.graph.params {
+        assert!(!matches!(p.init, Init::Data { .. }), "{}", p.name);
+    }
 }
 
 #[test]
