@@ -1,0 +1,206 @@
+//! The shared-memory communicator: all-gather, reduce-scatter and
+//! all-reduce over groups of 2..=R rank threads (at least 2) at four sizes,
+//! up to 32 MiB (a unit's gather or reduction streams through memory once
+//! it outgrows the caches). The cost model interpolates the median times
+//! (`CollectiveFit::points`); the least-squares `latency + ring wire bytes
+//! / bw` line per kind and group size is kept beside them.
+
+use super::harness::{fail, lockstep, median, Body};
+use super::Calibration;
+use crate::cli::CliError;
+use fsdpc_ir::DType;
+use fsdpc_planner::cluster::{CollectiveFit, CollectiveKind};
+use fsdpc_planner::cost::ring_wire_bytes;
+use fsdpc_runtime::comm::{Buf, BufMut, Communicator};
+use fsdpc_runtime::{CommConfig, ShmWorld};
+use std::fmt::Write;
+
+/// Bytes of the collectives timed (the full buffer).
+const SIZES: [usize; 4] = [4 << 10, 256 << 10, 4 << 20, 32 << 20];
+
+/// The group sizes timed for `ranks` ranks per node: 2..=ranks, and 2 on
+/// one rank (the figures then describe a node of two).
+fn group_sizes(ranks: usize) -> std::ops::RangeInclusive<usize> {
+    2..=ranks.max(2)
+}
+
+/// Progress steps of `measure`.
+pub(super) fn steps(ranks: usize) -> usize {
+    group_sizes(ranks).count() * CollectiveKind::ALL.len() * SIZES.len()
+}
+
+/// Times every collective kind over every group size at every size and
+/// adds their table: one fit per kind and group size.
+pub(super) fn measure(cal: &mut Calibration) -> Result<Vec<CollectiveFit>, CliError> {
+    let _ = writeln!(
+        cal.table,
+        "collectives (shared memory, f32), fit latency + ring wire bytes / bw (the cost model interpolates the measured points):"
+    );
+    let mut fits = Vec::new();
+    for n in group_sizes(cal.ranks) {
+        for op in CollectiveKind::ALL {
+            let mut pts = Vec::new();
+            for bytes in SIZES {
+                cal.bar
+                    .set_message(format!("{} over {n} ranks, {bytes} B", op.name()));
+                let t = collective_time(op, n, bytes)?;
+                pts.push((ring_wire_bytes(op, n as u32, bytes as f64), t));
+                cal.bar.inc(1);
+            }
+            let (latency_s, bw) = fit_alpha_beta(&pts);
+            let _ = writeln!(
+                cal.table,
+                "  {:<15} {n} ranks: {:>7.1} us + wire / {:>6.2} GB/s   (measured: {})",
+                op.name(),
+                latency_s * 1e6,
+                bw / 1e9,
+                pts.iter()
+                    .zip(&SIZES)
+                    .map(|((_, t), b)| format!("{} KiB {:.1} us", b >> 10, t * 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            fits.push(CollectiveFit {
+                op,
+                ranks: n as u32,
+                latency_s,
+                bw,
+                points: pts.clone(),
+            });
+        }
+    }
+
+    Ok(fits)
+}
+
+/// One collective of `op` on a buffer of `bytes` (full size), the body of
+/// rank `rank` of a group of `n` on `world`.
+pub(super) fn collective_body(
+    world: &std::sync::Arc<ShmWorld>,
+    op: CollectiveKind,
+    n: usize,
+    rank: usize,
+    bytes: usize,
+) -> Result<Body, String> {
+    let ranks: Vec<usize> = (0..n).collect();
+    let c = world
+        .communicator(&ranks, "calibrate", rank)
+        .map_err(|e| e.to_string())?;
+    let elems = (bytes / 4 / n).max(1);
+    let send = vec![
+        0u8;
+        4 * elems
+            * if op == CollectiveKind::AllGather {
+                1
+            } else {
+                n
+            }
+    ];
+    let mut recv = vec![
+        0u8;
+        4 * elems
+            * if op == CollectiveKind::ReduceScatter {
+                1
+            } else {
+                n
+            }
+    ];
+    Ok(Box::new(move || {
+        let dtype = DType::F32;
+        match op {
+            CollectiveKind::AllGather => c.all_gather(
+                Buf {
+                    dtype,
+                    bytes: &send,
+                },
+                BufMut {
+                    dtype,
+                    bytes: &mut recv,
+                },
+            ),
+            CollectiveKind::ReduceScatter => c.reduce_scatter(
+                Buf {
+                    dtype,
+                    bytes: &send,
+                },
+                BufMut {
+                    dtype,
+                    bytes: &mut recv,
+                },
+                1,
+            ),
+            CollectiveKind::AllReduce => c.all_reduce(
+                BufMut {
+                    dtype,
+                    bytes: &mut recv,
+                },
+                1,
+            ),
+        }
+        .map_err(|e| e.to_string())
+    }))
+}
+
+/// Best seconds of one collective over `n` rank threads.
+fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, CliError> {
+    let world = ShmWorld::new(n, CommConfig::default());
+    let reps = ((32 << 20) / bytes.max(1)).clamp(9, 300);
+    let times = lockstep(n, reps, |rank| collective_body(&world, op, n, rank, bytes))
+        .map_err(|e| fail(op.name(), e))?;
+    Ok(median(&times))
+}
+
+/// Least-squares fit of `t = a + x / bw` (a >= 0) to `(x, t)` points.
+fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let (sx, st) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, t)| (a + x, b + t));
+    let (mx, mt) = (sx / n, st / n);
+    let (mut sxx, mut sxt) = (0.0, 0.0);
+    for (x, t) in points {
+        sxx += (x - mx) * (x - mx);
+        sxt += (x - mx) * (t - mt);
+    }
+    let slope = if sxx > 0.0 { sxt / sxx } else { 0.0 };
+    if slope <= 0.0 {
+        // Flat or noisy: all latency, bandwidth from the largest point.
+        let (x, t) = points.last().copied().unwrap_or((1.0, 1.0));
+        return (0.0, x / t.max(1e-12));
+    }
+    let a = mt - slope * mx;
+    if a < 0.0 {
+        // Through the origin.
+        let sxx0: f64 = points.iter().map(|(x, _)| x * x).sum();
+        let sxt0: f64 = points.iter().map(|(x, t)| x * t).sum();
+        return (0.0, sxx0 / sxt0.max(1e-300));
+    }
+    (a, 1.0 / slope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit_alpha_beta;
+
+    #[test]
+    fn the_fit_recovers_a_line_and_never_gives_a_negative_latency() {
+        // t = 10 us + x / 2 GB/s.
+        let pts: Vec<(f64, f64)> = [1e3, 1e5, 1e6, 1e7]
+            .iter()
+            .map(|&x| (x, 1e-5 + x / 2e9))
+            .collect();
+        let (a, bw) = fit_alpha_beta(&pts);
+        assert!(
+            (a - 1e-5).abs() < 1e-12 && (bw - 2e9).abs() < 1.0,
+            "{a} {bw}"
+        );
+        // Points a positive-latency line fits only with a < 0 go through
+        // the origin instead.
+        let (a, bw) = fit_alpha_beta(&[(1e6, 1e-4), (2e6, 3e-4), (3e6, 5e-4)]);
+        assert_eq!(a, 0.0);
+        assert!(bw > 0.0, "{bw}");
+        // Flat: all latency, the bandwidth of the largest point.
+        let (a, bw) = fit_alpha_beta(&[(1e3, 1e-4), (1e6, 1e-4)]);
+        assert_eq!((a, bw), (0.0, 1e6 / 1e-4));
+    }
+}
