@@ -62,7 +62,9 @@ impl ClusterFile {
             .unwrap_or_default();
         let source = match name {
             "cpu-local" => "nominal figures for a 2-core VM (measure yours with fsdpc calibrate)",
-            _ => "vendor datasheet (see the preset's doc comment in planner/src/cluster/presets.rs)",
+            _ => {
+                "vendor datasheet (see the preset's doc comment in planner/src/cluster/presets.rs)"
+            }
         };
         let sources = [
             "peak_flops_f32",
