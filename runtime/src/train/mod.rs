@@ -1,0 +1,337 @@
+//! The training API: runs a plan for a number of steps on `world` thread
+//! ranks and reports the loss of every step, the final parameters (assembled
+//! from the shards by original name) and the measured memory.
+//!
+//! What a run is lives here (options, reports, resuming, the per-step
+//! log both launchers keep); `rank` is one rank's run whichever launcher
+//! started it (its memory, steps and checkpoint files); `threads` launches
+//! thread ranks in this process and collects their reports, `process` runs
+//! one rank of a world of processes (MPI); `params` turns shards back into
+//! full parameters.
+
+mod params;
+mod process;
+mod rank;
+mod threads;
+
+#[cfg(feature = "cuda")]
+pub(crate) use params::assemble_shards;
+pub use process::train_rank;
+
+use crate::account::{self, RankTag};
+use crate::checkpoint::{self, write::UnitBytes, Checkpoint, CheckpointError, FileEntry};
+use crate::comm::shm::{CommConfig, ShmWorld};
+use crate::comm::{BufMut, World};
+use crate::cpu::{CpuBackend, CpuConfig};
+use crate::data::{self, DataSource, DataSpec};
+use crate::error::RuntimeError;
+use crate::exec::memory::{Arena, Memory};
+use crate::exec::prepare::Step;
+use crate::exec::prepare::{prepare, Prepared};
+use crate::exec::rank::{panic_text, RankEnv};
+use crate::exec::timeline::RankTimeline;
+use crate::exec::ExecMode;
+use crate::fault::Fault;
+use fsdpc_planner::plan::{BufferId, BufferKind, Plan};
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How to train.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainOptions {
+    /// Optimizer steps to run.
+    pub steps: u64,
+    /// Seeds parameter init, data and dropout.
+    pub seed: u64,
+    /// Where the data comes from.
+    pub data: DataSpec,
+    /// Arena (streams) or debug (serial, per-buffer allocations).
+    pub mode: ExecMode,
+    /// Threads each rank's matrix products may use.
+    pub threads_per_rank: usize,
+    /// How long a rank waits for the others (collectives, events).
+    pub comm_timeout: Duration,
+    /// Hand the trained parameters back in `TrainReport::final_params`.
+    /// That copies every rank's shards out of its arena after the last step
+    /// and assembles the full parameters: host memory the plan does not
+    /// count (it is not part of a step). Off, `final_params` is empty and
+    /// the process holds no more than the plan after the steps either.
+    pub keep_params: bool,
+    /// Write a checkpoint every `every` steps (`checkpoint` module).
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Continue from the latest checkpoint in this directory: from its step
+    /// to `steps`, with its seed; re-sharded when the plan differs.
+    pub resume: Option<PathBuf>,
+    /// A fault to inject (failure tests).
+    pub fault: Option<Fault>,
+    /// Record the measured timeline of the last `trace_steps` steps
+    /// (`TrainReport::timelines`; 0: none).
+    pub trace_steps: u64,
+}
+
+/// Where and how often to checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// The checkpoint directory (step directories and `latest`).
+    pub dir: PathBuf,
+    /// Steps between checkpoints (at least 1).
+    pub every: u64,
+}
+
+impl Default for TrainOptions {
+    fn default() -> TrainOptions {
+        TrainOptions {
+            steps: 10,
+            seed: 0,
+            data: DataSpec::Synthetic,
+            mode: ExecMode::Arena,
+            threads_per_rank: 1,
+            comm_timeout: Duration::from_secs(60),
+            keep_params: true,
+            checkpoint: None,
+            resume: None,
+            fault: None,
+            trace_steps: 0,
+        }
+    }
+}
+
+/// One finished step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// The step (0-based).
+    pub step: u64,
+    /// The global mean loss: the mean of every rank's local-mean loss.
+    pub loss: f32,
+    /// Tokens (all ranks) per second of this step.
+    pub tokens_per_s: f64,
+    /// The largest heap a rank held during the steps so far (max over
+    /// ranks), measured by the counting allocator (`account`); `None` where
+    /// it is not the global allocator.
+    pub measured_peak_bytes: Option<u64>,
+    /// What the plan says a rank holds at most (`memory.rank_bytes`).
+    pub planned_peak_bytes: u64,
+    /// Wall time since the previous report (for the first step, since the
+    /// ranks started: it includes their setup).
+    pub elapsed: Duration,
+    /// The step's measured execution time: from its streams' start to their
+    /// join, the slowest rank's (process ranks: this rank's); without the
+    /// loss report and checkpoint writes that follow it.
+    pub step_time: Duration,
+    /// With gradient clipping: the total gradient norm before clipping
+    /// (what PyTorch's `clip_grad_norm_` returns), equal on every rank.
+    pub grad_norm: Option<f32>,
+    /// With the fp16 loss scaler: the scale after this step's update.
+    pub loss_scale: Option<f32>,
+    /// With the fp16 loss scaler: whether this step was skipped (a
+    /// gradient was inf or NaN on some rank; the parameters did not move).
+    pub skipped: bool,
+}
+
+/// What a rank reports after a step besides its loss (equal on every
+/// rank): the pre-clip gradient norm, and the loss scale after the step
+/// with whether the step was skipped.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct StepScalars {
+    /// With gradient clipping: the total gradient norm before clipping.
+    pub grad_norm: Option<f32>,
+    /// With the fp16 loss scaler: the scale after the step's update, and
+    /// whether the step was skipped.
+    pub loss_scale: Option<(f32, bool)>,
+}
+
+/// A finished training run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainReport {
+    /// The global mean loss of every step.
+    pub losses: Vec<f32>,
+    /// With gradient clipping: every step's total gradient norm before
+    /// clipping (rank 0's; every rank holds the same). Empty otherwise.
+    pub grad_norms: Vec<f32>,
+    /// With the fp16 loss scaler: every step's loss scale after its update
+    /// (rank 0's; every rank holds the same). Empty otherwise.
+    pub loss_scales: Vec<f32>,
+    /// With the fp16 loss scaler: the steps that were skipped.
+    pub skipped_steps: Vec<u64>,
+    /// Full parameters by original name, in unit and layout order (empty
+    /// unless `TrainOptions::keep_params`).
+    pub final_params: Vec<(String, Vec<f32>)>,
+    /// The largest heap a rank held during the steps (max over ranks),
+    /// measured by the counting allocator (`account`): the arena, kernel
+    /// workspaces and anything else a rank's threads allocated. `None`
+    /// where the counting allocator is not the global allocator.
+    pub measured_peak_bytes: Option<u64>,
+    /// What the plan says a rank holds at most (`memory.rank_bytes`).
+    pub planned_peak_bytes: u64,
+    /// Debug mode only: the debug allocator's peak of live plan buffers (a
+    /// check of the plan's lifetimes, not a measurement of the run).
+    pub debug_peak_bytes: Option<u64>,
+    /// Tokens (all ranks) per second over the whole run.
+    pub tokens_per_s: f64,
+    /// Wall time of the whole run.
+    pub elapsed: Duration,
+    /// Number of ranks.
+    pub world: usize,
+    /// With `TrainOptions::trace_steps`: each rank's measured timeline (thread
+    /// ranks: all of them in rank order; a process rank: its own).
+    pub timelines: Vec<RankTimeline>,
+}
+
+/// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
+/// `opts.data` describes. An invalid plan is `RuntimeError::InvalidPlan`
+/// (see `train_with_data`), checked before the data is opened.
+pub fn train(
+    plan: &Plan,
+    opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    let (opts, resume) = open_resume(plan, opts, true)?;
+    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
+    threads::execute_detached(plan, opts, resume, data, on_step)
+}
+
+/// `train` with a caller-supplied data source (`opts.data` is ignored).
+///
+/// The plan is validated first (`Plan::validate`, in every build): the
+/// executor's unchecked arena views are sound only for a valid plan.
+pub fn train_with_data(
+    plan: &Plan,
+    opts: &TrainOptions,
+    data: Arc<dyn DataSource>,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    let (opts, resume) = open_resume(plan, opts, true)?;
+    threads::execute_detached(plan, opts, resume, data, on_step)
+}
+
+/// The verified checkpoint `opts.resume` names, checked against `plan`, and
+/// the options with its seed. With `prepare_dir`, the checkpoint directory is
+/// readied for writing (`write::prepare_dir`); of several processes only one
+/// does that.
+fn open_resume(
+    plan: &Plan,
+    opts: &TrainOptions,
+    prepare_dir: bool,
+) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError> {
+    if opts.checkpoint.as_ref().is_some_and(|c| c.every == 0) {
+        return Err(RuntimeError::plan("checkpoint every 0 steps"));
+    }
+    let resume = match &opts.resume {
+        Some(dir) => Some(Checkpoint::open(dir)?),
+        None => None,
+    };
+    // Only once the checkpoint is known to fit: a refusal removes nothing.
+    let prepare = |from: Option<&Checkpoint>| match &opts.checkpoint {
+        Some(c) if prepare_dir => checkpoint::write::prepare_dir(&c.dir, from),
+        _ => Ok(()),
+    };
+    let Some(ckpt) = resume else {
+        prepare(None)?;
+        return Ok((opts.clone(), None));
+    };
+    ckpt.check_compatible(plan)?;
+    let step = ckpt.manifest.step;
+    if step >= opts.steps {
+        return Err(CheckpointError::Incompatible {
+            path: ckpt.dir.display().to_string(),
+            reason: format!(
+                "it is at step {step}; ask for more steps than that to continue (asked for {})",
+                opts.steps
+            ),
+        }
+        .into());
+    }
+    prepare(Some(&ckpt))?;
+    let opts = TrainOptions {
+        seed: ckpt.manifest.seed,
+        ..opts.clone()
+    };
+    Ok((opts, Some(ckpt)))
+}
+
+/// Every invariant of `plan`, or all its violations.
+pub(crate) fn validate(plan: &Plan) -> Result<(), RuntimeError> {
+    plan.validate()
+        .map_err(|violations| RuntimeError::InvalidPlan { violations })
+}
+
+/// The first step a run executes.
+fn first_step(resume: Option<&Checkpoint>) -> u64 {
+    resume.map_or(0, |c| c.manifest.step)
+}
+
+/// The per-step record both launchers keep: every step's global loss and
+/// pre-clip gradient norm, the running measured peak, and the report each
+/// step gets.
+pub(crate) struct StepLog {
+    /// Tokens (all ranks) per step.
+    pub(crate) tokens: f64,
+    planned: u64,
+    last: Instant,
+    peak: Option<u64>,
+    pub(crate) losses: Vec<f32>,
+    pub(crate) grad_norms: Vec<f32>,
+    pub(crate) loss_scales: Vec<f32>,
+    pub(crate) skipped_steps: Vec<u64>,
+}
+
+impl StepLog {
+    pub(crate) fn new(plan: &Plan, world: usize) -> StepLog {
+        StepLog {
+            tokens: (plan.model.tokens_per_rank_step * world as u64) as f64,
+            planned: plan.memory.rank_bytes,
+            last: Instant::now(),
+            peak: None,
+            losses: Vec::new(),
+            grad_norms: Vec::new(),
+            loss_scales: Vec::new(),
+            skipped_steps: Vec::new(),
+        }
+    }
+
+    /// Records `step` from every rank's local-mean loss, summed in rank
+    /// order (so both launchers compute the same bits), and reports it with
+    /// the step's scalars, measured peak and step time.
+    pub(crate) fn record(
+        &mut self,
+        step: u64,
+        rank_losses: impl ExactSizeIterator<Item = f32>,
+        (scalars, measured, step_time): (StepScalars, Option<u64>, Duration),
+        on_step: &mut dyn FnMut(&StepReport),
+    ) {
+        let StepScalars {
+            grad_norm,
+            loss_scale,
+        } = scalars;
+        let n = rank_losses.len() as f32;
+        let loss = rank_losses.fold(0.0f32, |a, b| a + b) / n;
+        self.peak = self.peak.max(measured);
+        let elapsed = self.last.elapsed();
+        self.last = Instant::now();
+        self.losses.push(loss);
+        self.grad_norms.extend(grad_norm);
+        self.loss_scales.extend(loss_scale.map(|s| s.0));
+        let skipped = loss_scale.is_some_and(|s| s.1);
+        if skipped {
+            self.skipped_steps.push(step);
+        }
+        on_step(&StepReport {
+            step,
+            loss,
+            tokens_per_s: self.tokens / elapsed.as_secs_f64().max(1e-9),
+            measured_peak_bytes: self.peak,
+            planned_peak_bytes: self.planned,
+            elapsed,
+            step_time,
+            grad_norm,
+            loss_scale: loss_scale.map(|s| s.0),
+            skipped,
+        });
+    }
+}

@@ -1,0 +1,82 @@
+//! Full parameters from shards: each unit's flat parameter put together
+//! from its shards in shard-position order, then cut into the parameters
+//! by layout offset.
+
+use super::rank::RankOut;
+use super::*;
+
+/// Cuts `unit`'s parameters out of its gathered flat values, by layout offset.
+pub(super) fn cut_params(
+    unit: &fsdpc_planner::plan::Unit,
+    flat: &[f32],
+    params: &mut Vec<(String, Vec<f32>)>,
+) -> Result<(), RuntimeError> {
+    for p in &unit.params {
+        let vals = flat
+            .get(p.offset as usize..(p.offset + p.numel) as usize)
+            .ok_or_else(|| {
+                RuntimeError::plan(format!(
+                    "unit {}: parameter {} lies outside the gathered shards",
+                    unit.id, p.name
+                ))
+            })?;
+        params.push((p.name.clone(), vals.to_vec()));
+    }
+    Ok(())
+}
+
+/// `unit`'s flat parameter from its shards in shard-position order: each
+/// shard's part of each segment put in its place (`Unit::shard_ranges`).
+/// Elements no shard provides stay zero.
+pub(super) fn unshard<'s>(
+    unit: &fsdpc_planner::plan::Unit,
+    shards: impl Iterator<Item = &'s [f32]>,
+) -> Vec<f32> {
+    let mut flat = vec![0f32; unit.padded_numel as usize];
+    for (pos, shard) in shards.enumerate() {
+        for (lo, at, n) in unit.shard_ranges(pos as u64) {
+            let (lo, at, n) = (lo as usize, at as usize, n as usize);
+            if let (Some(dst), Some(src)) = (flat.get_mut(lo..lo + n), shard.get(at..at + n)) {
+                dst.copy_from_slice(src);
+            }
+        }
+    }
+    flat
+}
+
+/// The full parameters by name from the fp32 shards of the first shard
+/// group's ranks (`shards[rank][unit]`), for launchers outside this file
+/// (`cuda::train`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the cuda launcher's
+pub(crate) fn assemble_shards(
+    plan: &Plan,
+    shards: Vec<Vec<Vec<f32>>>,
+) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let outs: Vec<RankOut> = shards
+        .into_iter()
+        .map(|shards| RankOut {
+            shards,
+            measured: None,
+            debug_peak: None,
+            timeline: None,
+        })
+        .collect();
+    assemble(plan, &outs)
+}
+
+pub(super) fn assemble(
+    plan: &Plan,
+    outs: &[RankOut],
+) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let f = plan.config.shard_factor as usize;
+    let mut params = Vec::new();
+    for (u, unit) in plan.units.iter().enumerate() {
+        let shards = outs
+            .iter()
+            .take(f)
+            .map(|o| o.shards.get(u).map(|s| s.as_slice()).unwrap_or(&[]));
+        let flat = unshard(unit, shards);
+        cut_params(unit, &flat, &mut params)?;
+    }
+    Ok(params)
+}

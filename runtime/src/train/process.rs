@@ -1,0 +1,190 @@
+//! One rank of a world of processes (`fsdpc train --launcher mpi`): the
+//! loss gathered from every rank each step, checkpoints committed together,
+//! the full parameters gathered to rank 0.
+
+use super::params::{cut_params, unshard};
+use super::rank::{RankCtx, Saver};
+use super::*;
+
+/// Runs `plan` as rank `rank` of a world of processes (one rank per
+/// process; `world` is the launcher's, e.g. `comm::mpi::MpiWorld`). Each
+/// process fills only its own samples. The loss of a step is gathered from
+/// every rank and averaged in rank order, as `train` does, so every rank
+/// reports the same global loss; `on_step` runs on every rank (the caller
+/// prints on rank 0 only). Checkpoints: each rank of the first shard group
+/// writes its own file, rank 0 the manifest (`RankCtx::commit_ranks`);
+/// `opts.resume` loads each rank's shard, re-sharded when the plan differs.
+/// With `keep_params` the full parameters are gathered to rank 0, unit by
+/// unit, and are `final_params` there (empty on the other ranks).
+pub fn train_rank(
+    plan: &Plan,
+    opts: &TrainOptions,
+    world: &dyn World,
+    rank: usize,
+    launcher: &str,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    let n = world.size();
+    if plan.cluster.world as usize != n {
+        return Err(RuntimeError::WorldMismatch {
+            plan_world: plan.cluster.world as usize,
+            launcher_world: n,
+            launcher: launcher.to_string(),
+        });
+    }
+    let all: Vec<usize> = (0..n).collect();
+    let comm = world
+        .communicator(&all, "loss", rank)
+        .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+    let losses_comm = &*comm;
+    let (opts, resume) = open_resume_ranks(plan, opts, losses_comm, rank)?;
+    let opts = &opts;
+    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
+    let prep = prepare(plan)?;
+    let backend = CpuBackend::new(CpuConfig {
+        threads: opts.threads_per_rank.max(1),
+    });
+    let tag = account::installed().then(|| account::claim(1)).flatten();
+    let mut arena = match opts.mode {
+        ExecMode::Arena => {
+            let _tag = tag.map(RankTag::enter);
+            Some(Arena::for_plan(plan))
+        }
+        ExecMode::DebugAlloc => None,
+    };
+    let ctx = RankCtx {
+        rank,
+        tag,
+        world,
+        prep: &prep,
+        backend: &backend,
+        data: &*data,
+        opts,
+        resume: resume.as_ref(),
+        saver: Saver::Process(losses_comm),
+        epoch: Instant::now(),
+    };
+    let mut log = StepLog::new(plan, n);
+    let start = Instant::now();
+    let mut report =
+        |step: u64, loss: f32, scalars: StepScalars, measured: Option<u64>, time: Duration| {
+            let mut all_losses = vec![0u8; 4 * n];
+            losses_comm
+                .all_gather(
+                    crate::comm::Buf {
+                        dtype: fsdpc_ir::DType::F32,
+                        bytes: &loss.to_le_bytes(),
+                    },
+                    BufMut {
+                        dtype: fsdpc_ir::DType::F32,
+                        bytes: &mut all_losses,
+                    },
+                )
+                .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+            // The same order and arithmetic as the thread launcher's `collect`.
+            let rank_losses = all_losses
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            log.record(step, rank_losses, (scalars, measured, time), on_step);
+            Ok(())
+        };
+    let mut out = ctx.run(arena.as_mut(), &mut report)?;
+    let elapsed = start.elapsed();
+    // The arena goes before the full parameters are gathered.
+    drop(arena);
+    let final_params = if opts.keep_params {
+        gather_params(plan, losses_comm, rank, &out.shards)?
+    } else {
+        Vec::new()
+    };
+    Ok(TrainReport {
+        tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        losses: log.losses,
+        grad_norms: log.grad_norms,
+        loss_scales: log.loss_scales,
+        skipped_steps: log.skipped_steps,
+        final_params,
+        measured_peak_bytes: out.measured,
+        planned_peak_bytes: plan.memory.rank_bytes,
+        debug_peak_bytes: out.debug_peak,
+        elapsed,
+        world: n,
+        timelines: out.timeline.take().into_iter().collect(),
+    })
+}
+
+/// `open_resume` for one process of several: rank 0 opens the checkpoint
+/// and readies the checkpoint directory, then tells the others whether that
+/// worked (a broadcast, so no process removes files another still reads);
+/// the others then open the checkpoint themselves.
+fn open_resume_ranks(
+    plan: &Plan,
+    opts: &TrainOptions,
+    comm: &dyn crate::comm::Communicator,
+    rank: usize,
+) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError> {
+    let lead = if rank == 0 {
+        Some(open_resume(plan, opts, true))
+    } else {
+        None
+    };
+    let mut ok = [u8::from(lead.as_ref().is_some_and(|r| r.is_ok())); 4];
+    comm.broadcast(
+        BufMut {
+            dtype: fsdpc_ir::DType::F32,
+            bytes: &mut ok,
+        },
+        0,
+    )
+    .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+    match lead {
+        Some(r) => r,
+        None if ok[0] == 1 => open_resume(plan, opts, false),
+        None => Err(RuntimeError::RankFailed {
+            rank: 0,
+            reason: "could not open the checkpoint to resume or ready the checkpoint directory"
+                .into(),
+        }),
+    }
+}
+
+/// The full parameters on rank 0 (empty elsewhere), gathered unit by unit
+/// over `comm` (every rank of the world): each unit's shards end to end,
+/// the first shard group's making the flat parameter. Only one unit's
+/// gathered shards exist at a time besides the parameters already cut out.
+fn gather_params(
+    plan: &Plan,
+    comm: &dyn crate::comm::Communicator,
+    rank: usize,
+    shards: &[Vec<f32>],
+) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let n = comm.size();
+    let mut params = Vec::new();
+    for (u, unit) in plan.units.iter().enumerate() {
+        let shard = shards.get(u).map_or(&[][..], |s| s.as_slice());
+        let send: &[u8] = bytemuck::cast_slice(shard);
+        let mut all = vec![0u8; send.len() * n];
+        comm.all_gather(
+            crate::comm::Buf {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: send,
+            },
+            BufMut {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mut all,
+            },
+        )
+        .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+        if rank != 0 {
+            continue;
+        }
+        let all: Vec<f32> = all
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let flat = unshard(unit, all.chunks(shard.len().max(1)));
+        cut_params(unit, &flat, &mut params)?;
+    }
+    Ok(params)
+}

@@ -1,0 +1,412 @@
+//! One rank's run, whichever launcher started it: its memory (arena or
+//! debug allocations), its shards (initialised or loaded from a
+//! checkpoint), every step with its report, and its checkpoint files.
+
+use super::*;
+
+/// What a rank thread sends the collector (`threads::collect`).
+pub(super) enum Msg {
+    Step {
+        rank: usize,
+        step: u64,
+        loss: f32,
+        scalars: StepScalars,
+        measured: Option<u64>,
+        time: Duration,
+    },
+    Done {
+        rank: usize,
+        out: Result<RankOut, RuntimeError>,
+    },
+    /// A rank wrote its checkpoint file for the checkpoint after `step`
+    /// completed steps.
+    Saved {
+        step: u64,
+        file: Result<FileEntry, CheckpointError>,
+    },
+}
+
+/// What a rank hands back at the end: its fp32 shard of every unit and its
+/// peaks.
+pub(super) struct RankOut {
+    pub(super) shards: Vec<Vec<f32>>,
+    pub(super) measured: Option<u64>,
+    pub(super) debug_peak: Option<u64>,
+    pub(super) timeline: Option<RankTimeline>,
+}
+
+/// Reports one rank's loss, pre-clip gradient norm, measured peak and step
+/// time after a step.
+type Report<'r> =
+    dyn FnMut(u64, f32, StepScalars, Option<u64>, Duration) -> Result<(), RuntimeError> + 'r;
+
+/// Everything one rank uses, whichever launcher started it.
+pub(super) struct RankCtx<'a> {
+    pub(super) rank: usize,
+    /// The rank's accounting tag, when the counting allocator is installed.
+    pub(super) tag: Option<usize>,
+    pub(super) world: &'a dyn World,
+    pub(super) prep: &'a Prepared<'a>,
+    pub(super) backend: &'a CpuBackend,
+    pub(super) data: &'a dyn DataSource,
+    pub(super) opts: &'a TrainOptions,
+    pub(super) resume: Option<&'a Checkpoint>,
+    pub(super) saver: Saver<'a>,
+    /// The time origin of measured timelines (shared by thread ranks).
+    pub(super) epoch: Instant,
+}
+
+/// Where a rank's checkpoint file entry goes.
+pub(super) enum Saver<'a> {
+    /// Thread ranks: to the collector, which writes the manifest.
+    Thread(&'a mpsc::SyncSender<Msg>),
+    /// Process ranks: gathered to rank 0 over this communicator of every
+    /// rank; rank 0 writes the manifest and tells the others it did.
+    Process(&'a dyn crate::comm::Communicator),
+}
+
+/// Bytes of one rank's file entry in the gather: a status byte (`ENTRY_*`),
+/// 7 bytes padding, the file size (u64 little-endian), its blake3 (32 bytes).
+const ENTRY_BYTES: usize = 48;
+/// The rank wrote its file.
+const ENTRY_OK: u8 = 1;
+/// The rank failed to write its file.
+const ENTRY_FAILED: u8 = 2;
+/// The rank writes no file (a replica).
+const ENTRY_NONE: u8 = 0;
+
+impl RankCtx<'_> {
+    pub(super) fn run(
+        &self,
+        arena: Option<&mut Arena>,
+        report: &mut Report,
+    ) -> Result<RankOut, RuntimeError> {
+        let plan = self.prep.plan;
+        let mut env = RankEnv::new(
+            self.rank,
+            self.world,
+            self.prep,
+            self.backend,
+            self.data,
+            self.opts.seed,
+        )?;
+        let mut mem = match arena {
+            Some(a) => Memory::arena(plan, a),
+            None => {
+                let mut m = Memory::debug(plan);
+                for b in plan.buffers.iter().filter(|b| b.persistent()) {
+                    m.alloc(b.id);
+                }
+                m
+            }
+        };
+        match self.resume {
+            Some(c) => self.load(c, &mem)?,
+            None => self.init_shards(&mem)?,
+        }
+        env.init_loss_scale(&mem)?;
+        if self.opts.trace_steps > 0 {
+            // Reserved here, on this untagged thread, before the window:
+            // the trace buffers are not the rank's memory (`timeline`).
+            let from = self
+                .opts
+                .steps
+                .saturating_sub(self.opts.trace_steps)
+                .max(first_step(self.resume));
+            let n = self.opts.steps.saturating_sub(from);
+            env.start_trace(self.epoch, from, n, self.tag);
+        }
+        // The step window: from here to the last step, every allocation of
+        // this thread and its stream threads counts as the rank's, on top
+        // of its arena (allocated under the same tag).
+        if let Some(t) = self.tag {
+            account::reset_peak(t);
+        }
+        self.steps(&env, &mut mem, report)?;
+        let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
+        let debug_peak = (self.opts.mode == ExecMode::DebugAlloc).then(|| mem.peak());
+        // Only the first shard group's shards are assembled.
+        // Process ranks all hand theirs to the gather (`gather_params`).
+        let first_group = self.rank < plan.config.shard_factor as usize;
+        let keep =
+            self.opts.keep_params && (first_group || matches!(self.saver, Saver::Process(_)));
+        Ok(RankOut {
+            shards: if keep { self.shards(&mem)? } else { Vec::new() },
+            measured,
+            debug_peak,
+            timeline: env.take_trace(),
+        })
+    }
+
+    /// Runs every step, reporting each step's loss.
+    fn steps(
+        &self,
+        env: &RankEnv,
+        mem: &mut Memory,
+        sink: &mut Report,
+    ) -> Result<(), RuntimeError> {
+        let mut report = |step: u64, mem: &Memory, time: Duration| -> Result<(), RuntimeError> {
+            let loss = env.read_loss(mem)?;
+            let scalars = StepScalars {
+                grad_norm: env.read_grad_norm(mem)?,
+                loss_scale: env.read_loss_scale(mem)?,
+            };
+            let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
+            sink(step, loss, scalars, measured, time)?;
+            if let Some(f) = &self.opts.fault {
+                f.inject(self.world, self.rank, step)?;
+            }
+            self.maybe_save(step + 1, mem)
+        };
+        let steps = first_step(self.resume)..self.opts.steps;
+        match self.opts.mode {
+            ExecMode::Arena => {
+                let mem = &*mem;
+                env.run_arena(mem, steps, self.tag, &mut |step, time| {
+                    report(step, mem, time)
+                })
+            }
+            ExecMode::DebugAlloc => {
+                let _tag = self.tag.map(RankTag::enter);
+                for step in steps {
+                    let began = Instant::now();
+                    env.step_debug(mem, step)?;
+                    report(step, mem, began.elapsed())?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The ShardParams buffer of each unit.
+    fn shard_buffers(&self) -> Vec<Option<&fsdpc_planner::plan::Buffer>> {
+        let plan = self.prep.plan;
+        plan.units
+            .iter()
+            .map(|u| {
+                plan.buffers
+                    .iter()
+                    .find(|b| b.kind == BufferKind::ShardParams && b.unit == Some(u.id))
+            })
+            .collect()
+    }
+
+    /// Each unit's shard buffer and optimizer state buffers (in slot order,
+    /// as its optimizer instruction lists them).
+    fn unit_buffers(&self) -> Vec<(Option<BufferId>, Vec<BufferId>)> {
+        self.shard_buffers()
+            .into_iter()
+            .map(|b| {
+                let b = b.map(|b| b.id);
+                let state = self.prep.steps.iter().find_map(|s| match s {
+                    Step::Optimizer { params, state, .. } if Some(*params) == b => {
+                        Some(state.to_vec())
+                    }
+                    _ => None,
+                });
+                (b, state.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// After `done` completed steps: when a checkpoint is due and this rank
+    /// holds a shard position of the first group, writes its file; thread
+    /// ranks hand the entry to the collector (which writes the manifest),
+    /// process ranks complete the checkpoint together (`commit_ranks`).
+    fn maybe_save(&self, done: u64, mem: &Memory) -> Result<(), RuntimeError> {
+        let Some(cfg) = &self.opts.checkpoint else {
+            return Ok(());
+        };
+        let f = self.prep.plan.config.shard_factor as usize;
+        if cfg.every == 0 || !done.is_multiple_of(cfg.every) {
+            return Ok(());
+        }
+        let file = (self.rank < f).then(|| self.save(&cfg.dir, done, mem));
+        match self.saver {
+            Saver::Thread(tx) => {
+                if let Some(file) = file {
+                    let _ = tx.send(Msg::Saved { step: done, file });
+                }
+                Ok(())
+            }
+            Saver::Process(comm) => self.commit_ranks(comm, &cfg.dir, done, file),
+        }
+    }
+
+    /// Process ranks: gathers every rank's file entry (`ENTRY_BYTES` each)
+    /// over `comm`; rank 0 writes the manifest and `latest`
+    /// (`write::commit`) and broadcasts whether it did, so no rank goes on
+    /// (to the next checkpoint, which prunes) before the commit.
+    fn commit_ranks(
+        &self,
+        comm: &dyn crate::comm::Communicator,
+        dir: &Path,
+        done: u64,
+        file: Option<Result<FileEntry, CheckpointError>>,
+    ) -> Result<(), RuntimeError> {
+        let ce = |e| crate::exec::rank::comm_err(self.rank, e);
+        let mut mine = [0u8; ENTRY_BYTES];
+        let mut own_error = None;
+        match file {
+            None => mine[0] = ENTRY_NONE,
+            Some(Ok(e)) => match blake3::Hash::from_hex(&e.blake3) {
+                Ok(h) => {
+                    mine[0] = ENTRY_OK;
+                    mine[8..16].copy_from_slice(&e.bytes.to_le_bytes());
+                    mine[16..].copy_from_slice(h.as_bytes());
+                }
+                Err(err) => {
+                    mine[0] = ENTRY_FAILED;
+                    own_error = Some(RuntimeError::plan(format!("checkpoint hash: {err}")));
+                }
+            },
+            Some(Err(e)) => {
+                mine[0] = ENTRY_FAILED;
+                own_error = Some(e.into());
+            }
+        }
+        let n = comm.size();
+        let mut all = vec![0u8; ENTRY_BYTES * n];
+        comm.all_gather(
+            crate::comm::Buf {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mine,
+            },
+            BufMut {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mut all,
+            },
+        )
+        .map_err(ce)?;
+        if let Some(e) = own_error {
+            return Err(e);
+        }
+        let f = self.prep.plan.config.shard_factor as usize;
+        let mut files = Vec::with_capacity(f);
+        for (r, rec) in all.chunks_exact(ENTRY_BYTES).enumerate().take(f) {
+            if rec[0] != ENTRY_OK {
+                return Err(RuntimeError::RankFailed {
+                    rank: r,
+                    reason: format!("could not write its file of the checkpoint at step {done}"),
+                });
+            }
+            let mut size = [0u8; 8];
+            size.copy_from_slice(&rec[8..16]);
+            let mut hash = [0u8; 32];
+            hash.copy_from_slice(&rec[16..]);
+            files.push(FileEntry {
+                name: checkpoint::manifest::rank_file(r),
+                position: r as u32,
+                bytes: u64::from_le_bytes(size),
+                blake3: blake3::Hash::from_bytes(hash).to_hex().to_string(),
+            });
+        }
+        let committed = if self.rank == 0 {
+            let m = checkpoint::Manifest::new(self.prep.plan, done, self.opts.seed, files);
+            Some(checkpoint::write::commit(dir, &m))
+        } else {
+            None
+        };
+        let mut ok = [u8::from(committed.as_ref().is_some_and(|r| r.is_ok())); 4];
+        comm.broadcast(
+            BufMut {
+                dtype: fsdpc_ir::DType::F32,
+                bytes: &mut ok,
+            },
+            0,
+        )
+        .map_err(ce)?;
+        match committed {
+            Some(r) => Ok(r?),
+            None if ok[0] == 1 => Ok(()),
+            None => Err(RuntimeError::RankFailed {
+                rank: 0,
+                reason: format!("could not write the manifest of the checkpoint at step {done}"),
+            }),
+        }
+    }
+
+    /// Writes this rank's checkpoint file.
+    fn save(&self, dir: &Path, done: u64, mem: &Memory) -> Result<FileEntry, CheckpointError> {
+        let io = |e: RuntimeError| CheckpointError::Io {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
+        let bufs = self.unit_buffers();
+        let mut params = Vec::with_capacity(bufs.len());
+        let mut states = Vec::with_capacity(bufs.len());
+        for (b, state) in &bufs {
+            // SAFETY: between steps no stream runs.
+            let view = |id: BufferId| unsafe { mem.view(mem.whole(id)) };
+            params.push(b.map(view).transpose().map_err(io)?.unwrap_or(&[]));
+            states.push(
+                state
+                    .iter()
+                    .map(|&s| view(s))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(io)?,
+            );
+        }
+        let units: Vec<UnitBytes<'_>> = params
+            .iter()
+            .zip(&states)
+            .map(|(p, s)| UnitBytes {
+                params: p,
+                state: s,
+            })
+            .collect();
+        checkpoint::write::save_rank(dir, done, self.rank, &units)
+    }
+
+    /// Fills the shards and optimizer state from a checkpoint.
+    fn load(&self, c: &Checkpoint, mem: &Memory) -> Result<(), RuntimeError> {
+        let mut units = Vec::new();
+        for (b, state) in self.unit_buffers() {
+            // SAFETY: before the first step no stream runs; the buffers are
+            // distinct persistent buffers.
+            let view = |id: BufferId| unsafe { mem.view_mut(mem.whole(id)) };
+            let p = b.map(view).transpose()?.unwrap_or(&mut []);
+            let s = state.into_iter().map(view).collect::<Result<Vec<_>, _>>()?;
+            units.push((p, s));
+        }
+        c.load_rank(self.prep.plan, self.rank, &mut units)?;
+        Ok(())
+    }
+
+    fn init_shards(&self, mem: &Memory) -> Result<(), RuntimeError> {
+        let plan = self.prep.plan;
+        let pos = (self.rank % plan.config.shard_factor as usize) as u64;
+        for (u, b) in self.shard_buffers().into_iter().enumerate() {
+            let Some(b) = b else { continue };
+            // SAFETY: before the first step no stream runs.
+            let bytes = unsafe { mem.view_mut(mem.whole(b.id))? };
+            let out: &mut [f32] = bytemuck::try_cast_slice_mut(bytes).map_err(|_| {
+                RuntimeError::plan(format!("shard buffer {} is not f32-aligned", b.id))
+            })?;
+            crate::init::fill_shard(
+                &plan.units[u],
+                &plan.training.graph.params,
+                pos,
+                self.opts.seed,
+                out,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn shards(&self, mem: &Memory) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let mut out = Vec::new();
+        for b in self.shard_buffers() {
+            let vals = match b {
+                // SAFETY: after the last step no stream runs.
+                Some(b) => unsafe { mem.view(mem.whole(b.id))? }
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                None => Vec::new(),
+            };
+            out.push(vals);
+        }
+        Ok(out)
+    }
+}
