@@ -50,12 +50,6 @@ const SHAPES: [Shape; 8] = [
 /// permutations).
 const SKINNY_SIZES: [usize; 4] = [512, 1024, 2048, 4096];
 
-/// Fewest repetitions of one product: its median is the figure, and with
-/// three a single preempted repetition of the largest products (one
-/// scheduler slice on a shared VM) moved the 50 M-parameter MLP's
-/// prediction by 15-30% between calibrations.
-const MIN_REPS: usize = 7;
-
 /// Operand layouts: `a` and `b` plain or stored transposed.
 const LAYOUTS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
 
@@ -220,7 +214,7 @@ fn matmul_rate_of(
     trans_b: bool,
 ) -> Result<(f64, f64), CliError> {
     let flops = 2.0 * (m * k * n) as f64;
-    let reps = ((2e8 / flops) as usize).clamp(MIN_REPS, 200);
+    let reps = ((2e8 / flops) as usize).clamp(3, 200);
     // Operands rotate over sets spanning ROTATION_BYTES: in a training
     // step a product's operands were written or read by other kernels
     // since, not by the same product a moment ago.
