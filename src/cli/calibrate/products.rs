@@ -217,7 +217,10 @@ fn matmul_rate_of(
     let reps = ((2e8 / flops) as usize).clamp(3, 200);
     // Operands rotate over sets spanning ROTATION_BYTES: in a training
     // step a product's operands were written or read by other kernels
-    // since, not by the same product a moment ago.
+    // since, not by the same product a moment ago. At most one set per
+    // repetition: the curves are measured so, and more repetitions of the
+    // mid-sized products (7, not 3) made their operands colder than a
+    // small model's are in training (its step predicted 16% slow).
     let sets = rotation_sets(4 * (m * k + k * n + m * n)).min(reps);
     let times = lockstep(ranks, reps, |_| {
         let mut ops: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..sets)
