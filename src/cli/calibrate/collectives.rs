@@ -5,7 +5,7 @@
 //! (`CollectiveFit::points`); the least-squares `latency + ring wire bytes
 //! / bw` line per kind and group size is kept beside them.
 
-use super::harness::{fail, lockstep, median, Aligned, Body};
+use super::harness::{fail, lockstep, median, rotation_sets, Aligned, Body};
 use super::Calibration;
 use crate::cli::CliError;
 use fsdpc_ir::DType;
@@ -92,21 +92,22 @@ pub(super) fn collective_body(
         CollectiveKind::ReduceScatter => (4 * elems * n, 4 * elems),
         CollectiveKind::AllReduce => (0, 4 * elems * n),
     };
-    // Written buffers: one never written reads the kernel's shared zero
-    // page, always in cache (the 2-rank reduce-scatter of a 12 MiB unit
-    // calibrated 2.3x faster than it ran in training, and the large 2-rank
-    // plans were predicted 9-12% fast). One set, reused: the collectives
-    // that fit the cache find their buffers in it, and the large ones
-    // stream from memory either way. Sets rotating over 64 MiB (every
-    // buffer cold) made the small GPTs' predicted steps 3.5-4% slower,
-    // where they were already predicted slow, and moved the 23 M GPT's
-    // by 0.8%.
+    // Buffer sets rotate over ROTATION_BYTES, as a step's collectives each
+    // move another unit's buffers, and hold written values: a buffer never
+    // written reads the kernel's shared zero page, always in cache (the
+    // 2-rank reduce-scatter of a 12 MiB unit calibrated 2.3x faster than
+    // it ran in training).
+    let sets = rotation_sets(send_len + recv_len);
     let half = 0.5f32.to_le_bytes();
-    let send = Aligned::new(send_len, &half);
-    let mut recv = Aligned::new(recv_len, &half);
+    let mut bufs: Vec<(Aligned, Aligned)> = (0..sets)
+        .map(|_| (Aligned::new(send_len, &half), Aligned::new(recv_len, &half)))
+        .collect();
+    let mut set = 0;
     // Averaged, as gradients are: the values stay 0.5 over repetitions.
     let divide_by = n as u32;
     Ok(Box::new(move || {
+        let (send, recv) = &mut bufs[set];
+        set = (set + 1) % sets;
         let dtype = DType::F32;
         let send = Buf {
             dtype,
