@@ -96,7 +96,11 @@ pub(super) fn collective_body(
     // move another unit's buffers, and hold written values: a buffer never
     // written reads the kernel's shared zero page, always in cache (the
     // 2-rank reduce-scatter of a 12 MiB unit calibrated 2.3x faster than
-    // it ran in training).
+    // it ran in training). Rotating also keeps these points and the
+    // contention measurement's baseline (`contention`, through this body)
+    // on the same cold buffers: with one set reused the larger 2-rank
+    // plans were predicted 9-11% fast again; the small plans, whose
+    // collectives do find their buffers in cache, pay 3-4% for it.
     let sets = rotation_sets(send_len + recv_len);
     let half = 0.5f32.to_le_bytes();
     let mut bufs: Vec<(Aligned, Aligned)> = (0..sets)
