@@ -6,7 +6,7 @@
 //! slowdown (`Contention`).
 
 use super::collectives::collective_body;
-use super::harness::{fail, lockstep, mean, Body};
+use super::harness::{fail, lockstep, mean, on_rank_threads, Body};
 use super::Calibration;
 use crate::cli::CliError;
 use fsdpc_planner::cluster::{CollectiveKind, Contention};
@@ -132,71 +132,57 @@ fn run_beside(
         .iter()
         .map(|_| ShmWorld::new(ranks, CommConfig::default()))
         .collect();
-    let results: Vec<Result<OpTimes, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let worlds = &worlds;
-                s.spawn(move || {
-                    let stop = AtomicBool::new(false);
-                    std::thread::scope(|inner| {
-                        let stop = &stop;
-                        let gemm = compute.then(|| {
-                            inner.spawn(move || {
-                                let mut body = contention_gemm();
-                                let mut times = Vec::new();
-                                while !stop.load(Ordering::Relaxed) {
-                                    let t = Instant::now();
-                                    body()?;
-                                    if !stop.load(Ordering::Relaxed) {
-                                        times.push(t.elapsed().as_secs_f64());
-                                    }
-                                }
-                                Ok::<_, String>(times)
-                            })
-                        });
-                        let comms: Vec<_> = ops
-                            .iter()
-                            .zip(worlds)
-                            .map(|(&op, world)| {
-                                inner.spawn(move || {
-                                    let mut body = collective_body(world, op, ranks, rank, bytes)?;
-                                    let mut times = Vec::with_capacity(collectives);
-                                    for _ in 0..collectives {
-                                        let t = Instant::now();
-                                        body()?;
-                                        times.push(t.elapsed().as_secs_f64());
-                                    }
-                                    Ok::<_, String>(times)
-                                })
-                            })
-                            .collect();
-                        let comm: Result<Vec<Vec<f64>>, String> = comms
-                            .into_iter()
-                            .map(|h| {
-                                h.join().unwrap_or_else(|_| {
-                                    Err("a communication thread panicked".into())
-                                })
-                            })
-                            .collect();
-                        stop.store(true, Ordering::Relaxed);
-                        let gemm = match gemm {
-                            Some(h) => h
-                                .join()
-                                .unwrap_or_else(|_| Err("a compute thread panicked".into()))?,
-                            None => Vec::new(),
-                        };
-                        Ok((comm?, gemm))
+    let results: Vec<Result<OpTimes, String>> = on_rank_threads(ranks, |rank| {
+        let worlds = &worlds;
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|inner| {
+            let stop = &stop;
+            let gemm = compute.then(|| {
+                inner.spawn(move || {
+                    let mut body = contention_gemm();
+                    let mut times = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        body()?;
+                        if !stop.load(Ordering::Relaxed) {
+                            times.push(t.elapsed().as_secs_f64());
+                        }
+                    }
+                    Ok::<_, String>(times)
+                })
+            });
+            let comms: Vec<_> = ops
+                .iter()
+                .zip(worlds)
+                .map(|(&op, world)| {
+                    inner.spawn(move || {
+                        let mut body = collective_body(world, op, ranks, rank, bytes)?;
+                        let mut times = Vec::with_capacity(collectives);
+                        for _ in 0..collectives {
+                            let t = Instant::now();
+                            body()?;
+                            times.push(t.elapsed().as_secs_f64());
+                        }
+                        Ok::<_, String>(times)
                     })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
-            })
-            .collect()
+                .collect();
+            let comm: Result<Vec<Vec<f64>>, String> = comms
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a communication thread panicked".into()))
+                })
+                .collect();
+            stop.store(true, Ordering::Relaxed);
+            let gemm = match gemm {
+                Some(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err("a compute thread panicked".into()))?,
+                None => Vec::new(),
+            };
+            Ok((comm?, gemm))
+        })
     });
     let mut comm = vec![Vec::new(); ops.len()];
     let mut gemm = Vec::new();

@@ -14,39 +14,19 @@ pub(super) fn fail(what: &str, e: impl std::fmt::Display) -> CliError {
     CliError::Usage(format!("calibrate: {what}: {e}"))
 }
 
-/// Runs `setup(rank)`'s body on `ranks` threads at once, `reps` times, each
-/// repetition started together; the time of each repetition is its slowest
-/// rank's. Returns the repetitions' times.
-pub(super) fn lockstep<S>(ranks: usize, reps: usize, setup: S) -> Result<Vec<f64>, String>
+/// Runs `run(rank)` on a thread of its own for each of `ranks` ranks, all
+/// at once, and returns each rank's result in rank order (a panic as an
+/// error).
+pub(super) fn on_rank_threads<T, F>(ranks: usize, run: F) -> Vec<Result<T, String>>
 where
-    S: Fn(usize) -> Result<Body, String> + Sync,
+    T: Send,
+    F: Fn(usize) -> Result<T, String> + Sync,
 {
-    let barrier = Barrier::new(ranks);
-    let per_rank: Vec<Result<Vec<f64>, String>> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..ranks)
             .map(|rank| {
-                let (setup, barrier) = (&setup, &barrier);
-                s.spawn(move || {
-                    // Every rank reaches every barrier, even after a failure,
-                    // so the others are never left waiting.
-                    let mut body = setup(rank);
-                    let mut times = Vec::with_capacity(reps);
-                    let mut err = None;
-                    for _ in 0..reps {
-                        barrier.wait();
-                        let t = Instant::now();
-                        if let Ok(b) = &mut body {
-                            if let Err(e) = b() {
-                                err.get_or_insert(e);
-                            }
-                        }
-                        times.push(t.elapsed().as_secs_f64());
-                    }
-                    match (body, err) {
-                        (Err(e), _) | (_, Some(e)) => Err(e),
-                        _ => Ok(times),
-                    }
-                })
+                let run = &run;
+                s.spawn(move || run(rank))
             })
             .collect();
         handles
@@ -56,6 +36,38 @@ where
                     .unwrap_or_else(|_| Err("a rank thread panicked".into()))
             })
             .collect()
+    })
+}
+
+/// Runs `setup(rank)`'s body on `ranks` threads at once, `reps` times, each
+/// repetition started together; the time of each repetition is its slowest
+/// rank's. Returns the repetitions' times.
+pub(super) fn lockstep<S>(ranks: usize, reps: usize, setup: S) -> Result<Vec<f64>, String>
+where
+    S: Fn(usize) -> Result<Body, String> + Sync,
+{
+    let barrier = Barrier::new(ranks);
+    let per_rank = on_rank_threads(ranks, |rank| {
+        let (setup, barrier) = (&setup, &barrier);
+        // Every rank reaches every barrier, even after a failure,
+        // so the others are never left waiting.
+        let mut body = setup(rank);
+        let mut times = Vec::with_capacity(reps);
+        let mut err = None;
+        for _ in 0..reps {
+            barrier.wait();
+            let t = Instant::now();
+            if let Ok(b) = &mut body {
+                if let Err(e) = b() {
+                    err.get_or_insert(e);
+                }
+            }
+            times.push(t.elapsed().as_secs_f64());
+        }
+        match (body, err) {
+            (Err(e), _) | (_, Some(e)) => Err(e),
+            _ => Ok(times),
+        }
     });
     let mut out = vec![0f64; reps];
     for r in per_rank {
