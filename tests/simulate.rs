@@ -214,3 +214,29 @@ fn calibrate_writes_a_cluster_file_that_plans() {
     assert_eq!(sim["cluster"], "calibrated");
     assert!(step(&sim) > 0.0);
 }
+
+/// `fsdpc calibrate` refuses what it could not use before it measures: an
+/// output it cannot write and no ranks per node. Each is one error line,
+/// exit 2, and nothing written.
+#[test]
+fn calibrate_refuses_bad_arguments_before_measuring() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let missing = dir.path().join("no-such-dir").join("cal.json");
+    let missing = missing.to_str().expect("utf-8");
+    let here = dir.path().to_str().expect("utf-8");
+    for (args, says) in [
+        (vec!["calibrate", "-o", missing], "there is no directory"),
+        (vec!["calibrate", "-o", here], "it is a directory"),
+        (
+            vec!["calibrate", "--ranks-per-node", "0"],
+            "0 is not in 1..",
+        ),
+    ] {
+        let o = fsdpc(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("GFLOP/s"), "{args:?} measured first: {err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+}

@@ -30,12 +30,12 @@ use clap::Args;
 use fsdpc_planner::cluster::{ClusterFile, CollectiveFit, CollectiveKind, Contention};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
     /// Ranks per node the figures are for (they share the cores).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub ranks_per_node: u32,
     /// Where to write the cluster file (default: stdout).
     #[arg(short, long)]
@@ -249,6 +249,24 @@ fn last_level_cache() -> Option<u64> {
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
+    // Refused before the measurement, not after it.
+    if let Some(path) = &a.output {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if path.is_dir() || !dir.is_dir() {
+            return Err(CliError::Usage(format!(
+                "calibrate: cannot write the cluster file to {}: {}",
+                path.display(),
+                if path.is_dir() {
+                    "it is a directory".to_string()
+                } else {
+                    format!("there is no directory {}", dir.display())
+                }
+            )));
+        }
+    }
     let (file, table) = measure(a.ranks_per_node, true)?;
     eprint!("{table}");
     let text = serde_json::to_string_pretty(&file)
