@@ -6,8 +6,9 @@
 //! Run: `cargo bench --bench auto`
 
 use fsdpc_frontends::LoadOptions;
+use fsdpc_plan::ModelInfo;
 use fsdpc_planner::auto::{short, Fixed, Search, Space};
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo};
+use fsdpc_planner::FsdpConfig;
 use std::time::Instant;
 
 /// One search. `knobs_fixed`: the schedule knobs kept at their defaults
@@ -37,7 +38,7 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool, knobs_fixed: bool
         params: m.program.graph.param_numel(),
         tokens_per_rank_step: m.tokens_per_rank_step(),
     };
-    let cluster = Cluster::preset(preset, world, world.min(8)).expect("preset");
+    let cluster = fsdpc_planner::preset(preset, world, world.min(8)).expect("preset");
     let base = FsdpConfig::default();
     let fixed = Fixed {
         backward_prefetch: knobs_fixed,

@@ -14,7 +14,8 @@
 
 mod common;
 
-use fsdpc_planner::{FsdpConfig, Plan};
+use fsdpc_plan::Plan;
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::checkpoint::write::{self, UnitBytes};
 use fsdpc_runtime::checkpoint::{Checkpoint, Manifest};
 use std::path::Path;

@@ -24,9 +24,8 @@ pub fn compile(
     world: u32,
     per_node: u32,
     cfg: &fsdpc_planner::FsdpConfig,
-) -> Result<fsdpc_planner::Plan, String> {
-    let cluster =
-        fsdpc_planner::Cluster::preset(preset, world, per_node).map_err(|e| e.to_string())?;
+) -> Result<fsdpc_plan::Plan, String> {
+    let cluster = fsdpc_planner::preset(preset, world, per_node).map_err(|e| e.to_string())?;
     compile_for(model, &cluster, cfg)
 }
 
@@ -34,12 +33,12 @@ pub fn compile(
 #[allow(dead_code)]
 pub fn compile_for(
     model: &str,
-    cluster: &fsdpc_planner::Cluster,
+    cluster: &fsdpc_plan::Cluster,
     cfg: &fsdpc_planner::FsdpConfig,
-) -> Result<fsdpc_planner::Plan, String> {
+) -> Result<fsdpc_plan::Plan, String> {
     let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
         .map_err(|e| e.to_string())?;
-    let info = fsdpc_planner::ModelInfo {
+    let info = fsdpc_plan::ModelInfo {
         name: m.name.clone(),
         params: m.program.graph.param_numel(),
         tokens_per_rank_step: m.tokens_per_rank_step(),

@@ -15,7 +15,8 @@
 
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::DType;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Wire};
+use fsdpc_plan::{ModelInfo, Plan, Wire};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{DataSpec, TrainOptions};
 use std::path::Path;
 use std::time::Instant;
@@ -31,7 +32,7 @@ fn model(ranks: u32) -> String {
 
 fn plan(spec: &str, ranks: u32, cfg: &FsdpConfig) -> Plan {
     let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", ranks, ranks).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", ranks, ranks).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
@@ -94,13 +95,13 @@ fn main() {
     let spec = model(ranks);
     let fp8 = Wire::parse("fp8", 0).expect("fp8");
     let int8 = Wire::Int8Block {
-        block: fsdpc_planner::wire::DEFAULT_BLOCK,
+        block: fsdpc_plan::wire::DEFAULT_BLOCK,
     };
     let native = Wire::Native;
     println!(
         "{spec} on {ranks} CPU thread ranks (full_shard), AdamW lr 1e-3, {steps} steps on \
          examples/data/lighthouse.txt, seed 5; int8 blocks of {}",
-        fsdpc_planner::wire::DEFAULT_BLOCK
+        fsdpc_plan::wire::DEFAULT_BLOCK
     );
     let runs = [
         ("bf16 (native)", true, native, native),

@@ -13,7 +13,8 @@
 
 mod common;
 
-use fsdpc_planner::{FsdpConfig, Strategy};
+use fsdpc_plan::Strategy;
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 use std::process::Command;

@@ -13,7 +13,8 @@
 mod common;
 
 use fsdpc_ir::DType;
-use fsdpc_planner::{BufferKind, CheckpointPolicy, FsdpConfig, InstrOp, Location, Plan};
+use fsdpc_plan::{BufferKind, CheckpointPolicy, InstrOp, Location, Plan};
+use fsdpc_planner::FsdpConfig;
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64

@@ -7,7 +7,9 @@
 mod common;
 
 use fsdpc_ir::DType;
-use fsdpc_planner::{BufferKind, CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy};
+use fsdpc_plan::Collective;
+use fsdpc_plan::{BufferKind, CheckpointPolicy, InstrOp, Plan, Strategy};
+use fsdpc_planner::FsdpConfig;
 use std::time::Instant;
 
 fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
@@ -94,7 +96,7 @@ fn mixed_precision() {
                 ..FsdpConfig::default()
             };
             let p = compile_with("gpt3-175b", world, &cfg).expect("gpt3-175b compiles");
-            let cluster = fsdpc_planner::Cluster::from_info(&p.cluster);
+            let cluster = p.cluster.clone();
             // Bytes one rank sends per step in collectives of a kind.
             let sent = |kind: fn(&InstrOp) -> bool| -> u64 {
                 p.instructions
@@ -107,7 +109,10 @@ fn mixed_precision() {
                 .instructions
                 .iter()
                 .filter_map(|i| match i.op {
-                    InstrOp::AllGather { dst, .. } => Some(p.buffers[dst.index()].bytes),
+                    InstrOp::AllGather {
+                        c: Collective { dst, .. },
+                        ..
+                    } => Some(p.buffers[dst.index()].bytes),
                     _ => None,
                 })
                 .sum();

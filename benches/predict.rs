@@ -30,8 +30,9 @@ mod common;
 use common::mib;
 use fsdpc::cli::calibrate;
 use fsdpc_ir::DType;
-use fsdpc_planner::cluster::ClusterFile;
-use fsdpc_planner::{BackwardPrefetch, CheckpointPolicy, FsdpConfig, Strategy};
+use fsdpc_plan::Cluster;
+use fsdpc_plan::{BackwardPrefetch, CheckpointPolicy, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
@@ -105,11 +106,14 @@ fn config(case: &Case) -> FsdpConfig {
     }
 }
 
-fn load_file(var: &str) -> Option<ClusterFile> {
+/// The cluster file `var` names (at one rank: each case reshapes it).
+fn load_file(var: &str) -> Option<Cluster> {
     let path = std::env::var(var).ok()?;
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{var}={path}: cannot read it: {e}"));
-    Some(ClusterFile::from_json(&text).unwrap_or_else(|e| panic!("{var}={path}: {e}")))
+    Some(
+        Cluster::from_file(&text, Some(1), Some(1)).unwrap_or_else(|e| panic!("{var}={path}: {e}")),
+    )
 }
 
 fn load_average() -> String {
@@ -128,7 +132,7 @@ struct Outcome {
 
 /// The cluster files of one round: from `FSDPC_CLUSTER` (and
 /// `FSDPC_CLUSTER_1`), else calibrated now (2 and 1 ranks per node).
-fn clusters(round: usize) -> (ClusterFile, ClusterFile) {
+fn clusters(round: usize) -> (Cluster, Cluster) {
     match load_file("FSDPC_CLUSTER") {
         Some(f) => {
             println!("cluster file: FSDPC_CLUSTER ({})", f.description);
@@ -149,10 +153,8 @@ fn clusters(round: usize) -> (ClusterFile, ClusterFile) {
 
 /// Compiles `case` on `file`'s cluster, simulates it and trains it for
 /// `steps` steps: the predicted and measured step and peak.
-fn run_case(case: &Case, file: &ClusterFile, steps: u64) -> (Outcome, f64, u64) {
-    let cluster = file
-        .cluster(Some(case.world), Some(case.world))
-        .expect("cluster");
+fn run_case(case: &Case, file: &Cluster, steps: u64) -> (Outcome, f64, u64) {
+    let cluster = file.reshaped(case.world, case.world).expect("cluster");
     let plan = common::compile_for(case.spec, &cluster, &config(case)).expect("plan");
     let params = plan.model.params;
     let predicted = fsdpc_planner::simulate::run(&plan, &cluster).step_time_s;

@@ -13,8 +13,9 @@
 mod common;
 
 use fsdpc_ir::DType;
+use fsdpc_plan::CheckpointPolicy;
 use fsdpc_planner::rewrite::Rules;
-use fsdpc_planner::{CheckpointPolicy, FsdpConfig};
+use fsdpc_planner::FsdpConfig;
 use std::time::Instant;
 
 fn main() {
@@ -49,7 +50,7 @@ fn main() {
     for (model, world) in cases {
         for (preset, flat) in presets {
             let per_node = if preset == "cpu-local" { world } else { 8 };
-            let mut cluster = match fsdpc_planner::Cluster::preset(preset, world, per_node) {
+            let mut cluster = match fsdpc_planner::preset(preset, world, per_node) {
                 Ok(c) => c,
                 Err(e) => {
                     println!("{preset}: {e}");

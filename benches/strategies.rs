@@ -12,8 +12,9 @@
 mod common;
 
 use fsdpc_ir::DType;
+use fsdpc_plan::{CheckpointPolicy, Plan, ReshardAfterForward, Strategy};
 use fsdpc_planner::cost::traffic;
-use fsdpc_planner::{CheckpointPolicy, Cluster, FsdpConfig, Plan, ReshardAfterForward, Strategy};
+use fsdpc_planner::FsdpConfig;
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
@@ -49,7 +50,7 @@ fn settings(dtype: DType) -> Vec<(&'static str, FsdpConfig)> {
 /// all-reduces, and in groups that span nodes (one pass over the plan).
 fn sent(plan: &Plan) -> [u64; 4] {
     let mut out = [0u64; 4];
-    for t in traffic(plan, &Cluster::from_info(&plan.cluster)) {
+    for t in traffic(plan, &plan.cluster) {
         let k = match t.op {
             "all_gather" => 0,
             "reduce_scatter" => 1,

@@ -9,7 +9,8 @@
 mod common;
 
 use fsdpc_ir::DType;
-use fsdpc_planner::{FsdpConfig, Strategy};
+use fsdpc_plan::Strategy;
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
 const SPEC: &str = "gpt:layers=2,hidden=128,heads=4,seq=128,vocab=1024,batch=8";

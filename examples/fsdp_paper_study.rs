@@ -43,9 +43,8 @@
 
 use fsdpc::frontends::{self, LoadOptions, LoadedModel};
 use fsdpc::ir::DType;
-use fsdpc::planner::{
-    self, simulate, BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Strategy,
-};
+use fsdpc::plan::{BackwardPrefetch, CheckpointPolicy, ModelInfo, Strategy};
+use fsdpc::planner::{self, simulate, FsdpConfig};
 use std::error::Error;
 use std::fmt::Write;
 
@@ -134,7 +133,7 @@ fn config(strategy: Strategy, prefetch: BackwardPrefetch, limit: u32) -> FsdpCon
 
 /// Compiles `model` for `world` GPUs with `cfg` and simulates one step.
 fn point(model: &LoadedModel, world: u32, cfg: &FsdpConfig) -> Result<Point, Box<dyn Error>> {
-    let cluster = Cluster::preset(CLUSTER, world, PER_NODE)?;
+    let cluster = planner::preset(CLUSTER, world, PER_NODE)?;
     let info = ModelInfo {
         name: model.name.clone(),
         params: model.program.graph.param_numel(),

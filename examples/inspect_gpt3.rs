@@ -12,7 +12,8 @@
 //! parameters are descriptions until a rank creates its own shard.
 
 use fsdpc::frontends::{self, LoadOptions};
-use fsdpc::planner::{self, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo};
+use fsdpc::plan::{CheckpointPolicy, ModelInfo};
+use fsdpc::planner::{self, FsdpConfig};
 use std::error::Error;
 
 /// The `fsdpc inspect` table of GPT-3 175B at world 512.
@@ -23,7 +24,7 @@ pub fn run() -> Result<String, Box<dyn Error>> {
         params: model.program.graph.param_numel(),
         tokens_per_rank_step: model.tokens_per_rank_step(),
     };
-    let cluster = Cluster::preset("a100-80g-roce", 512, 8)?;
+    let cluster = planner::preset("a100-80g-roce", 512, 8)?;
     let cfg = FsdpConfig {
         activation_checkpointing: CheckpointPolicy::Units,
         ..FsdpConfig::default()

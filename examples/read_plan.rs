@@ -9,7 +9,8 @@
 //! cargo run --example read_plan -- plan.json
 //! ```
 
-use fsdpc::planner::{InstrOp, Plan};
+use fsdpc::plan::Collective;
+use fsdpc::plan::{InstrOp, Plan};
 use std::error::Error;
 use std::fmt::Write;
 
@@ -26,7 +27,11 @@ pub fn run(json: &str) -> Result<String, Box<dyn Error>> {
         let mut gathers = 0;
         let mut bytes = 0;
         for ins in &plan.instructions {
-            if let InstrOp::AllGather { unit: u, dst, .. } = &ins.op {
+            if let InstrOp::AllGather {
+                c: Collective { unit: u, dst, .. },
+                ..
+            } = &ins.op
+            {
                 if *u == unit.id {
                     gathers += 1;
                     bytes += plan.buffers.get(dst.index()).map_or(0, |b| b.bytes);

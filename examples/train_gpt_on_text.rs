@@ -9,7 +9,8 @@
 //! with the command line: `fsdpc train gpt:layers=2,... --ranks 2 --data TEXT`.
 
 use fsdpc::frontends::{self, LoadOptions};
-use fsdpc::planner::{self, Cluster, FsdpConfig, ModelInfo};
+use fsdpc::plan::ModelInfo;
+use fsdpc::planner::{self, FsdpConfig};
 use fsdpc::runtime::{self, DataSpec, TrainOptions};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -35,7 +36,7 @@ pub fn run(text: &Path, steps: u64, ranks: u32) -> Result<Vec<f32>, Box<dyn Erro
     };
     // The plan: units, flat shards, the instruction list of every stream and
     // the memory of each rank, for `ranks` ranks of this machine.
-    let cluster = Cluster::preset("cpu-local", ranks, ranks)?;
+    let cluster = planner::preset("cpu-local", ranks, ranks)?;
     let plan = planner::compile(model.program, info, &cluster, &FsdpConfig::default())?;
     // The run: each rank is a thread that creates only its own shards.
     let opts = TrainOptions {

@@ -19,7 +19,8 @@
 //! --ranks 2 --data examples/data/lighthouse.txt --save-onnx trained.onnx`.
 
 use fsdpc::frontends::{self, LoadOptions};
-use fsdpc::planner::{self, Cluster, FsdpConfig, ModelInfo};
+use fsdpc::plan::ModelInfo;
+use fsdpc::planner::{self, FsdpConfig};
 use fsdpc::runtime::{self, DataSpec, TrainOptions};
 use std::collections::HashMap;
 use std::error::Error;
@@ -54,7 +55,7 @@ pub fn run(
         params: model.program.graph.param_numel(),
         tokens_per_rank_step: model.tokens_per_rank_step(),
     };
-    let cluster = Cluster::preset("cpu-local", ranks, ranks)?;
+    let cluster = planner::preset("cpu-local", ranks, ranks)?;
     let plan = planner::compile(model.program, info, &cluster, &FsdpConfig::default())?;
     println!(
         "{}: {} parameters in {} units",

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 out=${1:-target/gpu-bundle}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 json=$(cargo test --release -p fsdpc-runtime --features cuda --test cuda --test cuda_ptx --no-run --message-format=json)
-cargo build --release -p fsdpc-runtime --features cuda --example cuda_gpt
+cargo build --release --features cuda --example cuda_gpt
 cargo build --release --features cuda --bin fsdpc
 mkdir -p "$out"
 cp "$(echo "$json" | grep -o '"executable":"[^"]*/cuda-[^"]*"' | head -1 | cut -d'"' -f4)" "$out/cuda"

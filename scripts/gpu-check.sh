@@ -84,7 +84,7 @@ else
     json=$(timeout 420 cargo test --release -p fsdpc-runtime --features cuda --test cuda --test cuda_ptx --no-run --message-format=json)
     tests_cuda=$(echo "$json" | grep -o '"executable":"[^"]*/cuda-[^"]*"' | head -1 | cut -d'"' -f4)
     tests_ptx=$(echo "$json" | grep -o '"executable":"[^"]*/cuda_ptx-[^"]*"' | head -1 | cut -d'"' -f4)
-    timeout 300 cargo build --release -p fsdpc-runtime --features cuda --example cuda_gpt
+    timeout 300 cargo build --release --features cuda --example cuda_gpt
     timeout 300 cargo build --release --features cuda --bin fsdpc
     bench=$CARGO_TARGET_DIR/release/examples/cuda_gpt
     cli=$CARGO_TARGET_DIR/release/fsdpc

@@ -9,10 +9,9 @@ mod common;
 use common::{max_loss_rel_diff, max_param_diff, train};
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::DType;
+use fsdpc_plan::{BackwardPrefetch, CheckpointPolicy, ModelInfo, Plan, Strategy};
 use fsdpc_planner::auto::{AutoError, AutoResult, Fixed, Search, Space, Verdict};
-use fsdpc_planner::{
-    BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy,
-};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 use std::process::{Command, Output};
 
@@ -44,7 +43,7 @@ fn small_space(program: &fsdpc_ir::TrainingProgram, world: u32, bf16: bool) -> S
 /// same step time; every bound at most what the compile gave.
 fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, bf16: bool) {
     let (program, info) = load(spec);
-    let mut cluster = Cluster::preset(preset, world, world.min(8)).expect("preset");
+    let mut cluster = fsdpc_planner::preset(preset, world, world.min(8)).expect("preset");
     let space = small_space(&program, world, bf16);
     let base = FsdpConfig::default();
     if let Some(c) = capacity {
@@ -68,7 +67,7 @@ fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, 
         grid.plan.estimates.step_time_s, pruned.plan.estimates.step_time_s,
         "{label}"
     );
-    let without_record = |p: &Plan| fsdpc_planner::PlanConfig {
+    let without_record = |p: &Plan| fsdpc_plan::PlanConfig {
         auto: None,
         ..p.config.clone()
     };
@@ -160,7 +159,7 @@ fn pruned_search_agrees_when_memory_is_tight() {
     let (program, info) = load(FOUR_LAYERS);
     // Capacity between the leanest and the no_shard peak, so memory
     // bounds, over-memory candidates and fitting ones all occur.
-    let cluster = Cluster::preset("cpu-local", 4, 4).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", 4, 4).expect("preset");
     let peak = |cfg: FsdpConfig| {
         fsdpc_planner::compile_unchecked(program.clone(), info.clone(), &cluster, &cfg)
             .expect("compiles")
@@ -186,7 +185,7 @@ fn pruned_search_agrees_when_memory_is_tight() {
 fn fits_nowhere_names_the_smallest_world_that_fits() {
     let (program, info) = load(FOUR_LAYERS);
     let world = 2;
-    let mut cluster = Cluster::preset("cpu-local", world, 1).expect("preset");
+    let mut cluster = fsdpc_planner::preset("cpu-local", world, 1).expect("preset");
     let base = FsdpConfig {
         activation_checkpointing: CheckpointPolicy::Units,
         ..FsdpConfig::default()
@@ -271,7 +270,7 @@ fn chosen_plan_trains_like_one_rank() {
     // The same global batch: 2 ranks of batch 2, one rank of batch 4.
     let spec = |batch: u32| format!("gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64,batch={batch}");
     let (program, info) = load(&spec(2));
-    let cluster = Cluster::preset("cpu-local", 2, 2).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
     let space = small_space(&program, 2, false);
     let base = FsdpConfig::default();
     let r = Search::new(&program, &info, &cluster, &base, &space)
@@ -432,7 +431,7 @@ fn cli_auto_prints_the_table_and_writes_the_plan() {
         check_fits: false,
         ..FsdpConfig::default()
     };
-    let six = Cluster::preset("cpu-local", 6, 1).expect("preset");
+    let six = fsdpc_planner::preset("cpu-local", 6, 1).expect("preset");
     let cap = fsdpc_planner::compile_unchecked(program, info, &six, &lean)
         .expect("compiles")
         .memory

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{bits, max_param_diff, plan};
-use fsdpc_planner::{Plan, Strategy, WrapPolicy};
+use fsdpc_plan::{Plan, Strategy, WrapPolicy};
 use fsdpc_runtime::checkpoint::CheckpointError;
 use fsdpc_runtime::train::CheckpointConfig;
 use fsdpc_runtime::{RuntimeError, TrainOptions, TrainReport};

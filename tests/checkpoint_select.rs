@@ -6,7 +6,8 @@
 mod common;
 
 use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
-use fsdpc_planner::{CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy, UnitId};
+use fsdpc_plan::{CheckpointPolicy, InstrOp, Plan, Strategy, UnitId};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 use std::process::{Command, Output};
 

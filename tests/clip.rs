@@ -7,7 +7,8 @@ mod common;
 use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{Cluster, FsdpConfig, InstrOp, ModelInfo, Plan, Strategy};
+use fsdpc_plan::{InstrOp, ModelInfo, Plan, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;
@@ -42,7 +43,7 @@ fn sgd_plan(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
@@ -322,7 +323,7 @@ fn memory_plan_counts_the_norm_scalar_and_padding_is_zero_weight() {
         p.memory
             .breakdown
             .iter()
-            .find(|(k, _)| *k == fsdpc_planner::BufferKind::GradNorm)
+            .find(|(k, _)| *k == fsdpc_plan::BufferKind::GradNorm)
             .map(|(_, b)| *b)
     };
     assert_eq!(kind(&free), None);

@@ -5,11 +5,12 @@
 
 mod common;
 
-use fsdpc_planner::cluster::{CollectiveKind, Contention};
-use fsdpc_planner::cluster::{PROMOTION_FAMILY, SKINNY_DIM};
+use fsdpc_plan::cluster::{CollectiveKind, Contention};
+use fsdpc_plan::cluster::{PROMOTION_FAMILY, SKINNY_DIM};
+use fsdpc_plan::{Cluster, Group, InstrOp, Strategy, Stream};
 use fsdpc_planner::cost::{group_layout, matmul_min_dim, traffic};
 use fsdpc_planner::simulate::simulate;
-use fsdpc_planner::{Cluster, FsdpConfig, Group, InstrOp, Strategy, Stream};
+use fsdpc_planner::FsdpConfig;
 
 const GPT: &str = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=256,batch=2";
 
@@ -39,7 +40,7 @@ fn groups_lie_on_nodes_as_the_layout_says() {
     // Across nodes NCCL's one call goes across on 1/8 of the bytes for the
     // gathers and reductions of this plan (the plan's explicit two-level
     // forms do not pay there); inside one node there is only the ring.
-    let c = Cluster::from_info(&p.cluster);
+    let c = p.cluster.clone();
     let t = traffic(&p, &c);
     assert!(
         t.iter()
@@ -47,22 +48,22 @@ fn groups_lie_on_nodes_as_the_layout_says() {
         "{t:?}"
     );
     // With a flat library the rewrite runs them in two levels.
-    let mut flat = Cluster::preset("a100-80g-roce", 16, 8).unwrap();
+    let mut flat = fsdpc_planner::preset("a100-80g-roce", 16, 8).unwrap();
     flat.hardware.flat_collectives = true;
     let p2 = common::compile_for(GPT, &flat, &FsdpConfig::default()).unwrap();
     let t = traffic(&p2, &flat);
     assert!(t.iter().all(|t| t.hierarchical > 0), "{t:?}");
     let p = common::compile_on(GPT, "a100-80g-roce", 8, 8, &FsdpConfig::default()).expect("plan");
-    let t = traffic(&p, &Cluster::from_info(&p.cluster));
+    let t = traffic(&p, &p.cluster);
     assert!(
         t.iter().all(|t| !t.inter_node && t.hierarchical == 0),
         "{t:?}"
     );
 }
 
-fn two_ranks() -> (fsdpc_planner::Plan, Cluster) {
+fn two_ranks() -> (fsdpc_plan::Plan, Cluster) {
     let p = common::plan_with(GPT, 2, &FsdpConfig::default());
-    let c = Cluster::from_info(&p.cluster);
+    let c = p.cluster.clone();
     (p, c)
 }
 
@@ -143,7 +144,7 @@ fn a_measured_fit_sets_the_collective_time() {
         fitted
             .hardware
             .collective_fits
-            .push(fsdpc_planner::cluster::CollectiveFit {
+            .push(fsdpc_plan::cluster::CollectiveFit {
                 op,
                 ranks: 2,
                 latency_s: 0.5,
@@ -172,7 +173,7 @@ fn skinny_products_use_their_own_curve() {
         1,
         &FsdpConfig::default(),
     );
-    let c = Cluster::from_info(&p.cluster);
+    let c = p.cluster.clone();
     let base = simulate(&p, &c);
     let mut skinny = c.clone();
     skinny.hardware.skinny_matmul_efficiency = vec![(1.0, 0.01)];
@@ -210,7 +211,7 @@ fn half_products_pay_their_promotion_where_products_run_in_f32() {
         ..FsdpConfig::default()
     };
     let p = common::plan_with(GPT, 1, &cfg);
-    let c = Cluster::from_info(&p.cluster);
+    let c = p.cluster.clone();
     let base = simulate(&p, &c);
     let mut cpu = c.clone();
     cpu.hardware
@@ -262,7 +263,7 @@ fn converting_collectives_pay_the_cast_where_products_run_in_f32() {
         reduce_dtype: fsdpc_ir::DType::Bf16,
         ..FsdpConfig::default()
     };
-    let comm = |ins: &fsdpc_planner::Instr| {
+    let comm = |ins: &fsdpc_plan::Instr| {
         matches!(
             ins.op,
             InstrOp::AllGather { .. } | InstrOp::ReduceScatter { .. }
@@ -270,7 +271,7 @@ fn converting_collectives_pay_the_cast_where_products_run_in_f32() {
     };
     for (cfg, converts) in [(bf16, true), (FsdpConfig::default(), false)] {
         let p = common::plan_with(GPT, 2, &cfg);
-        let c = Cluster::from_info(&p.cluster);
+        let c = p.cluster.clone();
         let mut cpu = c.clone();
         cpu.hardware
             .kernel_bw
@@ -303,7 +304,7 @@ fn loading_an_input_costs_its_bytes_at_the_data_rate() {
         .filter(|i| matches!(i.op, InstrOp::LoadInput { .. }))
         .collect();
     assert!(!loads.is_empty());
-    let bytes = |i: &fsdpc_planner::Instr| match &i.op {
+    let bytes = |i: &fsdpc_plan::Instr| match &i.op {
         InstrOp::LoadInput { dst, .. } => p.buffers[dst.buffer.index()].bytes as f64,
         _ => unreachable!(),
     };

@@ -13,7 +13,8 @@
 mod common;
 
 use common::{bits, max_loss_rel_diff, max_param_diff, plan, train};
-use fsdpc_planner::{CheckpointPolicy, FsdpConfig, InstrOp, Plan, Strategy, WrapPolicy};
+use fsdpc_plan::{CheckpointPolicy, InstrOp, Plan, Strategy, WrapPolicy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;

@@ -12,7 +12,8 @@
 mod common;
 
 use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
-use fsdpc_planner::{FsdpConfig, Plan, Strategy};
+use fsdpc_plan::{Plan, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
@@ -159,7 +160,7 @@ fn frozen_gpt_debug_allocation_follows_the_plan() {
 /// calibrate` records): the plan's heap bound is then exact, not the
 /// preset's cap.
 fn calibrated_plan(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
-    let mut cluster = fsdpc_planner::Cluster::preset("cpu-local", world, world).expect("preset");
+    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
     let plan = common::compile_for(spec, &cluster, cfg).expect("plan compiles");
     plan.validate().expect("plan validates");

@@ -11,7 +11,8 @@
 mod common;
 
 use common::{compile_on, max_loss_rel_diff, max_param_diff, plan_with, train};
-use fsdpc_planner::{FsdpConfig, InstrOp, Plan, Strategy};
+use fsdpc_plan::{InstrOp, Plan, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;
@@ -149,7 +150,7 @@ fn no_sync_trades_gradient_bytes_for_memory() {
     let first = count(&one, |o| matches!(o, InstrOp::LoadInput { .. }));
     assert_eq!(loads, 4 * first);
     let rs_bytes = |p: &Plan| -> u64 {
-        let cluster = fsdpc_planner::Cluster::from_info(&p.cluster);
+        let cluster = p.cluster.clone();
         fsdpc_planner::cost::traffic(p, &cluster)
             .iter()
             .filter(|t| t.op == "reduce_scatter")

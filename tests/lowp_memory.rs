@@ -7,7 +7,8 @@
 
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::{DType, Optimizer};
-use fsdpc_planner::{BufferKind, Cluster, FsdpConfig, ModelInfo, Plan, Wire};
+use fsdpc_plan::{BufferKind, ModelInfo, Plan, Wire};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
@@ -22,7 +23,7 @@ fn plan(world: u32, cfg: &FsdpConfig) -> Plan {
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(GPT, &opts).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
@@ -98,7 +99,7 @@ fn quantized_collectives_use_the_memory_planned() {
 /// optimizer`): two arenas, device and host, of the sizes planned.
 #[test]
 fn partial_offload_uses_the_memory_planned() {
-    use fsdpc_planner::{OffloadUnits, OffloadWhat};
+    use fsdpc_plan::{OffloadUnits, OffloadWhat};
     for (which, what) in [
         ("paths:transformer.h.0", OffloadWhat::Params),
         ("all", OffloadWhat::Optimizer),

@@ -8,7 +8,8 @@
 
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use fsdpc_plan::{CheckpointPolicy, ModelInfo, Plan, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
@@ -33,7 +34,7 @@ fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) ->
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
@@ -145,7 +146,7 @@ fn mlp_with_sgd() {
 /// what the ranks hold.
 #[test]
 fn gpt_other_strategies_world_4() {
-    use fsdpc_planner::ReshardAfterForward;
+    use fsdpc_plan::ReshardAfterForward;
     for c in [
         cfg(Strategy::ShardGradOp, CheckpointPolicy::None),
         FsdpConfig {
@@ -214,7 +215,7 @@ fn calibrated_blocking_makes_the_plan_exact() {
         (GPT, cfg(Strategy::FullShard, CheckpointPolicy::Units)),
     ] {
         let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
-        let mut cluster = Cluster::preset("cpu-local", 2, 2).expect("preset");
+        let mut cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
         cluster.hardware.cpu_gemm = Some(blocking);
         let info = ModelInfo {
             tokens_per_rank_step: m.tokens_per_rank_step(),

@@ -8,7 +8,8 @@
 //! the path in `FSDPC_MINILM`; without it the test prints why it skips.
 
 use fsdpc_frontends::{LoadOptions, LoadedModel, LossKind, LossSpec};
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo};
+use fsdpc_plan::ModelInfo;
+use fsdpc_planner::FsdpConfig;
 use std::path::PathBuf;
 
 fn model_path() -> Option<PathBuf> {
@@ -49,7 +50,7 @@ fn minilm_imports_and_plans_with_its_layers_as_units() {
     } = fsdpc_frontends::load(&path.display().to_string(), &opts).expect("MiniLM imports");
     assert_eq!(program.graph.param_numel(), 17_241_984);
     assert_eq!(tokens_per_sample, 128);
-    let cluster = Cluster::preset("a100-80g-roce", 4, 4).expect("preset");
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 4, 4).expect("preset");
     let info = ModelInfo {
         name,
         params: program.graph.param_numel(),
@@ -89,7 +90,7 @@ fn minilm_trains_sharded_like_unsharded() {
             ..LoadOptions::default()
         };
         let m = fsdpc_frontends::load(&path.display().to_string(), &opts).expect("MiniLM imports");
-        let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+        let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
         let info = ModelInfo {
             name: m.name,
             params: m.program.graph.param_numel(),

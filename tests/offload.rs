@@ -13,10 +13,9 @@
 mod common;
 
 use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
-use fsdpc_planner::{
-    BufferKind, Cluster, FsdpConfig, InstrOp, Location, ModelInfo, Plan, PlanViolation, Strategy,
-    Stream,
-};
+use fsdpc_plan::Collective;
+use fsdpc_plan::{BufferKind, InstrOp, Location, ModelInfo, Plan, PlanViolation, Strategy, Stream};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 use std::process::Command;
 
@@ -248,7 +247,7 @@ fn host_holds_shards_grads_and_state_and_the_device_peak_drops_by_them() {
             .filter(|b| b.location == Location::Device && !STAGED.contains(&b.kind))
             .cloned()
             .collect();
-        let unstaged_peak = fsdpc_planner::memory::live_bytes(&unstaged, n)
+        let unstaged_peak = fsdpc_plan::memory::live_bytes(&unstaged, n)
             .into_iter()
             .max()
             .unwrap_or(0);
@@ -304,7 +303,11 @@ fn copies_run_on_the_offload_stream_around_every_gather_and_reduction() {
             };
             assert_eq!(ins.stream, expected);
         }
-        if let InstrOp::AllGather { src, .. } = ins.op {
+        if let InstrOp::AllGather {
+            c: Collective { src, .. },
+            ..
+        } = ins.op
+        {
             assert_eq!(off.buffers[src.index()].kind, BufferKind::StagedParams);
         }
     }
@@ -337,7 +340,11 @@ fn verifier_refuses_host_reads_and_unordered_copies() {
     let g = (i..bad.instructions.len())
         .find(|&j| matches!(bad.instructions[j].op, InstrOp::AllGather { .. }))
         .expect("its gather");
-    if let InstrOp::AllGather { src, .. } = &mut bad.instructions[g].op {
+    if let InstrOp::AllGather {
+        c: Collective { src, .. },
+        ..
+    } = &mut bad.instructions[g].op
+    {
         *src = shard;
     }
     let v = violations(&bad);
@@ -400,7 +407,7 @@ fn verifier_refuses_host_reads_and_unordered_copies() {
 #[test]
 fn no_shard_cannot_offload() {
     let m = fsdpc_frontends::load(&gpt(2), &Default::default()).expect("loads");
-    let cluster = Cluster::preset("cpu-local", 2, 2).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
     let info = ModelInfo {
         name: m.name.clone(),
         params: 0,
@@ -421,7 +428,7 @@ fn no_shard_cannot_offload() {
 #[test]
 fn inspect_shows_device_and_host_memory() {
     let m = fsdpc_frontends::load(GPT4, &Default::default()).expect("loads");
-    let cluster = Cluster::preset("a100-80g-roce", 8, 4).expect("preset");
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 8, 4).expect("preset");
     let info = ModelInfo {
         name: m.name.clone(),
         params: m.program.graph.param_numel(),

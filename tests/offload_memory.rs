@@ -7,7 +7,8 @@
 
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use fsdpc_plan::{ModelInfo, Plan, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::account::CountingAlloc;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
@@ -22,7 +23,7 @@ fn plan(world: u32, cfg: &FsdpConfig) -> Plan {
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(GPT, &opts).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),

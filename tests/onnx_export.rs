@@ -6,7 +6,8 @@
 use fsdpc_frontends::onnx::{import, write_with_params};
 use fsdpc_frontends::{LoadOptions, LoadedModel};
 use fsdpc_ir::{Graph, Init};
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan};
+use fsdpc_plan::{ModelInfo, Plan};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{TrainOptions, TrainReport};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,7 +33,7 @@ fn plan(model: &Path, world: u32) -> Plan {
         program,
         tokens_per_sample,
     } = fsdpc_frontends::load(&model.display().to_string(), &opts).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
         name,
         params: program.graph.param_numel(),

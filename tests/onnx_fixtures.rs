@@ -20,7 +20,8 @@
 //! fixture (run it with `--nocapture`).
 
 use fsdpc_frontends::LoadOptions;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan};
+use fsdpc_plan::{ModelInfo, Plan};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::data::GivenData;
 use fsdpc_runtime::{HostTensor, TrainOptions, TrainReport};
 use serde::Deserialize;
@@ -146,7 +147,7 @@ fn compile(rec: &Record, world: u32) -> Result<Compiled, String> {
         .map_err(|e| format!("import: {e}"))?;
     let params = m.program.graph.param_numel();
     let ir_nodes = m.program.graph.node_count();
-    let cluster = Cluster::preset("cpu-local", world, world).map_err(|e| e.to_string())?;
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).map_err(|e| e.to_string())?;
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params,
@@ -372,4 +373,45 @@ fn fixture_table() {
         }
     }
     println!("{}", rows.join("\n"));
+}
+
+/// The committed PyTorch exports (tests/fixtures/onnx, made by
+/// scripts/export_fixtures.py): `(fixture, labels shifted in the graph)`.
+/// GPT-2 and Llama are `transformers` causal LMs, whose loss shifts
+/// `labels == input_ids` (both exporters); nanoGPT takes targets that
+/// are already the next tokens; BERT's masked-LM labels are read where
+/// they are.
+const SHIFTED: &[(&str, bool)] = &[
+    ("gpt2_dynamo_eval", true),
+    ("gpt2_dynamo_train", true),
+    ("gpt2_torchscript_eval", true),
+    ("gpt2_dynamo_fresh_noopt", true),
+    ("llama_dynamo_eval_external", true),
+    ("llama_torchscript_eval", true),
+    ("nanogpt_dynamo_eval", false),
+    ("nanogpt_torchscript_eval", false),
+    ("nanogpt_torchscript_train", false),
+    ("bert_dynamo_eval", false),
+    ("bert_torchscript_eval_external", false),
+];
+
+#[test]
+fn the_fixtures_labels_are_shifted_as_their_models_shift_them() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx");
+    for &(name, want) in SHIFTED {
+        let opts = fsdpc_frontends::LoadOptions {
+            dims: [("batch".to_string(), 2), ("seq".to_string(), 16)].into(),
+            ..fsdpc_frontends::LoadOptions::default()
+        };
+        let path = dir.join(format!("{name}.onnx"));
+        let m = fsdpc_frontends::load(&path.display().to_string(), &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r: std::collections::HashMap<String, bool> =
+            fsdpc_runtime::data::analyse(&m.program.graph)
+                .into_iter()
+                .map(|d| (d.name, d.shifted_in_graph))
+                .collect();
+        assert_eq!(r.get("labels"), Some(&want), "{name}: {r:?}");
+        assert_eq!(r.get("input_ids"), Some(&false), "{name}: {r:?}");
+    }
 }

@@ -9,7 +9,8 @@
 use fsdpc_frontends::onnx::{import, import_forward, ForwardOptions};
 use fsdpc_frontends::{load, LoadOptions};
 use fsdpc_ir::Op;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan};
+use fsdpc_plan::{ModelInfo, Plan};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::data::analyse;
 use fsdpc_runtime::{eval_graph, init_params, HostTensor, KernelCtx, TrainOptions, TrainReport};
 use onnx_protobuf::attribute_proto::AttributeType;
@@ -236,7 +237,8 @@ fn write(bytes: &[u8], name: &str) -> (tempfile::TempDir, PathBuf) {
 fn plan(path: &Path, world: u32) -> Plan {
     let m = load(&path.display().to_string(), &LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"));
-    let cluster = Cluster::preset("cpu-local", world, world).unwrap_or_else(|e| panic!("{e}"));
+    let cluster =
+        fsdpc_planner::preset("cpu-local", world, world).unwrap_or_else(|e| panic!("{e}"));
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),

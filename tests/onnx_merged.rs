@@ -7,7 +7,8 @@
 
 use fsdpc_frontends::onnx::{merged_initializers, MergedInitializer};
 use fsdpc_frontends::{load, LoadOptions, LoadedModel};
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo};
+use fsdpc_plan::ModelInfo;
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::TrainOptions;
 use std::path::PathBuf;
 
@@ -83,7 +84,7 @@ fn untied_every_layer_norm_has_its_own_weight_and_bias_and_trains() {
     want.sort();
     assert_eq!(after, want);
     // Trained, the copies move apart: they are separate parameters.
-    let cluster = Cluster::preset("cpu-local", 1, 1).unwrap_or_else(|e| panic!("{e}"));
+    let cluster = fsdpc_planner::preset("cpu-local", 1, 1).unwrap_or_else(|e| panic!("{e}"));
     let info = ModelInfo {
         tokens_per_rank_step: untied.tokens_per_rank_step(),
         params: untied.program.graph.param_numel(),

@@ -16,7 +16,8 @@
 use fsdpc_frontends::onnx::write_with_params;
 use fsdpc_frontends::{LoadOptions, LoadedModel};
 use fsdpc_ir::Init;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan};
+use fsdpc_plan::{ModelInfo, Plan};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::data::GivenData;
 use fsdpc_runtime::{HostTensor, TrainOptions, TrainReport};
 use serde::Deserialize;
@@ -92,7 +93,7 @@ fn plan(m: LoadedModel) -> Plan {
         params: m.program.graph.param_numel(),
         name: m.name,
     };
-    let cluster = Cluster::preset("cpu-local", 1, 1).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", 1, 1).expect("preset");
     fsdpc_planner::compile(m.program, info, &cluster, &FsdpConfig::default()).expect("plan")
 }
 

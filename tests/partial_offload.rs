@@ -16,9 +16,9 @@ mod common;
 
 use common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
 use fsdpc_ir::DType;
-use fsdpc_planner::{
-    BufferKind, FsdpConfig, Location, OffloadUnits, OffloadWhat, PlanError, Strategy,
-};
+use fsdpc_plan::ConfigError;
+use fsdpc_plan::{BufferKind, Location, OffloadUnits, OffloadWhat, Strategy};
+use fsdpc_planner::{FsdpConfig, PlanError};
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 8;
@@ -199,7 +199,7 @@ fn bad_selections_are_refused() {
                 assert!(
                     matches!(
                         e,
-                        PlanError::BadConfig {
+                        ConfigError {
                             what: "cpu offload",
                             ..
                         }

@@ -26,9 +26,9 @@ use common::{bits, max_param_diff, plan_with, train};
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::DType;
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{
-    BufferKind, Cluster, FsdpConfig, InstrOp, ModelInfo, Plan, PlanError, Strategy,
-};
+use fsdpc_plan::Collective;
+use fsdpc_plan::{BufferKind, InstrOp, ModelInfo, Plan, Strategy};
+use fsdpc_planner::{FsdpConfig, PlanError};
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 10;
@@ -75,7 +75,7 @@ fn plan_opt(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) -> 
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
-    let cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
@@ -233,7 +233,10 @@ fn gathered_bytes(plan: &Plan) -> Vec<u64> {
     plan.instructions
         .iter()
         .filter_map(|i| match i.op {
-            InstrOp::AllGather { dst, .. } => Some(plan.buffers[dst.index()].bytes),
+            InstrOp::AllGather {
+                c: Collective { dst, .. },
+                ..
+            } => Some(plan.buffers[dst.index()].bytes),
             _ => None,
         })
         .collect()
@@ -272,7 +275,13 @@ fn bf16_plan_gathers_and_holds_half_the_bytes_and_keeps_f32_masters() {
     }
     for i in &bf16_plan.instructions {
         match i.op {
-            InstrOp::AllGather { dtype, .. } | InstrOp::ReduceScatter { dtype, .. } => {
+            InstrOp::AllGather {
+                c: Collective { dtype, .. },
+                ..
+            }
+            | InstrOp::ReduceScatter {
+                c: Collective { dtype, .. },
+            } => {
                 assert_eq!(dtype, DType::Bf16)
             }
             _ => {}
@@ -301,8 +310,8 @@ fn policies_the_planner_cannot_honour_are_refused() {
         ..FsdpConfig::default()
     };
     let m = fsdpc_frontends::load(&gpt(2), &Default::default()).expect("model");
-    let cluster = fsdpc_planner::Cluster::preset("cpu-local", 2, 2).expect("preset");
-    let info = fsdpc_planner::ModelInfo {
+    let cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
+    let info = fsdpc_plan::ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
         name: m.name.clone(),

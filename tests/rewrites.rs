@@ -11,11 +11,11 @@ mod common;
 use common::cli::{dir, ok, s};
 use common::{bits, max_loss_rel_diff, max_param_diff, train};
 use fsdpc_ir::DType;
-use fsdpc_planner::cluster::{CollectiveFit, CollectiveKind};
+use fsdpc_plan::cluster::{CollectiveFit, CollectiveKind};
+use fsdpc_plan::Collective;
+use fsdpc_plan::{BufferKind, Cluster, CollectiveAlgorithm, InstrOp, Plan, Strategy};
 use fsdpc_planner::rewrite::{Rule, Rules};
-use fsdpc_planner::{
-    BufferKind, Cluster, CollectiveAlgorithm, FsdpConfig, InstrOp, Plan, Strategy,
-};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 6;
@@ -32,7 +32,7 @@ fn gpt(batch: u32) -> String {
 /// cluster whose library rings are flat (`flat_collectives`, as the CPU
 /// ranks' communicator's), where the hierarchical forms pay.
 fn two_level(world: u32, per_node: u32) -> Cluster {
-    let mut c = Cluster::preset("cpu-local", world, per_node).expect("preset");
+    let mut c = fsdpc_planner::preset("cpu-local", world, per_node).expect("preset");
     c.hardware.inter_bw = c.hardware.intra_bw / 50.0;
     c.hardware.inter_latency_s = c.hardware.intra_latency_s * 10.0;
     c
@@ -59,8 +59,13 @@ fn algorithms(plan: &Plan) -> Vec<CollectiveAlgorithm> {
     plan.instructions
         .iter()
         .filter_map(|i| match &i.op {
-            InstrOp::AllGather { algorithm, .. }
-            | InstrOp::ReduceScatter { algorithm, .. }
+            InstrOp::AllGather {
+                c: Collective { algorithm, .. },
+                ..
+            }
+            | InstrOp::ReduceScatter {
+                c: Collective { algorithm, .. },
+            }
             | InstrOp::AllReduce { algorithm, .. } => Some(*algorithm),
             _ => None,
         })
@@ -120,7 +125,7 @@ fn cast_before_gather_is_bit_identical() {
     // the shard: the rule fires; without it the f32 shard travels and is
     // converted on receipt.
     for world in [2u32, 4] {
-        let cluster = Cluster::preset("a100-80g-roce", world, world).expect("preset");
+        let cluster = fsdpc_planner::preset("a100-80g-roce", world, world).expect("preset");
         let cfg = FsdpConfig {
             param_dtype: DType::Bf16,
             reduce_dtype: DType::Bf16,
@@ -135,7 +140,10 @@ fn cast_before_gather_is_bit_identical() {
             p.instructions
                 .iter()
                 .filter_map(|i| match &i.op {
-                    InstrOp::AllGather { dtype, .. } => Some(*dtype),
+                    InstrOp::AllGather {
+                        c: Collective { dtype, .. },
+                        ..
+                    } => Some(*dtype),
                     _ => None,
                 })
                 .collect()
@@ -157,7 +165,7 @@ fn all_reduce_as_reduce_scatter_and_all_gather_is_bit_identical() {
     // reduce-scatter and all-gather (as on some CPU fabrics): DDP's
     // gradient all-reduce is split.
     for world in [2u32, 4] {
-        let mut cluster = Cluster::preset("cpu-local", world, world).expect("preset");
+        let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
         let fit = |op, bw| CollectiveFit {
             op,
             ranks: world,
@@ -229,7 +237,7 @@ fn bucketed_all_gathers_are_bit_identical() {
     // the first block at the start; deeper prefetch, more) share a call.
     // (world, prefetch depth, hybrid F): F = world is full_shard.
     for (world, depth, f) in [(2u32, 1u32, 2u32), (4, 2, 4), (4, 3, 4), (4, 2, 2)] {
-        let cluster = Cluster::preset("a100-80g-roce", world, world).expect("preset");
+        let cluster = fsdpc_planner::preset("a100-80g-roce", world, world).expect("preset");
         let cfg = FsdpConfig {
             prefetch_depth: depth,
             limit_all_gathers: depth + 1,
@@ -271,7 +279,7 @@ fn bucketed_all_gathers_are_bit_identical() {
 
 #[test]
 fn tampered_buckets_are_refused() {
-    let cluster = Cluster::preset("a100-80g-roce", 2, 2).expect("preset");
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 2, 2).expect("preset");
     let plan = compile(&gpt(2), &cluster, &FsdpConfig::default());
     assert!(bucketed(&plan) >= 1);
     // The last gather of the step marked bucketed: no call follows.
@@ -307,21 +315,21 @@ fn the_cluster_decides_which_rules_fire() {
         "cast-before-gather".to_string(),
         "bucket-all-gathers".to_string(),
     ];
-    let one_node = on(&Cluster::preset("a100-80g-roce", 4, 4).unwrap());
+    let one_node = on(&fsdpc_planner::preset("a100-80g-roce", 4, 4).unwrap());
     assert_eq!(one_node, both);
     // Two nodes with NCCL: one library call is node-aware already, so the
     // explicit two-level forms do not pay.
-    let two_nodes = on(&Cluster::preset("a100-80g-roce", 4, 2).unwrap());
+    let two_nodes = on(&fsdpc_planner::preset("a100-80g-roce", 4, 2).unwrap());
     assert_eq!(two_nodes, both);
     // On this machine's figures the shared-memory ring's latency is small
     // next to the transfer of the later unit: no bucket.
-    let here = on(&Cluster::preset("cpu-local", 4, 4).unwrap());
+    let here = on(&fsdpc_planner::preset("cpu-local", 4, 4).unwrap());
     assert!(
         !here.contains(&"bucket-all-gathers".to_string()),
         "{here:?}"
     );
     // The same hardware with a library whose rings are flat: they do.
-    let mut flat = Cluster::preset("a100-80g-roce", 4, 2).unwrap();
+    let mut flat = fsdpc_planner::preset("a100-80g-roce", 4, 2).unwrap();
     flat.hardware.flat_collectives = true;
     let flat = on(&flat);
     for rule in ["hierarchical-all-gather", "hierarchical-reduce-scatter"] {
@@ -330,7 +338,7 @@ fn the_cluster_decides_which_rules_fire() {
     // Without the rules nothing fires anywhere.
     let none = compile(
         &model,
-        &Cluster::preset("a100-80g-roce", 4, 2).unwrap(),
+        &fsdpc_planner::preset("a100-80g-roce", 4, 2).unwrap(),
         &with_rules(&cfg, Rules::none()),
     );
     assert!(fired(&none).is_empty() && none.rewrites.enabled.is_empty());
@@ -347,7 +355,10 @@ fn tampered_rewrites_are_refused() {
             matches!(
                 i.op,
                 InstrOp::AllGather {
-                    algorithm: CollectiveAlgorithm::Hierarchical,
+                    c: Collective {
+                        algorithm: CollectiveAlgorithm::Hierarchical,
+                        ..
+                    },
                     ..
                 }
             )
@@ -355,7 +366,11 @@ fn tampered_rewrites_are_refused() {
         .expect("a hierarchical all-gather");
     // Its staging dropped.
     let mut t = plan.clone();
-    if let InstrOp::AllGather { staging, .. } = &mut t.instructions[at].op {
+    if let InstrOp::AllGather {
+        c: Collective { staging, .. },
+        ..
+    } = &mut t.instructions[at].op
+    {
         *staging = None;
     }
     let (verifier, runtime) = refusals(&t);

@@ -10,7 +10,9 @@
 mod common;
 
 use common::{max_loss_rel_diff, max_param_diff, plan_with, train};
-use fsdpc_planner::{FsdpConfig, InstrOp, Plan, SharedParams, Strategy, WrapPolicy};
+use fsdpc_plan::Collective;
+use fsdpc_plan::{InstrOp, Plan, SharedParams, Strategy, WrapPolicy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::ExecMode;
 
 const STEPS: u64 = 20;
@@ -47,7 +49,7 @@ fn wte_unit(p: &Plan) -> usize {
 fn gathers_of(p: &Plan, unit: usize) -> usize {
     p.instructions
         .iter()
-        .filter(|i| matches!(i.op, InstrOp::AllGather { unit: u, .. } if u.index() == unit))
+        .filter(|i| matches!(i.op, InstrOp::AllGather { c: Collective { unit: u, .. }, .. } if u.index() == unit))
         .count()
 }
 
@@ -78,7 +80,7 @@ fn tied_embedding_is_owned_by_its_unit_and_gathered_again_for_the_head() {
         .instructions
         .iter()
         .enumerate()
-        .filter(|(_, i)| matches!(i.op, InstrOp::ReduceScatter { unit, .. } if unit.index() == u))
+        .filter(|(_, i)| matches!(i.op, InstrOp::ReduceScatter { c: Collective { unit, .. } } if unit.index() == u))
         .map(|(k, _)| k)
         .collect();
     assert_eq!(rs.len(), 1);
@@ -209,10 +211,10 @@ fn onnx_gpt2_tied_initializer_is_owned_by_the_embedding_unit() {
         dims: [("batch".to_string(), 2), ("seq".to_string(), 8)].into(),
         ..fsdpc_frontends::LoadOptions::default()
     };
-    let cluster = fsdpc_planner::Cluster::preset("cpu-local", 2, 2).expect("preset");
+    let cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
     let plan = |shared| {
         let m = fsdpc_frontends::load(path, &opts).expect("fixture loads");
-        let info = fsdpc_planner::ModelInfo {
+        let info = fsdpc_plan::ModelInfo {
             tokens_per_rank_step: m.tokens_per_rank_step(),
             params: m.program.graph.param_numel(),
             name: m.name,

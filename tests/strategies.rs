@@ -16,9 +16,9 @@
 mod common;
 
 use common::{bits, compile_on, max_loss_rel_diff, max_param_diff, plan_with, train};
-use fsdpc_planner::{
-    BackwardPrefetch, FsdpConfig, Group, InstrOp, Plan, ReshardAfterForward, Strategy,
-};
+use fsdpc_plan::Collective;
+use fsdpc_plan::{BackwardPrefetch, Group, InstrOp, Plan, ReshardAfterForward, Strategy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainReport};
 
 const STEPS: u64 = 20;
@@ -243,7 +243,10 @@ fn strategies_change_collectives_and_memory_as_documented() {
         matches!(
             o,
             InstrOp::AllGather {
-                group: Group::Reshard,
+                c: Collective {
+                    group: Group::Reshard,
+                    ..
+                },
                 ..
             }
         )
@@ -361,7 +364,7 @@ fn inspect_shows_what_each_strategy_changes() {
 /// each against one rank with the same clipping on the global batch.
 #[test]
 fn combined_controls_equal_one_rank() {
-    use fsdpc_planner::CheckpointPolicy;
+    use fsdpc_plan::CheckpointPolicy;
     const CLIP: f64 = 0.05;
     let reference = train(
         &plan_with(
@@ -434,7 +437,7 @@ fn per_unit_reshard_after_forward() {
     let gathers = |u: usize, g: Group| {
         count(
             &p,
-            |o| matches!(o, InstrOp::AllGather { unit, group, .. } if unit.index() == u && *group == g),
+            |o| matches!(o, InstrOp::AllGather { c: Collective { unit, group, .. }, .. } if unit.index() == u && *group == g),
         )
     };
     assert_eq!(

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{max_loss_rel_diff, max_param_diff, plan, train};
-use fsdpc_planner::{Strategy, WrapPolicy};
+use fsdpc_plan::{Strategy, WrapPolicy};
 use fsdpc_runtime::ExecMode;
 
 /// `tests/equivalence.rs`'s bounds against the 1-rank run: losses within

@@ -24,7 +24,10 @@ mod common;
 
 use common::{plan_with, train};
 use fsdpc_ir::DType;
-use fsdpc_planner::{BufferKind, FsdpConfig, InstrOp, PlanError, Strategy, Wire};
+use fsdpc_plan::Collective;
+use fsdpc_plan::ConfigError;
+use fsdpc_plan::{BufferKind, InstrOp, Strategy, Wire};
+use fsdpc_planner::{FsdpConfig, PlanError};
 use fsdpc_runtime::comm::wire as codec;
 use fsdpc_runtime::{Buf, BufMut, CommConfig, Communicator, ExecMode, ShmWorld};
 use half::bf16;
@@ -463,10 +466,17 @@ fn quantized_plans_plan_their_scratch_and_charge_fewer_bytes() {
         for (i, ins) in plan.instructions.iter().enumerate() {
             let (wire, scratch) = match &ins.op {
                 InstrOp::AllGather {
-                    wire, wire_buffer, ..
+                    c:
+                        Collective {
+                            wire, wire_buffer, ..
+                        },
+                    ..
                 }
                 | InstrOp::ReduceScatter {
-                    wire, wire_buffer, ..
+                    c:
+                        Collective {
+                            wire, wire_buffer, ..
+                        },
                 } => (*wire, *wire_buffer),
                 _ => continue,
             };
@@ -496,7 +506,7 @@ fn quantized_plans_plan_their_scratch_and_charge_fewer_bytes() {
         );
         // A plan loads back with its wire formats.
         let back =
-            fsdpc_planner::Plan::from_json(&plan.to_json_pretty().expect("json")).expect("reloads");
+            fsdpc_plan::Plan::from_json(&plan.to_json_pretty().expect("json")).expect("reloads");
         assert_eq!(back.config.allgather_wire, plan.config.allgather_wire);
     }
 }
@@ -516,13 +526,20 @@ fn the_validator_rejects_a_quantized_gather_without_scratch() {
             matches!(
                 x.op,
                 InstrOp::AllGather {
-                    wire_buffer: Some(_),
+                    c: Collective {
+                        wire_buffer: Some(_),
+                        ..
+                    },
                     ..
                 }
             )
         })
         .expect("a quantized gather");
-    if let InstrOp::AllGather { wire_buffer, .. } = &mut bad.instructions[i].op {
+    if let InstrOp::AllGather {
+        c: Collective { wire_buffer, .. },
+        ..
+    } = &mut bad.instructions[i].op
+    {
         *wire_buffer = None;
     }
     let errs = bad.validate().expect_err("invalid");
@@ -555,7 +572,7 @@ fn bad_wire_configurations_are_refused() {
     );
     assert!(matches!(
         Wire::parse("fp4", 1),
-        Err(PlanError::BadConfig {
+        Err(ConfigError {
             what: "wire format",
             ..
         })

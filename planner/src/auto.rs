@@ -38,12 +38,12 @@
 //!   as `compile` checks it; time is the step `compile` simulated on the
 //!   cluster (`Plan::estimates`, after the overlap pass).
 
-use crate::cluster::Cluster;
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
 use crate::inspect::human_bytes;
-use crate::plan::*;
 use fsdpc_ir::{DType, TrainingProgram};
+use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use thiserror::Error;

@@ -24,9 +24,9 @@
 //! checkpointed unit reads that unit's forward values.
 
 use crate::error::PlanError;
-use crate::plan::{CheckpointPolicy, UnitId};
 use crate::units::UnitAssignment;
 use fsdpc_ir::{Graph, Node, NodeId, Phase, TrainingProgram, ValueId};
+use fsdpc_plan::{CheckpointPolicy, UnitId};
 use std::collections::{BTreeSet, HashMap};
 
 /// Prefix of the name of every clone the pass adds.

@@ -18,9 +18,9 @@
 //!   buffer; the frees keep their place after the step.
 
 use crate::error::PlanError;
-use crate::plan::{Buffer, BufferKind, Group, Instr, InstrOp, Location, Stream};
 use crate::schedule::Schedule;
 use fsdpc_ir::DType;
+use fsdpc_plan::{Buffer, BufferKind, Group, Instr, InstrOp, Location, Stream};
 
 /// Inserts the clipping instructions into `sched` for a total norm of at
 /// most `max_norm`; `sharded`: gradient shards differ between ranks (the
@@ -61,7 +61,7 @@ pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), 
             _ => None,
         })
         .collect();
-    let norm = crate::plan::BufferId(sched.buffers.len() as u32);
+    let norm = fsdpc_plan::BufferId(sched.buffers.len() as u32);
     sched.buffers.push(Buffer {
         id: norm,
         kind: BufferKind::GradNorm,
@@ -87,8 +87,8 @@ pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), 
     );
     out.push(compute(InstrOp::GradNormSq { grads, dst: norm }));
     if sharded {
-        let summed = crate::plan::EventId(sched.events);
-        let reduced = crate::plan::EventId(sched.events + 1);
+        let summed = fsdpc_plan::EventId(sched.events);
+        let reduced = fsdpc_plan::EventId(sched.events + 1);
         sched.events += 2;
         out.push(compute(InstrOp::Record { event: summed }));
         let reduce = |op| Instr {

@@ -1,10 +1,10 @@
 //! The FSDP configuration a user chooses, and parsers for the CLI's strings.
 
 use crate::error::PlanError;
-use crate::plan::{
+use fsdpc_ir::DType;
+use fsdpc_plan::{
     BackwardPrefetch, CheckpointPolicy, ReshardAfterForward, SharedParams, Strategy, WrapPolicy,
 };
-use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
 
 /// How to shard a training program.
@@ -86,19 +86,19 @@ pub struct FsdpConfig {
     /// With `cpu_offload`: which units offload (`--cpu-offload WHICH`;
     /// default all).
     #[serde(default)]
-    pub offload_units: crate::offload::OffloadUnits,
+    pub offload_units: fsdpc_plan::OffloadUnits,
     /// With `cpu_offload`: what they keep on the host (`--offload-what`;
     /// default params: shards and optimizer state; see `offload`).
     #[serde(default)]
-    pub offload_what: crate::offload::OffloadWhat,
+    pub offload_what: fsdpc_plan::OffloadWhat,
     /// How parameter all-gathers travel (`--allgather-wire`: native, fp8
     /// e4m3 with a per-unit scale, int8 blocks; see `wire`).
     #[serde(default)]
-    pub allgather_wire: crate::wire::Wire,
+    pub allgather_wire: fsdpc_plan::Wire,
     /// How gradient reduce-scatters travel (`--reduce-scatter-wire`:
     /// native or int8 blocks).
     #[serde(default)]
-    pub reduce_scatter_wire: crate::wire::Wire,
+    pub reduce_scatter_wire: fsdpc_plan::Wire,
     /// The collective rewrite rules the `rewrite` pass may use
     /// (`--rewrites`; default all).
     #[serde(default)]
@@ -132,11 +132,11 @@ impl Default for FsdpConfig {
             freeze: Vec::new(),
             shared_params: SharedParams::Root,
             cpu_offload: false,
-            offload_units: crate::offload::OffloadUnits::All,
-            offload_what: crate::offload::OffloadWhat::Params,
-            allgather_wire: crate::wire::Wire::Native,
+            offload_units: fsdpc_plan::OffloadUnits::All,
+            offload_what: fsdpc_plan::OffloadWhat::Params,
+            allgather_wire: fsdpc_plan::Wire::Native,
             rewrites: crate::rewrite::Rules::default(),
-            reduce_scatter_wire: crate::wire::Wire::Native,
+            reduce_scatter_wire: fsdpc_plan::Wire::Native,
             check_fits: true,
         }
     }
@@ -196,7 +196,7 @@ impl FsdpConfig {
         &self,
         f: u32,
         default: ReshardAfterForward,
-        units: &mut [crate::plan::Unit],
+        units: &mut [fsdpc_plan::Unit],
     ) -> Result<(), PlanError> {
         for (path, r) in &self.reshard_units {
             let r = normalize_reshard(*r, f)?;
@@ -290,202 +290,17 @@ impl FsdpConfig {
                 "needs a sharded strategy (no_shard's kernels read the parameters in place)",
             ));
         }
-        crate::wire::check(self.wires(), self.strategy)?;
+        crate::quantize::check(self.wires(), self.strategy)?;
         crate::precision::check(self)
     }
 
     /// The wire formats of the collectives (see `wire`).
-    pub fn wires(&self) -> crate::wire::Wires {
-        crate::wire::Wires {
+    pub fn wires(&self) -> crate::quantize::Wires {
+        crate::quantize::Wires {
             all_gather: self.allgather_wire,
             reduce_scatter: self.reduce_scatter_wire,
         }
     }
-}
-
-impl CheckpointPolicy {
-    /// The forms `CheckpointPolicy::parse` accepts.
-    pub const ALLOWED: &'static str =
-        "none, all (or units), every:<K>, paths:<path>,<path>,..., kind:<ModuleClass>";
-
-    /// The policy as `parse` accepts it (`every:2`, `paths:h.0,h.2`).
-    pub fn name(&self) -> String {
-        match self {
-            CheckpointPolicy::None => "none".to_string(),
-            CheckpointPolicy::Units => "all".to_string(),
-            CheckpointPolicy::Every(k) => format!("every:{k}"),
-            CheckpointPolicy::Paths(p) => format!("paths:{}", p.join(",")),
-            CheckpointPolicy::Kind(k) => format!("kind:{k}"),
-        }
-    }
-
-    /// Parses `none`, `all` (`units`, or the empty string: the bare flag),
-    /// `every:K` (K >= 1), `paths:a,b` or `kind:GPT2Block`.
-    pub fn parse(s: &str) -> Result<CheckpointPolicy, PlanError> {
-        let s = s.trim();
-        let bad = |reason: String| PlanError::BadConfig {
-            what: "activation checkpointing",
-            value: s.to_string(),
-            reason,
-        };
-        let (head, arg) = match s.split_once(':') {
-            Some((h, a)) => (h.trim().to_ascii_lowercase(), Some(a.trim())),
-            None => (s.to_ascii_lowercase(), None),
-        };
-        match (head.as_str(), arg) {
-            ("none", None) => Ok(CheckpointPolicy::None),
-            ("" | "all" | "units", None) => Ok(CheckpointPolicy::Units),
-            ("every", Some(k)) => k
-                .parse::<u32>()
-                .ok()
-                .filter(|&k| k > 0)
-                .map(CheckpointPolicy::Every)
-                .ok_or_else(|| bad(format!("`{k}` is not a positive whole number"))),
-            ("kind", Some(k)) if !k.is_empty() => Ok(CheckpointPolicy::Kind(k.to_string())),
-            ("paths", Some(p)) => module_paths(p).map(CheckpointPolicy::Paths).map_err(bad),
-            _ => Err(bad(format!("allowed forms: {}", CheckpointPolicy::ALLOWED))),
-        }
-    }
-}
-
-impl SharedParams {
-    /// Parses `root` or `owner`.
-    pub fn parse(s: &str) -> Result<SharedParams, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "root" => Ok(SharedParams::Root),
-            "owner" => Ok(SharedParams::Owner),
-            _ => Err(PlanError::BadConfig {
-                what: "shared params",
-                value: s.to_string(),
-                reason: format!("allowed values: {}", SharedParams::ALLOWED),
-            }),
-        }
-    }
-}
-
-impl Strategy {
-    /// The values `Strategy::parse` accepts.
-    pub const ALLOWED: &'static str =
-        "full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2, no_shard";
-
-    /// Parses a strategy by its PyTorch name (`full_shard`, `FULL_SHARD`,
-    /// `ShardingStrategy.HYBRID_SHARD`, `_hybrid_shard_zero2`).
-    pub fn parse(s: &str) -> Result<Strategy, PlanError> {
-        let name = s.trim().to_ascii_lowercase();
-        let name = name.strip_prefix("shardingstrategy.").unwrap_or(&name);
-        let name = name.trim_start_matches('_');
-        Strategy::ALL
-            .into_iter()
-            .find(|st| st.name() == name)
-            .ok_or_else(|| PlanError::BadConfig {
-                what: "strategy",
-                value: s.to_string(),
-                reason: format!("allowed values: {}", Strategy::ALLOWED),
-            })
-    }
-}
-
-impl ReshardAfterForward {
-    /// The values `ReshardAfterForward::parse` accepts.
-    pub const ALLOWED: &'static str = "true, false, or a number of ranks n dividing F";
-
-    /// Parses `true`, `false` or a whole number n >= 1 (FSDP2's forms).
-    pub fn parse(s: &str) -> Result<ReshardAfterForward, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "true" => Ok(ReshardAfterForward::Full),
-            "false" => Ok(ReshardAfterForward::Keep),
-            n => n
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .map(ReshardAfterForward::To)
-                .ok_or_else(|| PlanError::BadConfig {
-                    what: "reshard_after_forward",
-                    value: s.to_string(),
-                    reason: format!("allowed values: {}", ReshardAfterForward::ALLOWED),
-                }),
-        }
-    }
-
-    /// The setting as `parse` accepts it.
-    pub fn name(self) -> String {
-        match self {
-            ReshardAfterForward::Full => "true".into(),
-            ReshardAfterForward::Keep => "false".into(),
-            ReshardAfterForward::To(n) => n.to_string(),
-        }
-    }
-}
-
-impl BackwardPrefetch {
-    /// The values `BackwardPrefetch::parse` accepts.
-    pub const ALLOWED: &'static str = "pre, post, none";
-
-    /// Parses `pre`, `post` or `none` (also `backward_pre`, `backward_post`).
-    pub fn parse(s: &str) -> Result<BackwardPrefetch, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "pre" | "backward_pre" => Ok(BackwardPrefetch::Pre),
-            "post" | "backward_post" => Ok(BackwardPrefetch::Post),
-            "none" => Ok(BackwardPrefetch::None),
-            _ => Err(PlanError::BadConfig {
-                what: "backward prefetch",
-                value: s.to_string(),
-                reason: format!("allowed values: {}", BackwardPrefetch::ALLOWED),
-            }),
-        }
-    }
-}
-
-impl WrapPolicy {
-    /// The forms `WrapPolicy::parse` accepts.
-    pub const ALLOWED: &'static str =
-        "blocks, kind:<ModuleClass>, size:<min parameter elements>, paths:<path>,<path>,...";
-
-    /// Parses `blocks`, `kind:GPT2Block`, `size:1000000` or `paths:a,b`.
-    pub fn parse(s: &str) -> Result<WrapPolicy, PlanError> {
-        let s = s.trim();
-        let bad = |reason: String| PlanError::BadConfig {
-            what: "wrap policy",
-            value: s.to_string(),
-            reason,
-        };
-        let (head, arg) = match s.split_once(':') {
-            Some((h, a)) => (h.trim(), Some(a.trim())),
-            None => (s, None),
-        };
-        match (head, arg) {
-            ("blocks", None) => Ok(WrapPolicy::Blocks),
-            ("kind", Some(k)) if !k.is_empty() => Ok(WrapPolicy::Kind {
-                kind: k.to_string(),
-            }),
-            ("size", Some(n)) => n
-                .replace('_', "")
-                .parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .map(|min_numel| WrapPolicy::Size { min_numel })
-                .ok_or_else(|| bad(format!("`{n}` is not a positive whole number"))),
-            ("paths", Some(p)) => module_paths(p)
-                .map(|paths| WrapPolicy::Paths { paths })
-                .map_err(bad),
-            _ => Err(bad(format!("allowed forms: {}", WrapPolicy::ALLOWED))),
-        }
-    }
-}
-
-/// The module paths of a `paths:a,b` policy: comma-separated, blanks
-/// dropped, at least one.
-fn module_paths(list: &str) -> Result<Vec<String>, String> {
-    let paths: Vec<String> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(String::from)
-        .collect();
-    if paths.is_empty() {
-        return Err("give at least one module path".into());
-    }
-    Ok(paths)
 }
 
 fn yes() -> bool {

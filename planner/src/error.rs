@@ -1,10 +1,10 @@
 //! Errors of the planner: bad configuration, programs it cannot lower, and
-//! plans that do not fit or do not parse.
+//! plans that do not fit or do not load.
 
-use crate::validate::PlanViolation;
+use fsdpc_plan::{ClusterError, ConfigError, LoadError, PlanViolation};
 use thiserror::Error;
 
-/// Everything that can go wrong while planning, loading or checking a plan.
+/// Everything that can go wrong while planning.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PlanError {
     /// An unknown cluster preset.
@@ -47,13 +47,27 @@ pub enum PlanError {
         over_by: u64,
         suggestion: String,
     },
-    /// A plan document that is not valid JSON of the plan schema.
-    #[error("plan JSON: {0}")]
-    Json(String),
-    /// A plan of another schema version.
-    #[error("plan schema `{found}` is not supported; this planner reads `{expected}`")]
-    Schema { found: String, expected: String },
-    /// A plan that breaks invariants (all violations found, in order).
+    /// A plan document that does not load (`Plan::from_json`).
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The passes made a plan that breaks invariants (a bug in a pass; all
+    /// violations found, in order).
     #[error("invalid plan ({} violation(s)); first: {}", .0.len(), .0.first().map(|v| v.to_string()).unwrap_or_default())]
     Invalid(Vec<PlanViolation>),
+}
+
+impl From<ConfigError> for PlanError {
+    fn from(e: ConfigError) -> PlanError {
+        PlanError::BadConfig {
+            what: e.what,
+            value: e.value,
+            reason: e.reason,
+        }
+    }
+}
+
+impl From<ClusterError> for PlanError {
+    fn from(e: ClusterError) -> PlanError {
+        PlanError::BadCluster { reason: e.reason }
+    }
 }

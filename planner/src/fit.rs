@@ -7,10 +7,10 @@
 //! peak plus the persistent bytes at that F. Sharding and activation
 //! checkpointing change the transient part, so those candidates are compiled.
 
-use crate::cluster::Cluster;
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
-use crate::plan::*;
+use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::*;
 
 /// The `DoesNotFit` error for `plan`, with a suggestion.
 pub fn does_not_fit(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> PlanError {

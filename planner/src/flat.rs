@@ -16,9 +16,9 @@
 //! frozen parameters has one segment and the layout of one flat buffer.
 
 use crate::error::PlanError;
-use crate::plan::{FlatParam, Unit, UnitId};
 use crate::units::UnitAssignment;
 use fsdpc_ir::{Graph, ParamId};
+use fsdpc_plan::{FlatParam, Unit, UnitId};
 
 /// The flat layout of every unit for sharding factor `shard_factor` (>= 1).
 /// Parameters must be f32 (the flat parameter's dtype).

@@ -1,7 +1,7 @@
 //! Summaries of a plan for people (`fsdpc inspect`): a serialisable
 //! `Summary` and a text rendering with human units.
 
-use crate::plan::*;
+use fsdpc_plan::*;
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -80,7 +80,7 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Wire::is_native")]
     pub reduce_scatter_wire: Wire,
     /// The collective rewrites: the rules allowed and those that fired.
-    pub rewrites: crate::plan::RewriteReport,
+    pub rewrites: fsdpc_plan::RewriteReport,
     /// Peak of host memory per rank (`cpu_offload`; 0 without).
     #[serde(skip_serializing_if = "is_zero")]
     pub host_peak_bytes: u64,
@@ -215,11 +215,11 @@ pub fn summary(plan: &Plan) -> Summary {
         })
         .collect();
     let e = &plan.estimates;
-    let traffic = crate::cost::traffic(plan, &crate::cluster::Cluster::from_info(&plan.cluster));
+    let traffic = crate::cost::traffic(plan, &plan.cluster);
     Summary {
         model: plan.model.name.clone(),
         params: plan.model.params,
-        preset: plan.cluster.preset.clone(),
+        preset: plan.cluster.name.clone(),
         world: plan.cluster.world,
         ranks_per_node: plan.cluster.ranks_per_node,
         strategy: plan.config.strategy.name().to_string(),
@@ -774,7 +774,7 @@ fn estimates(out: &mut String, s: &Summary) {
 
 /// The `rewrites` line: each rule that fired, on how many collectives, and
 /// the time the cost model says it saves per step (each collective alone).
-fn rewrite_lines(out: &mut String, r: &crate::plan::RewriteReport) {
+fn rewrite_lines(out: &mut String, r: &fsdpc_plan::RewriteReport) {
     if r.enabled.is_empty() {
         let _ = writeln!(out, "rewrites  none (--rewrites none)");
         return;

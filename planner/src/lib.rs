@@ -40,7 +40,6 @@
 pub mod auto;
 pub mod checkpoint;
 pub mod clip;
-pub mod cluster;
 pub mod compare;
 pub mod config;
 pub mod cost;
@@ -48,13 +47,13 @@ pub mod error;
 pub mod fit;
 pub mod flat;
 pub mod freeze;
-pub mod hb;
 pub mod inspect;
 pub mod memory;
 pub mod offload;
 pub mod overlap;
-pub mod plan;
 pub mod precision;
+pub mod presets;
+pub mod quantize;
 pub mod report;
 pub mod rewrite;
 pub mod scaler;
@@ -62,23 +61,14 @@ pub mod schedule;
 pub mod simulate;
 pub mod trace;
 pub mod units;
-pub mod validate;
-mod validate_fsdp;
-mod validate_layout;
-pub mod validate_offload;
-mod validate_precision;
-mod validate_rewrite;
-mod validate_wire;
-pub mod wire;
 pub mod workspace;
 
-pub use cluster::{Cluster, Hardware};
 pub use config::FsdpConfig;
 pub use error::PlanError;
-pub use plan::*;
-pub use validate::PlanViolation;
+pub use presets::preset;
 
 use fsdpc_ir::TrainingProgram;
+use fsdpc_plan::*;
 
 /// Plans `program` for `cluster` with `cfg`: runs every pass and returns the
 /// plan. With `cfg.check_fits`, a plan whose peak exceeds the rank's memory is
@@ -183,8 +173,8 @@ pub fn quick_prepared(
         mut sched,
         heap_bytes,
     } = lower(prepared, model, cluster, cfg)?;
-    memory::set_lifetimes(&mut sched.buffers, &sched.instructions);
-    let mut memory = memory::summarize(&sched.buffers, sched.instructions.len(), 0);
+    fsdpc_plan::memory::set_lifetimes(&mut sched.buffers, &sched.instructions);
+    let mut memory = fsdpc_plan::memory::summarize(&sched.buffers, sched.instructions.len(), 0);
     memory.heap_bytes = heap_bytes;
     memory.rank_bytes = memory.peak_bytes + memory.host_peak_bytes + heap_bytes;
     plan.buffers = sched.buffers;
@@ -296,7 +286,7 @@ fn lower(
         reshard,
         offload: offloaded.clone(),
     })?;
-    wire::apply(&mut sched, &units, shard_factor, cfg.wires());
+    quantize::apply(&mut sched, &units, shard_factor, cfg.wires());
     let rewrites = rewrite::apply(
         &mut sched,
         &rewrite::RewriteInput {
@@ -330,7 +320,7 @@ fn lower(
             tokens_per_rank_step: model.tokens_per_rank_step * u64::from(cfg.grad_accum),
             ..model
         },
-        cluster: cluster.info(),
+        cluster: cluster.clone(),
         config: PlanConfig {
             strategy: cfg.strategy,
             shard_factor,

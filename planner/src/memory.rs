@@ -1,4 +1,4 @@
-//! Pass 4, memory: buffer lifetimes, offsets in the per-rank arenas, the
+//! The memory pass: buffer lifetimes, offsets in the per-rank arenas, the
 //! fences that make arena reuse safe across streams, and the exact peaks.
 //!
 //! Each `Location` has its own arena: the device arena holds every buffer
@@ -8,11 +8,9 @@
 //! `arena_bytes` and `breakdown` count the device only; `host_peak_bytes`
 //! and `host_arena_bytes` the host.
 //!
-//! Definitions (the runtime's debug mode measures the same thing): a buffer
-//! is live at instruction index `i` when `start <= i <= end`, where `start`
-//! is the index of its first writing instruction and `end` the index of its
-//! `Free` (persistent buffers: `start = 0`, live to the last instruction).
-//! `peak_bytes` is the maximum over `i` of the bytes of live buffers.
+//! What "live" and the peak mean is the plan's definition
+//! (`fsdpc_plan::memory`), which the verifier and the runtime's debug mode
+//! check against.
 //!
 //! Offsets: persistent buffers are packed at the bottom of the arena; the
 //! others are placed largest first, each at the lowest 64-byte-aligned offset
@@ -33,13 +31,11 @@
 //! if their lifetimes overlapped, so that fence is not needed. That trades
 //! arena bytes for overlap; `peak_bytes` (live bytes) does not change.
 
-use crate::hb::Clocks;
-use crate::plan::*;
 use crate::schedule::Schedule;
+use fsdpc_plan::memory::{set_lifetimes, summarize, ALIGN};
+use fsdpc_plan::validate::Clocks;
+use fsdpc_plan::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// Arena alignment of every buffer, bytes.
-pub const ALIGN: u64 = 64;
 
 /// Pairs of buffers that must not share arena bytes, each as
 /// `(smaller id, larger id)` (see the module header).
@@ -81,42 +77,8 @@ fn host_offsets(buffers: &mut [Buffer]) -> u64 {
     end
 }
 
-/// Sets each buffer's `start` (first write; 0 for persistent buffers) and
-/// `end` (its first `Free`; `None` for persistent or never-freed buffers).
-pub fn set_lifetimes(buffers: &mut [Buffer], instrs: &[Instr]) {
-    let mut start: Vec<Option<u32>> = vec![None; buffers.len()];
-    let mut end: Vec<Option<u32>> = vec![None; buffers.len()];
-    for (i, ins) in instrs.iter().enumerate() {
-        for b in ins.op.writes() {
-            if let Some(s) = start.get_mut(b.index()) {
-                s.get_or_insert(i as u32);
-            }
-        }
-        if let InstrOp::Free { buffer } = ins.op {
-            if let Some(e) = end.get_mut(buffer.index()) {
-                e.get_or_insert(i as u32);
-            }
-        }
-    }
-    for (i, b) in buffers.iter_mut().enumerate() {
-        if b.kind.is_persistent() {
-            b.start = 0;
-            b.end = None;
-        } else {
-            b.start = start[i].or(end[i]).unwrap_or(0);
-            b.end = end[i];
-        }
-    }
-}
-
 fn align(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
-}
-
-/// Live range of a buffer as `[start, end]` instruction indices.
-fn live_range(b: &Buffer, n_instrs: usize) -> (u32, u32) {
-    let last = n_instrs.saturating_sub(1) as u32;
-    (b.start, b.end.unwrap_or(last).max(b.start))
 }
 
 /// Buffers written or freed off the compute stream (gathered parameters,
@@ -437,66 +399,6 @@ fn insert_fences(s: &mut Schedule) -> Vec<Fence> {
         }
     }
     fences
-}
-
-/// Live bytes at every instruction index.
-pub fn live_bytes(buffers: &[Buffer], n_instrs: usize) -> Vec<u64> {
-    let n = n_instrs.max(1);
-    let mut diff = vec![0i128; n + 1];
-    for b in buffers {
-        let (s, e) = live_range(b, n);
-        let (s, e) = ((s as usize).min(n - 1), (e as usize).min(n - 1));
-        diff[s] += i128::from(b.bytes);
-        diff[e + 1] -= i128::from(b.bytes);
-    }
-    let mut live = Vec::with_capacity(n);
-    let mut acc = 0i128;
-    for d in &diff[..n] {
-        acc += d;
-        live.push(acc.max(0) as u64);
-    }
-    live
-}
-
-/// The device peak and its breakdown by buffer kind, and the host peak
-/// (`host_arena_bytes` is left 0, `rank_bytes` is `arena_bytes`: the
-/// memory pass adds the host arena and the caller the heap).
-pub fn summarize(all: &[Buffer], n_instrs: usize, arena_bytes: u64) -> MemorySummary {
-    let (buffers, host): (Vec<Buffer>, Vec<Buffer>) = all
-        .iter()
-        .cloned()
-        .partition(|b| b.location == Location::Device);
-    let host_peak_bytes = live_bytes(&host, n_instrs).into_iter().max().unwrap_or(0);
-    let buffers = &buffers[..];
-    let live = live_bytes(buffers, n_instrs);
-    let (peak_at, peak_bytes) =
-        live.iter().copied().enumerate().fold(
-            (0, 0),
-            |best, (i, b)| if b > best.1 { (i, b) } else { best },
-        );
-    let mut by_kind: BTreeMap<BufferKind, u64> = BTreeMap::new();
-    for b in buffers {
-        let (s, e) = live_range(b, n_instrs.max(1));
-        if s as usize <= peak_at && peak_at <= e as usize {
-            *by_kind.entry(b.kind).or_default() += b.bytes;
-        }
-    }
-    let workspace_bytes = buffers
-        .iter()
-        .filter(|b| b.kind == BufferKind::Workspace)
-        .map(|b| b.bytes)
-        .sum();
-    MemorySummary {
-        peak_bytes,
-        peak_at: peak_at as u32,
-        arena_bytes,
-        breakdown: by_kind.into_iter().collect(),
-        workspace_bytes,
-        heap_bytes: 0,
-        rank_bytes: arena_bytes,
-        host_peak_bytes,
-        host_arena_bytes: 0,
-    }
 }
 
 #[cfg(test)]

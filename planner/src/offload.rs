@@ -19,184 +19,72 @@
 
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
-use crate::plan::{
-    Buffer, BufferId, BufferKind, EventId, Instr, InstrOp, Location, Plan, Stream, UnitId,
-};
 use crate::schedule::Schedule;
 use crate::units::UnitAssignment;
-use serde::{Deserialize, Serialize};
+use fsdpc_plan::{
+    Buffer, BufferId, BufferKind, EventId, Instr, InstrOp, Location, OffloadUnits, OffloadWhat,
+    Stream, UnitId,
+};
 use std::collections::BTreeSet;
 
-/// Which units offload (`--cpu-offload WHICH`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OffloadUnits {
-    /// Every unit, the root included (the bare flag).
-    #[default]
-    All,
-    /// Every K-th non-root unit in unit order, counting from the first.
-    Every(u32),
-    /// The units defined by these module paths (the root's is the empty
-    /// path, written `root`).
-    Paths(Vec<String>),
-    /// The non-root units of this module class.
-    Kind(String),
-}
-
-/// What an offloaded unit keeps in host memory (`--offload-what`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OffloadWhat {
-    /// Parameter and gradient shards and optimizer state; the optimizer
-    /// steps on the host (FSDP1's `offload_params=True`).
-    #[default]
-    Params,
-    /// The optimizer state only, staged to the device for the step
-    /// (DeepSpeed's `offload_optimizer`, stepping on the device).
-    Optimizer,
-}
-
-impl OffloadWhat {
-    /// The values `OffloadWhat::parse` accepts.
-    pub const ALLOWED: &'static str = "params, optimizer";
-
-    /// Parses `params` (`param`, `offload_param`) or `optimizer`
-    /// (`optimizer_state`, `offload_optimizer`).
-    pub fn parse(s: &str) -> Result<OffloadWhat, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "params" | "param" | "offload_param" | "offload_params" => Ok(OffloadWhat::Params),
-            "optimizer" | "optimizer_state" | "offload_optimizer" => Ok(OffloadWhat::Optimizer),
-            _ => Err(PlanError::BadConfig {
-                what: "offload what",
-                value: s.to_string(),
-                reason: format!("allowed values: {}", OffloadWhat::ALLOWED),
-            }),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            OffloadWhat::Params => "params",
-            OffloadWhat::Optimizer => "optimizer",
-        }
-    }
-
-    /// True for `Params` (the serde default).
-    pub fn is_params(&self) -> bool {
-        *self == OffloadWhat::Params
-    }
-}
-
-impl OffloadUnits {
-    /// The forms `OffloadUnits::parse` accepts.
-    pub const ALLOWED: &'static str =
-        "all, every:<K>, paths:<path>,<path>,... (root for the root unit), kind:<ModuleClass>";
-
-    /// Parses `all` (or the empty string: the bare flag), `every:K`,
-    /// `paths:a,b` or `kind:GPT2Block`.
-    pub fn parse(s: &str) -> Result<OffloadUnits, PlanError> {
-        let s = s.trim();
-        let bad = |reason: String| PlanError::BadConfig {
-            what: "cpu offload",
-            value: s.to_string(),
-            reason,
-        };
-        let (head, arg) = match s.split_once(':') {
-            Some((h, a)) => (h.trim().to_ascii_lowercase(), Some(a.trim())),
-            None => (s.to_ascii_lowercase(), None),
-        };
-        match (head.as_str(), arg) {
-            ("" | "all", None) => Ok(OffloadUnits::All),
-            ("every", Some(k)) => k
-                .parse::<u32>()
-                .ok()
-                .filter(|&k| k > 0)
-                .map(OffloadUnits::Every)
-                .ok_or_else(|| bad(format!("`{k}` is not a positive whole number"))),
-            ("kind", Some(k)) if !k.is_empty() => Ok(OffloadUnits::Kind(k.to_string())),
-            ("paths", Some(p)) => {
-                let paths: Vec<String> = p
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(String::from)
-                    .collect();
-                if paths.is_empty() {
-                    return Err(bad("give at least one module path".into()));
-                }
-                Ok(OffloadUnits::Paths(paths))
-            }
-            _ => Err(bad(format!("allowed forms: {}", OffloadUnits::ALLOWED))),
-        }
-    }
-
-    /// The selection as `parse` accepts it.
-    pub fn name(&self) -> String {
-        match self {
-            OffloadUnits::All => "all".into(),
-            OffloadUnits::Every(k) => format!("every:{k}"),
-            OffloadUnits::Paths(p) => format!("paths:{}", p.join(",")),
-            OffloadUnits::Kind(k) => format!("kind:{k}"),
-        }
-    }
-
-    /// The units this selects, in unit order; a path that names no unit,
-    /// a class no unit has or `every:0` is `PlanError::BadConfig`, listing
-    /// what there is.
-    pub fn select(&self, assign: &UnitAssignment) -> Result<BTreeSet<UnitId>, PlanError> {
-        let all = || {
-            assign
-                .units
-                .iter()
-                .enumerate()
-                .map(|(i, u)| (UnitId(i as u32), u))
-        };
-        let bad = |reason: String| PlanError::BadConfig {
-            what: "cpu offload",
-            value: self.name(),
-            reason,
-        };
-        let path_of = |p: &str| if p.is_empty() { "root" } else { p }.to_string();
-        match self {
-            OffloadUnits::All => Ok(all().map(|(id, _)| id).collect()),
-            OffloadUnits::Every(0) => Err(bad("K must be at least 1".into())),
-            OffloadUnits::Every(k) => Ok(all()
-                .skip(1)
-                .enumerate()
-                .filter(|(i, _)| i % *k as usize == 0)
-                .map(|(_, (id, _))| id)
-                .collect()),
-            OffloadUnits::Paths(paths) => paths
-                .iter()
-                .map(|p| {
-                    all()
-                        .find(|(_, u)| path_of(&u.path) == *p)
-                        .map(|(id, _)| id)
-                        .ok_or_else(|| {
-                            let known: Vec<String> = all().map(|(_, u)| path_of(&u.path)).collect();
-                            bad(format!(
-                                "`{p}` is not the module path of a unit; the units are: {}",
-                                known.join(", ")
-                            ))
-                        })
-                })
-                .collect(),
-            OffloadUnits::Kind(kind) => {
-                let out: BTreeSet<UnitId> = all()
-                    .skip(1)
-                    .filter(|(_, u)| u.kind == *kind)
+/// The units `which` selects, in unit order; a path that names no unit,
+/// a class no unit has or `every:0` is `PlanError::BadConfig`, listing
+/// what there is.
+pub fn select_units(
+    which: &OffloadUnits,
+    assign: &UnitAssignment,
+) -> Result<BTreeSet<UnitId>, PlanError> {
+    let all = || {
+        assign
+            .units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (UnitId(i as u32), u))
+    };
+    let bad = |reason: String| PlanError::BadConfig {
+        what: "cpu offload",
+        value: which.name(),
+        reason,
+    };
+    let path_of = |p: &str| if p.is_empty() { "root" } else { p }.to_string();
+    match which {
+        OffloadUnits::All => Ok(all().map(|(id, _)| id).collect()),
+        OffloadUnits::Every(0) => Err(bad("K must be at least 1".into())),
+        OffloadUnits::Every(k) => Ok(all()
+            .skip(1)
+            .enumerate()
+            .filter(|(i, _)| i % *k as usize == 0)
+            .map(|(_, (id, _))| id)
+            .collect()),
+        OffloadUnits::Paths(paths) => paths
+            .iter()
+            .map(|p| {
+                all()
+                    .find(|(_, u)| path_of(&u.path) == *p)
                     .map(|(id, _)| id)
-                    .collect();
-                if out.is_empty() {
-                    let kinds: BTreeSet<&str> =
-                        all().skip(1).map(|(_, u)| u.kind.as_str()).collect();
-                    return Err(bad(format!(
-                        "no unit is a `{kind}`; the units' classes are: {}",
-                        kinds.into_iter().collect::<Vec<_>>().join(", ")
-                    )));
-                }
-                Ok(out)
+                    .ok_or_else(|| {
+                        let known: Vec<String> = all().map(|(_, u)| path_of(&u.path)).collect();
+                        bad(format!(
+                            "`{p}` is not the module path of a unit; the units are: {}",
+                            known.join(", ")
+                        ))
+                    })
+            })
+            .collect(),
+        OffloadUnits::Kind(kind) => {
+            let out: BTreeSet<UnitId> = all()
+                .skip(1)
+                .filter(|(_, u)| u.kind == *kind)
+                .map(|(id, _)| id)
+                .collect();
+            if out.is_empty() {
+                let kinds: BTreeSet<&str> = all().skip(1).map(|(_, u)| u.kind.as_str()).collect();
+                return Err(bad(format!(
+                    "no unit is a `{kind}`; the units' classes are: {}",
+                    kinds.into_iter().collect::<Vec<_>>().join(", ")
+                )));
             }
+            Ok(out)
         }
     }
 }
@@ -217,7 +105,7 @@ impl UnitOffload {
             return Ok(UnitOffload::default());
         }
         Ok(UnitOffload {
-            units: cfg.offload_units.select(assign)?,
+            units: select_units(&cfg.offload_units, assign)?,
             what: cfg.offload_what,
         })
     }
@@ -225,38 +113,6 @@ impl UnitOffload {
     /// What unit `u` offloads, if it does.
     pub fn of(&self, u: UnitId) -> Option<OffloadWhat> {
         self.units.contains(&u).then_some(self.what)
-    }
-}
-
-impl Plan {
-    /// What unit `u` keeps in host memory, if anything: with `cpu_offload`,
-    /// the units of `offloaded_units` (every unit when the list is absent,
-    /// as in plans written before partial offload) offload `offload_what`.
-    pub fn unit_offload(&self, u: UnitId) -> Option<OffloadWhat> {
-        let c = &self.config;
-        let listed = c.offloaded_units.is_empty() || c.offloaded_units.contains(&u);
-        (c.cpu_offload && listed).then_some(c.offload_what)
-    }
-
-    /// Whether buffer `b` belongs in host memory: an offloaded unit's
-    /// shards and state (`params`) or its state (`optimizer`).
-    pub fn offloads_buffer(&self, b: &Buffer) -> bool {
-        b.unit
-            .and_then(|u| self.unit_offload(u))
-            .is_some_and(|what| what.keeps_on_host(b.kind))
-    }
-}
-
-impl OffloadWhat {
-    /// Whether an offloaded unit's buffer of `kind` lives on the host.
-    pub fn keeps_on_host(self, kind: BufferKind) -> bool {
-        match self {
-            OffloadWhat::Params => matches!(
-                kind,
-                BufferKind::ShardParams | BufferKind::ShardGrads | BufferKind::OptimizerState
-            ),
-            OffloadWhat::Optimizer => kind == BufferKind::OptimizerState,
-        }
     }
 }
 

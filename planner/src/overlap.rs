@@ -23,11 +23,11 @@
 //! `peak_bytes` (live bytes) never changes, only `arena_bytes` and the
 //! fences.
 
-use crate::cluster::Cluster;
 use crate::memory::{self, Apart, Fence};
-use crate::plan::*;
 use crate::schedule::Schedule;
 use crate::simulate;
+use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::*;
 
 /// Most re-planning rounds.
 pub const MAX_ROUNDS: usize = 4;

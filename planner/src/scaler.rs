@@ -22,11 +22,11 @@
 //!   `UpdateScale`.
 
 use crate::error::PlanError;
-use crate::plan::{
-    Buffer, BufferId, BufferKind, EventId, Group, Instr, InstrOp, Location, LossScaler, Stream,
-};
 use crate::schedule::Schedule;
 use fsdpc_ir::{DType, Op, Phase, TrainingProgram};
+use fsdpc_plan::{
+    Buffer, BufferId, BufferKind, EventId, Group, Instr, InstrOp, Location, LossScaler, Stream,
+};
 use std::collections::HashSet;
 
 /// PyTorch's `ShardedGradScaler` defaults, with `init_scale` given.

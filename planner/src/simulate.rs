@@ -14,9 +14,9 @@
 //! pass over the instructions; with it, a deterministic event loop over
 //! the streams' progress (`schedule`). Seconds throughout.
 
-use crate::cluster::{Cluster, Contention};
 use crate::cost;
-use crate::plan::*;
+use fsdpc_plan::cluster::{Cluster, Contention};
+use fsdpc_plan::*;
 
 /// Start and end time of every instruction, and totals.
 #[derive(Clone, Debug, Default)]
@@ -289,7 +289,7 @@ pub fn schedule(items: &[Item], contention: &Contention) -> Schedule {
 
 /// The plan's estimates on its own cluster record.
 pub fn estimate(plan: &Plan) -> Estimates {
-    estimate_on(plan, &Cluster::from_info(&plan.cluster))
+    estimate_on(plan, &plan.cluster)
 }
 
 /// What `fsdpc simulate` reports: the estimates of a plan on a cluster and
@@ -336,7 +336,7 @@ pub fn run(plan: &Plan, cluster: &Cluster) -> Simulation {
         })
         .collect();
     Simulation {
-        cluster: cluster.preset.clone(),
+        cluster: cluster.name.clone(),
         world: plan.cluster.world,
         step_time_s: e.step_time_s,
         exposed_comm_s: e.exposed_comm_s,
@@ -377,7 +377,7 @@ pub fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
 /// instruction, at its start.
 pub fn memory_curve(plan: &Plan, cluster: &Cluster) -> Vec<(f64, u64)> {
     let tl = simulate(plan, cluster);
-    let live = crate::memory::live_bytes(&plan.buffers, plan.instructions.len());
+    let live = fsdpc_plan::memory::live_bytes(&plan.buffers, plan.instructions.len());
     tl.start.into_iter().zip(live).collect()
 }
 

@@ -14,9 +14,8 @@
 //! the runtime's allocator at the end of each instruction. `otherData`
 //! names the kind of trace and the plan it came from (`plan_identity`).
 
-use crate::cluster::Cluster;
-use crate::plan::{InstrOp, Plan};
 use crate::simulate::simulate;
+use fsdpc_plan::{Collective, InstrOp, Plan};
 use serde_json::{json, Value};
 
 /// `otherData.fsdpc_trace` of a trace `chrome_trace` writes.
@@ -27,15 +26,15 @@ pub const MEASURED: &str = "measured";
 /// The trace of one simulated step of `plan` on its own cluster record, in the
 /// Chrome trace-event JSON format (times in microseconds).
 pub fn chrome_trace(plan: &Plan) -> Value {
-    let cluster = Cluster::from_info(&plan.cluster);
+    let cluster = plan.cluster.clone();
     let tl = simulate(plan, &cluster);
-    let live = crate::memory::live_bytes(&plan.buffers, plan.instructions.len());
+    let live = fsdpc_plan::memory::live_bytes(&plan.buffers, plan.instructions.len());
     let name = format!("{} rank (any of {})", plan.model.name, plan.cluster.world);
     let mut events = thread_names(plan, 0, &name);
     // The simulator starts a wait when its event is ready; the slice spans
     // the time the stream was blocked, from its previous instruction's end,
     // as a measured wait does.
-    let mut stream_end = [0f64; crate::plan::Stream::ALL.len()];
+    let mut stream_end = [0f64; fsdpc_plan::Stream::ALL.len()];
     for (i, ins) in plan.instructions.iter().enumerate() {
         let end = tl.end[i] * 1e6;
         let prev = stream_end.get(ins.stream.index()).copied().unwrap_or(0.0);
@@ -197,7 +196,7 @@ pub const CLASSES: [&str; 9] = [
 /// (offload copies and reshard slices), `exposed_wait` (the compute stream
 /// blocked on an event: exposed communication), `wait` (another stream
 /// blocked: idle) and `other` (data loading, records, frees).
-pub fn instr_class(plan: &Plan, ins: &crate::plan::Instr) -> &'static str {
+pub fn instr_class(plan: &Plan, ins: &fsdpc_plan::Instr) -> &'static str {
     let op = &ins.op;
     match op {
         InstrOp::Kernel { node, .. } => {
@@ -225,7 +224,7 @@ pub fn instr_class(plan: &Plan, ins: &crate::plan::Instr) -> &'static str {
         | InstrOp::ScaleSeed { .. }
         | InstrOp::UnscaleGrads { .. }
         | InstrOp::UpdateScale { .. } => "kernel",
-        InstrOp::Wait { .. } if ins.stream == crate::plan::Stream::Compute => "exposed_wait",
+        InstrOp::Wait { .. } if ins.stream == fsdpc_plan::Stream::Compute => "exposed_wait",
         InstrOp::Wait { .. } => "wait",
         InstrOp::LoadInput { .. } | InstrOp::Free { .. } | InstrOp::Record { .. } => "other",
     }
@@ -234,8 +233,13 @@ pub fn instr_class(plan: &Plan, ins: &crate::plan::Instr) -> &'static str {
 /// The unit an instruction works for, if any.
 fn instr_unit(op: &InstrOp) -> Option<u32> {
     match op {
-        InstrOp::AllGather { unit, .. }
-        | InstrOp::ReduceScatter { unit, .. }
+        InstrOp::AllGather {
+            c: Collective { unit, .. },
+            ..
+        }
+        | InstrOp::ReduceScatter {
+            c: Collective { unit, .. },
+        }
         | InstrOp::Reshard { unit, .. }
         | InstrOp::AllReduce { unit, .. }
         | InstrOp::OptimizerStep { unit, .. }
@@ -251,17 +255,22 @@ fn instr_unit(op: &InstrOp) -> Option<u32> {
 /// parameter, unreduced gradient, reduced buffer, copied shard), an
 /// optimizer step's parameter shard; 0 for the rest.
 pub fn instr_bytes(plan: &Plan, op: &InstrOp) -> u64 {
-    let buf = |b: &crate::plan::BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
+    let buf = |b: &fsdpc_plan::BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
     match op {
         InstrOp::Kernel { node, .. } => match plan.training.graph.try_node(*node) {
             Some(_) => crate::cost::node_bytes(&plan.training.graph, *node) as u64,
             None => 0,
         },
-        InstrOp::AllGather { dst, .. }
+        InstrOp::AllGather {
+            c: Collective { dst, .. },
+            ..
+        }
         | InstrOp::Reshard { dst, .. }
         | InstrOp::Copy { dst, .. }
         | InstrOp::Accumulate { dst, .. } => buf(dst),
-        InstrOp::ReduceScatter { src, .. } => buf(src),
+        InstrOp::ReduceScatter {
+            c: Collective { src, .. },
+        } => buf(src),
         InstrOp::AllReduce { buffer, .. }
         | InstrOp::NormAllReduce { buffer, .. }
         | InstrOp::FoundInfAllReduce { buffer, .. } => buf(buffer),
@@ -283,17 +292,22 @@ pub fn slice_name(plan: &Plan, op: &InstrOp) -> String {
             format!("{kernel} {name}")
         }
         InstrOp::AllGather {
-            unit,
+            c: Collective { unit, .. },
             bucketed: true,
             ..
         } => format!("all_gather unit {unit} (bucketed into the next)"),
-        InstrOp::AllGather { unit, .. } => format!("all_gather unit {unit}"),
-        InstrOp::ReduceScatter { unit, .. } => format!("reduce_scatter unit {unit}"),
+        InstrOp::AllGather {
+            c: Collective { unit, .. },
+            ..
+        } => format!("all_gather unit {unit}"),
+        InstrOp::ReduceScatter {
+            c: Collective { unit, .. },
+        } => format!("reduce_scatter unit {unit}"),
         InstrOp::AllReduce { unit, .. } => format!("all_reduce unit {unit}"),
         InstrOp::Reshard { unit, .. } => format!("reshard unit {unit}"),
         InstrOp::Copy { unit, dst, .. } => {
             match plan.buffers.get(dst.index()).map(|b| b.location) {
-                Some(crate::plan::Location::Host) => format!("copy to host unit {unit}"),
+                Some(fsdpc_plan::Location::Host) => format!("copy to host unit {unit}"),
                 _ => format!("copy to device unit {unit}"),
             }
         }

@@ -27,8 +27,8 @@
 //! go to one unit containing both, under either rule.
 
 use crate::error::PlanError;
-use crate::plan::{SharedParams, UnitId, WrapPolicy};
 use fsdpc_ir::{Graph, ModuleId, NodeId, Op, ParamId, ValueId};
+use fsdpc_plan::{SharedParams, UnitId, WrapPolicy};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One unit as the units pass decided it.

@@ -2,6 +2,8 @@
 mod common;
 use common::*;
 use fsdpc_ir::{NodeId, Op, Phase};
+use fsdpc_plan::ConfigError;
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 use std::collections::BTreeMap;
 
@@ -161,7 +163,7 @@ fn does_not_fit_suggests_checkpointing_when_it_fits() {
     let (p, info) = program(TINY_GPT);
     let cluster = Cluster {
         memory_bytes: (plain.memory.peak_bytes + ckpt.memory.peak_bytes) / 2,
-        ..Cluster::preset("cpu-local", 2, 2).unwrap()
+        ..fsdpc_planner::preset("cpu-local", 2, 2).unwrap()
     };
     match compile(p, info, &cluster, &cfg(CheckpointPolicy::None)) {
         Err(PlanError::DoesNotFit { suggestion, .. }) => {
@@ -191,7 +193,7 @@ fn bad_policy_names_are_errors() {
     );
     assert!(matches!(
         CheckpointPolicy::parse("blocks"),
-        Err(PlanError::BadConfig { .. })
+        Err(ConfigError { .. })
     ));
 }
 

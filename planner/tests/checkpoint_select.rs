@@ -3,6 +3,7 @@
 //! and the memory plan between none and all.
 mod common;
 use common::*;
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 
 /// A 4-block GPT: units `transformer.h.0` .. `transformer.h.3` (ids 1 .. 4) under the root.
@@ -169,7 +170,7 @@ fn activation_bytes(p: &Plan) -> u64 {
 #[test]
 fn memory_falls_monotonically_with_the_units_checkpointed() {
     let (program, info) = program("gpt2");
-    let cluster = Cluster::preset("a100-80g-roce", 8, 8).unwrap();
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 8, 8).unwrap();
     let mut rows = Vec::new();
     for policy in ["none", "every:4", "every:2", "all"] {
         let c = FsdpConfig {

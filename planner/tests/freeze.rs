@@ -8,6 +8,7 @@
 mod common;
 
 use common::{plan, program};
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 
 /// Two blocks; the tied embedding lives in the root unit.
@@ -86,7 +87,7 @@ fn frozen_elements_get_no_gradient_reduction_or_optimizer_bytes() {
                 }
                 assert!(!p.instructions.iter().any(|i| matches!(
                     i.op,
-                    InstrOp::ReduceScatter { unit, .. } | InstrOp::OptimizerStep { unit, .. }
+                    InstrOp::ReduceScatter { c: Collective { unit, .. } } | InstrOp::OptimizerStep { unit, .. }
                         if unit.index() == u
                 )));
             }
@@ -136,7 +137,9 @@ fn freezing_saves_gradient_and_optimizer_bytes_and_reduce_scatter_traffic() {
         p.instructions
             .iter()
             .filter_map(|i| match i.op {
-                InstrOp::ReduceScatter { src, .. } => Some(p.buffers[src.index()].bytes),
+                InstrOp::ReduceScatter {
+                    c: Collective { src, .. },
+                } => Some(p.buffers[src.index()].bytes),
                 _ => None,
             })
             .sum()

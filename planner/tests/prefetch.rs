@@ -16,6 +16,7 @@
 
 mod common;
 
+use fsdpc_plan::*;
 use fsdpc_planner::simulate::{simulate, Timeline};
 use fsdpc_planner::*;
 
@@ -30,7 +31,7 @@ const SETTINGS: [BackwardPrefetch; 3] = [
 /// `GPT` at world 16, 8 ranks per node, with `backward_prefetch`.
 fn plan(backward_prefetch: BackwardPrefetch) -> Plan {
     let (program, info) = common::program(GPT);
-    let cluster = Cluster::preset("a100-80g-roce", 16, 8).expect("preset");
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 16, 8).expect("preset");
     let cfg = FsdpConfig {
         backward_prefetch,
         ..FsdpConfig::default()
@@ -39,7 +40,7 @@ fn plan(backward_prefetch: BackwardPrefetch) -> Plan {
 }
 
 fn timeline(plan: &Plan) -> Timeline {
-    simulate(plan, &Cluster::from_info(&plan.cluster))
+    simulate(plan, &plan.cluster)
 }
 
 #[test]
@@ -95,7 +96,11 @@ fn backward_gathers(plan: &Plan, tl: &Timeline) -> Vec<Gather> {
     let mut prev: Option<BufferId> = None;
     let mut out = Vec::new();
     for (i, ins) in plan.instructions.iter().enumerate() {
-        let InstrOp::AllGather { unit, dst, .. } = ins.op else {
+        let InstrOp::AllGather {
+            c: Collective { unit, dst, .. },
+            ..
+        } = ins.op
+        else {
             continue;
         };
         if let (false, Some(p)) = (seen.insert(unit), prev) {
@@ -176,7 +181,7 @@ fn each_setting_starts_backward_gathers_where_it_issues_them() {
 /// a rate limit.
 fn plan_depth(forward_prefetch: bool, prefetch_depth: u32, limit_all_gathers: u32) -> Plan {
     let (program, info) = common::program(GPT);
-    let cluster = Cluster::preset("a100-80g-roce", 16, 8).expect("preset");
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 16, 8).expect("preset");
     let cfg = FsdpConfig {
         forward_prefetch,
         prefetch_depth,
@@ -191,7 +196,11 @@ fn plan_depth(forward_prefetch: bool, prefetch_depth: u32, limit_all_gathers: u3
 fn gather_lead(plan: &Plan) -> Vec<usize> {
     let mut leads = Vec::new();
     for (i, ins) in plan.instructions.iter().enumerate() {
-        let InstrOp::AllGather { dst, .. } = ins.op else {
+        let InstrOp::AllGather {
+            c: Collective { dst, .. },
+            ..
+        } = ins.op
+        else {
             continue;
         };
         let first_use = plan.instructions[i..]

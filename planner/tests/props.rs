@@ -2,9 +2,8 @@
 //! activation checkpointing (on or off) always give plans that validate.
 mod common;
 use common::*;
-use fsdpc_planner::{
-    compile_unchecked, BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, Plan, WrapPolicy,
-};
+use fsdpc_plan::{BackwardPrefetch, CheckpointPolicy, Plan, WrapPolicy};
+use fsdpc_planner::{compile_unchecked, FsdpConfig};
 use proptest::prelude::*;
 
 fn spec() -> impl proptest::strategy::Strategy<Value = String> {
@@ -29,8 +28,8 @@ fn wrap() -> impl proptest::strategy::Strategy<Value = WrapPolicy> {
 fn config() -> impl proptest::strategy::Strategy<Value = FsdpConfig> {
     (
         prop_oneof![
-            Just(fsdpc_planner::Strategy::FullShard),
-            Just(fsdpc_planner::Strategy::NoShard)
+            Just(fsdpc_plan::Strategy::FullShard),
+            Just(fsdpc_plan::Strategy::NoShard)
         ],
         wrap(),
         prop_oneof![
@@ -61,7 +60,7 @@ proptest! {
     #[test]
     fn every_plan_validates(spec in spec(), world in 1u32..9, cfg in config()) {
         let (p, info) = program(&spec);
-        let cluster = Cluster::preset("cpu-local", world, 1).unwrap();
+        let cluster = fsdpc_planner::preset("cpu-local", world, 1).unwrap();
         let plan = compile_unchecked(p, info, &cluster, &cfg).unwrap();
         prop_assert_eq!(plan.validate(), Ok(()));
         prop_assert_eq!(plan.training.validate(), Ok(()));
@@ -78,7 +77,7 @@ proptest! {
 fn controls(world: u32) -> impl proptest::strategy::Strategy<Value = FsdpConfig> {
     let divisors: Vec<u32> = (1..=world).filter(|d| world.is_multiple_of(*d)).collect();
     (
-        prop::sample::select(fsdpc_planner::Strategy::ALL.to_vec()),
+        prop::sample::select(fsdpc_plan::Strategy::ALL.to_vec()),
         prop::option::of(prop::sample::select(divisors.clone())),
         0usize..4,
         prop::sample::select(divisors),
@@ -102,8 +101,8 @@ fn controls(world: u32) -> impl proptest::strategy::Strategy<Value = FsdpConfig>
                 clip,
                 limit,
             )| {
-                use fsdpc_planner::ReshardAfterForward as R;
-                let shard_factor = if strategy == fsdpc_planner::Strategy::NoShard {
+                use fsdpc_plan::ReshardAfterForward as R;
+                let shard_factor = if strategy == fsdpc_plan::Strategy::NoShard {
                     None
                 } else {
                     f
@@ -135,7 +134,7 @@ proptest! {
             .prop_flat_map(|w| (Just(w), controls(w))),
     ) {
         let (p, info) = program(&spec);
-        let cluster = Cluster::preset("cpu-local", world, 2.min(world)).unwrap();
+        let cluster = fsdpc_planner::preset("cpu-local", world, 2.min(world)).unwrap();
         match compile_unchecked(p, info, &cluster, &cfg) {
             Ok(plan) => {
                 prop_assert_eq!(plan.validate(), Ok(()));

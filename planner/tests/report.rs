@@ -10,6 +10,7 @@
 mod common;
 
 use common::{plan, TINY_GPT};
+use fsdpc_plan::*;
 use fsdpc_planner::report::svg::Scale;
 use fsdpc_planner::report::timeline::{merge, overlap, predicted_lanes, Lane};
 use fsdpc_planner::report::{memory, render, ReportError, PLOT_X0, PLOT_X1};
@@ -21,7 +22,7 @@ use serde_json::Value;
 const HOSTILE: &str = r#"h.<0>&"x"'</td>"#;
 
 fn cluster(p: &Plan) -> Cluster {
-    Cluster::from_info(&p.cluster)
+    p.cluster.clone()
 }
 
 fn tiny(world: u32, cfg: FsdpConfig) -> Plan {

@@ -1,12 +1,13 @@
 //! Planning at scale: GPT-3 175B.
 mod common;
 use common::*;
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 use std::time::Instant;
 
 fn gpt3(world: u32, cfg: &FsdpConfig) -> (Plan, f64) {
     let (p, info) = program("gpt3-175b");
-    let cluster = Cluster::preset("a100-80g-roce", world, 8).unwrap();
+    let cluster = fsdpc_planner::preset("a100-80g-roce", world, 8).unwrap();
     let t = Instant::now();
     let plan = compile(p, info, &cluster, cfg).unwrap();
     (plan, t.elapsed().as_secs_f64())
@@ -66,7 +67,7 @@ fn gpt3_175b_world_512_plans_fast_and_does_not_grow_with_world() {
 #[test]
 fn no_shard_gpt3_does_not_fit_and_says_what_would() {
     let (p, info) = program("gpt3-175b");
-    let cluster = Cluster::preset("a100-80g-roce", 128, 8).unwrap();
+    let cluster = fsdpc_planner::preset("a100-80g-roce", 128, 8).unwrap();
     let cfg = FsdpConfig {
         strategy: Strategy::NoShard,
         ..FsdpConfig::default()
@@ -105,7 +106,7 @@ fn does_not_fit_suggests_the_smallest_world_that_fits() {
     // gpt2-xl with AdamW in f32 needs ~25 GB of persistent state: with 8 GiB
     // ranks (cpu-local at 3 ranks per node) it fits only once sharded enough.
     let (p, info) = program("gpt2-xl");
-    let cluster = Cluster::preset("cpu-local", 3, 3).unwrap();
+    let cluster = fsdpc_planner::preset("cpu-local", 3, 3).unwrap();
     match compile(p.clone(), info.clone(), &cluster, &FsdpConfig::default()) {
         Err(PlanError::DoesNotFit { suggestion, .. }) => {
             eprintln!("{suggestion}");
@@ -115,7 +116,7 @@ fn does_not_fit_suggests_the_smallest_world_that_fits() {
                 .and_then(|s| s.split(' ').next())
                 .and_then(|s| s.parse().ok())
                 .expect("a world size in the suggestion");
-            let bigger = Cluster::preset("cpu-local", world, 3).unwrap();
+            let bigger = fsdpc_planner::preset("cpu-local", world, 3).unwrap();
             let bigger = Cluster {
                 memory_bytes: cluster.memory_bytes,
                 ..bigger

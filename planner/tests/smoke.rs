@@ -1,6 +1,7 @@
 //! Quick end-to-end checks that the planner produces plans for zoo models.
 mod common;
 use common::*;
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 
 #[test]

@@ -2,6 +2,7 @@
 //! changed .snap like code before accepting it.
 mod common;
 use common::*;
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 
 fn tiny_mlp() -> Plan {

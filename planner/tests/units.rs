@@ -1,6 +1,7 @@
 //! Units and flat parameters.
 mod common;
 use common::*;
+use fsdpc_plan::*;
 use fsdpc_planner::units::assign_units;
 use fsdpc_planner::*;
 
@@ -108,7 +109,7 @@ fn size_policy_is_bottom_up() {
 fn flat_parameters_are_padded_to_a_multiple_of_f() {
     for world in [1u32, 3, 5, 7, 8] {
         let (p, info) = program(TINY_MLP);
-        let cluster = Cluster::preset("cpu-local", world, world).unwrap();
+        let cluster = fsdpc_planner::preset("cpu-local", world, world).unwrap();
         let plan = compile(p, info, &cluster, &FsdpConfig::default()).unwrap();
         for u in &plan.units {
             let f = u64::from(world);
@@ -168,22 +169,24 @@ fn config_strings_parse_and_errors_list_allowed_values() {
 
 #[test]
 fn cluster_presets_and_errors() {
-    let c = Cluster::preset("a100-80g-roce", 512, 8).unwrap();
-    assert_eq!((c.nodes, c.memory_bytes), (64, 80 << 30));
+    let c = fsdpc_planner::preset("a100-80g-roce", 512, 8).unwrap();
+    assert_eq!((c.nodes(), c.memory_bytes), (64, 80 << 30));
     assert_eq!(
-        Cluster::preset("cpu-local", 4, 4).unwrap().memory_bytes,
+        fsdpc_planner::preset("cpu-local", 4, 4)
+            .unwrap()
+            .memory_bytes,
         (24 << 30) / 4
     );
-    let e = Cluster::preset("tpu", 8, 8).unwrap_err().to_string();
+    let e = fsdpc_planner::preset("tpu", 8, 8).unwrap_err().to_string();
     assert!(
         e.contains("a100-80g-roce") && e.contains("h100-80g-ib") && e.contains("cpu-local"),
         "{e}"
     );
     assert!(matches!(
-        Cluster::preset("h100-80g-ib", 0, 8),
+        fsdpc_planner::preset("h100-80g-ib", 0, 8),
         Err(PlanError::BadCluster { .. })
     ));
-    assert!(Cluster::preset("h100-80g-ib", 12, 8)
+    assert!(fsdpc_planner::preset("h100-80g-ib", 12, 8)
         .unwrap_err()
         .to_string()
         .contains("multiple"));

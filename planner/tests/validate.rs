@@ -2,6 +2,8 @@
 //! violation.
 mod common;
 use common::*;
+use fsdpc_plan::LoadError;
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 
 fn tiny() -> Plan {
@@ -27,7 +29,7 @@ fn removed_all_gather_is_missing() {
     let mut p = tiny();
     let i = position(
         &p,
-        |op| matches!(op, InstrOp::AllGather { unit, .. } if unit.0 == 1),
+        |op| matches!(op, InstrOp::AllGather { c: Collective { unit, .. }, .. } if unit.0 == 1),
     );
     p.instructions.remove(i);
     let v = violations(&p);
@@ -57,7 +59,7 @@ fn dropped_reduce_scatter_leaves_gradients_unreduced() {
     let mut p = tiny();
     let i = position(
         &p,
-        |op| matches!(op, InstrOp::ReduceScatter { unit, .. } if unit.0 == 2),
+        |op| matches!(op, InstrOp::ReduceScatter { c: Collective { unit, .. } } if unit.0 == 2),
     );
     p.instructions.remove(i);
     let v = violations(&p);
@@ -155,7 +157,7 @@ fn json_round_trip_and_schema_check() {
     assert_eq!(back.instructions, p.instructions);
     let other = text.replacen(SCHEMA, "fsdpc.plan/v0", 1);
     match Plan::from_json(&other) {
-        Err(PlanError::Schema { found, expected }) => {
+        Err(LoadError::Schema { found, expected }) => {
             assert_eq!(found, "fsdpc.plan/v0");
             assert_eq!(expected, SCHEMA);
         }
@@ -178,7 +180,7 @@ fn tampered_ids_are_errors_not_panics() {
     });
     let text = p.to_json_pretty().unwrap();
     match Plan::from_json(&text) {
-        Err(PlanError::Invalid(v)) => {
+        Err(LoadError::Invalid(v)) => {
             assert!(
                 v.iter()
                     .any(|v| matches!(v, PlanViolation::BadId { what: "buffer", .. })),

@@ -20,7 +20,7 @@ pub struct KernelCtx {
 /// Scratch memory a kernel may use (attention tiles, normalisation rows,
 /// promoted copies of half-precision operands): the first
 /// `workspace_bytes` of its stream's `Workspace` buffer in the arena, as the
-/// plan sized it (`fsdpc_planner::workspace`). A kernel asking for more than
+/// plan sized it (`fsdpc_plan::workspace`). A kernel asking for more than
 /// it was given fails: the plan's figure is the kernel's contract.
 #[derive(Debug, Default)]
 pub struct Workspace<'a> {

@@ -2,7 +2,7 @@
 //! data file, a kernel given inconsistent shapes, a failed rank) is one of
 //! these structured variants; nothing input can reach panics.
 
-use fsdpc_planner::PlanViolation;
+use fsdpc_plan::PlanViolation;
 use std::time::Duration;
 use thiserror::Error;
 

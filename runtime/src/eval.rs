@@ -112,7 +112,7 @@ fn eval_node(
     let mut views: Vec<TensorMut> = outs.iter_mut().map(|t| t.view_mut()).collect();
     // The planner's workspace rule sizes the scratch, as in a plan.
     let in_types: Vec<&fsdpc_ir::TensorType> = ins.iter().map(|t| t.ty).collect();
-    let ws_bytes = fsdpc_planner::workspace::kernel_workspace(&node.op, &in_types, &node.outputs);
+    let ws_bytes = fsdpc_plan::workspace::kernel_workspace(&node.op, &in_types, &node.outputs);
     let mut scratch = vec![0u64; (ws_bytes as usize).div_ceil(8)];
     let mut ws = Workspace::new(bytemuck::cast_slice_mut(&mut scratch));
     backend

@@ -4,7 +4,7 @@
 //! temporary file in the target's directory, then renamed over it.
 
 use crate::error::RuntimeError;
-use fsdpc_planner::plan::Plan;
+use fsdpc_plan::Plan;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::collections::HashMap;

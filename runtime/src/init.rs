@@ -7,7 +7,7 @@
 
 use crate::error::RuntimeError;
 use fsdpc_ir::ParamSpec;
-use fsdpc_planner::plan::Unit;
+use fsdpc_plan::Unit;
 
 /// Fills `out` (the shard at position `pos`) of `unit`'s flat parameter.
 pub fn fill_shard(

@@ -1,11 +1,11 @@
 //! The memory plan's bound of what the matrix-product library allocates
-//! (`fsdpc_planner::workspace::gemm_call_bytes`) against what it really
+//! (`fsdpc_plan::workspace::gemm_call_bytes`) against what it really
 //! allocates, measured by a counting allocator in this test binary: with
 //! this machine's blocking (`cpu::gemm_blocking`, what `fsdpc calibrate`
 //! writes) the bound is the allocation to within the alignment slack;
 //! without it (presets), an upper bound.
 
-use fsdpc_planner::workspace::{gemm_call_bytes, GemmCall};
+use fsdpc_plan::workspace::{gemm_call_bytes, GemmCall};
 use fsdpc_runtime::cpu::gemm_blocking;
 use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
 use gemm::Parallelism;

@@ -22,7 +22,7 @@ fn run(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> Result<Vec<HostTensor
     let mut ov: Vec<TensorMut> = out.iter_mut().map(|t| t.view_mut()).collect();
     // As much scratch as the planner's rule gives this kernel in a plan.
     let in_types: Vec<&TensorType> = ins.iter().map(|t| &t.ty).collect();
-    let ws = fsdpc_planner::workspace::kernel_workspace(&node.op, &in_types, outs);
+    let ws = fsdpc_plan::workspace::kernel_workspace(&node.op, &in_types, outs);
     let mut scratch = vec![0u64; (ws as usize).div_ceil(8)];
     CpuBackend::default()
         .run(

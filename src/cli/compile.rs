@@ -5,10 +5,11 @@ use super::json_kind::{is_json, sniff, JsonKind};
 use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{
-    BackwardPrefetch, CheckpointPolicy, Cluster, FsdpConfig, ModelInfo, Plan, ReshardAfterForward,
-    Strategy, WrapPolicy,
+use fsdpc_plan::{
+    BackwardPrefetch, CheckpointPolicy, Cluster, ModelInfo, Plan, ReshardAfterForward, Strategy,
+    WrapPolicy,
 };
+use fsdpc_planner::FsdpConfig;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
@@ -147,22 +148,22 @@ fn prepare(
         },
         clip_grad_norm: f.clip_grad_norm,
         freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
-        shared_params: fsdpc_planner::SharedParams::parse(&f.shared_params)?,
+        shared_params: fsdpc_plan::SharedParams::parse(&f.shared_params)?,
         cpu_offload: f.cpu_offload.is_some(),
         offload_units: match &f.cpu_offload {
-            Some(which) => fsdpc_planner::OffloadUnits::parse(which)?,
-            None => fsdpc_planner::OffloadUnits::All,
+            Some(which) => fsdpc_plan::OffloadUnits::parse(which)?,
+            None => fsdpc_plan::OffloadUnits::All,
         },
         offload_what: match (&f.offload_what, &f.cpu_offload) {
-            (Some(what), Some(_)) => fsdpc_planner::OffloadWhat::parse(what)?,
+            (Some(what), Some(_)) => fsdpc_plan::OffloadWhat::parse(what)?,
             (Some(_), None) => return Err(CliError::Usage(
                 "--offload-what says what --cpu-offload moves to the host: give --cpu-offload too"
                     .into(),
             )),
-            (None, _) => fsdpc_planner::OffloadWhat::Params,
+            (None, _) => fsdpc_plan::OffloadWhat::Params,
         },
-        allgather_wire: fsdpc_planner::Wire::parse(&f.allgather_wire, f.wire_block)?,
-        reduce_scatter_wire: fsdpc_planner::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?,
+        allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?,
+        reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?,
         rewrites: fsdpc_planner::rewrite::Rules::parse(&f.rewrites)?,
         check_fits: !f.no_fit_check,
         ..FsdpConfig::default()
@@ -227,7 +228,7 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         "auto: {} on {}, world {} ({} per rank): {} candidates, {} compiled, {} screened without \
          compiling, {} pruned by the memory bound, {} by a time bound ({:.2} s)\n",
         info.name,
-        cluster.preset,
+        cluster.name,
         cluster.world,
         fsdpc_planner::inspect::human_bytes(cluster.memory_bytes),
         r.candidates,
@@ -297,40 +298,33 @@ fn config_of(plan: &Plan, base: &FsdpConfig) -> FsdpConfig {
     }
 }
 
-/// The cluster `name` names: a preset (`ranks_per_node` defaulting to 8
-/// for GPU presets and to the whole world for `cpu-local`) or a cluster
-/// file (its own ranks per node unless given); `world` defaults to the
-/// file's nodes.
+/// The cluster `name` names: a preset (at the preset's own ranks per node
+/// unless given) or a cluster file (its own ranks per node unless given);
+/// `world` defaults to the file's nodes.
 pub(crate) fn resolve_cluster(
     name: &str,
     world: Option<u32>,
     ranks_per_node: Option<u32>,
 ) -> Result<Cluster, CliError> {
-    if fsdpc_planner::cluster::PRESETS
+    if fsdpc_planner::presets::PRESETS
         .iter()
         .any(|(n, _)| *n == name)
     {
         let world = world.ok_or_else(|| {
             CliError::Usage(format!("the preset {name} needs a world size (--world)"))
         })?;
-        let rpn = ranks_per_node.unwrap_or(if name == "cpu-local" {
-            world.max(1)
-        } else {
-            world.clamp(1, 8)
-        });
-        return Ok(Cluster::preset(name, world, rpn)?);
+        return Ok(fsdpc_planner::preset(name, world, ranks_per_node)?);
     }
     let path = Path::new(name);
     if !path.exists() {
         return Err(CliError::Usage(format!(
             "--cluster {name}: neither a preset ({}) nor a file",
-            fsdpc_planner::cluster::PRESETS.map(|(n, _)| n).join(", ")
+            fsdpc_planner::presets::PRESETS.map(|(n, _)| n).join(", ")
         )));
     }
     let text = read_file(path)?;
-    let file = fsdpc_planner::cluster::ClusterFile::from_json(&text)
-        .map_err(|e| CliError::Usage(format!("{name}: {e}")))?;
-    Ok(file.cluster(world, ranks_per_node)?)
+    Cluster::from_file(&text, world, ranks_per_node)
+        .map_err(|e| CliError::Usage(format!("{name}: {e}")))
 }
 
 /// `cfg` with the precision policy of the flags: `--mixed-precision` for

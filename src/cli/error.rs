@@ -15,6 +15,12 @@ pub enum CliError {
     Frontend(#[from] fsdpc_frontends::FrontendError),
     #[error(transparent)]
     Plan(#[from] fsdpc_planner::PlanError),
+    /// A flag's value that does not parse (`--wrap kind:`).
+    #[error(transparent)]
+    Config(#[from] fsdpc_plan::ConfigError),
+    /// A plan file that does not load.
+    #[error(transparent)]
+    Load(#[from] fsdpc_plan::LoadError),
     /// `compile --auto` found nothing that fits (or a compile failed).
     #[error(transparent)]
     Auto(#[from] fsdpc_planner::auto::AutoError),

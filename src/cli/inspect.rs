@@ -3,7 +3,7 @@
 use super::json_kind::{sniff, JsonKind};
 use super::{print_out, read_file, CliError};
 use clap::Args;
-use fsdpc_planner::Plan;
+use fsdpc_plan::Plan;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]

@@ -197,7 +197,7 @@ pub struct PlanFlags {
     #[arg(long, value_name = "RULES", default_value = "all")]
     pub rewrites: String,
     /// Elements per block of the int8 wire formats.
-    #[arg(long, value_name = "N", default_value_t = fsdpc_planner::wire::DEFAULT_BLOCK)]
+    #[arg(long, value_name = "N", default_value_t = fsdpc_plan::wire::DEFAULT_BLOCK)]
     pub wire_block: u32,
     /// Mixed precision, the common policy: parameters gathered and computed,
     /// gradients reduced and constants held in bf16 or fp16 (f32 master

@@ -8,7 +8,6 @@ use super::{print_out, read_file, CliError};
 use clap::Args;
 use fsdpc_planner::inspect::human_bytes;
 use fsdpc_planner::report::render;
-use fsdpc_planner::Cluster;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -33,7 +32,7 @@ pub struct ReportArgs {
 pub fn run(a: ReportArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
     let cluster = match &a.cluster {
-        None => Cluster::from_info(&plan.cluster),
+        None => plan.cluster.clone(),
         Some(name) => resolve_cluster(
             name,
             Some(plan.cluster.world),

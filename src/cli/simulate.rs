@@ -6,10 +6,8 @@ use super::compile::resolve_cluster;
 use super::inspect::load_plan;
 use super::{print_out, CliError};
 use clap::Args;
-use fsdpc_planner::cluster::ClusterFile;
 use fsdpc_planner::inspect::human_bytes;
 use fsdpc_planner::simulate::{run as simulate, Simulation};
-use fsdpc_planner::Cluster;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -30,7 +28,7 @@ pub struct SimulateArgs {
 pub fn run(a: SimulateArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
     let cluster = match &a.cluster {
-        None => Cluster::from_info(&plan.cluster),
+        None => plan.cluster.clone(),
         Some(name) => resolve_cluster(
             name,
             Some(plan.cluster.world),
@@ -97,13 +95,11 @@ pub struct ClusterArgs {
 pub fn cluster(a: ClusterArgs) -> Result<(), CliError> {
     let rpn = a
         .ranks_per_node
-        .unwrap_or(if a.preset == "cpu-local" { 2 } else { 8 });
-    let file = ClusterFile::preset(&a.preset, rpn)?;
-    let text = serde_json::to_string_pretty(&file)
-        .map_err(|e| CliError::Usage(format!("cannot write the cluster file: {e}")))?;
+        .unwrap_or_else(|| fsdpc_planner::presets::default_ranks_per_node(&a.preset, None));
+    let text = fsdpc_planner::presets::described(&a.preset, rpn, rpn)?.to_file(false);
     match &a.output {
-        None => print_out(&format!("{text}\n")),
-        Some(path) => std::fs::write(path, format!("{text}\n")).map_err(|source| CliError::Io {
+        None => print_out(&text),
+        Some(path) => std::fs::write(path, text).map_err(|source| CliError::Io {
             path: path.display().to_string(),
             source,
         }),

@@ -183,7 +183,7 @@ impl Launch {
 
     fn train(
         &self,
-        plan: &fsdpc_planner::plan::Plan,
+        plan: &fsdpc_plan::Plan,
         opts: &TrainOptions,
         on_step: &mut dyn FnMut(&StepReport),
     ) -> Result<fsdpc_runtime::TrainReport, CliError> {
@@ -213,7 +213,7 @@ impl Launch {
 /// The device and its memory after a `--backend cuda` run: the planned
 /// arena beside what `cuMemGetInfo` shows used, less the context.
 #[cfg(feature = "cuda")]
-fn cuda_summary(plan: &fsdpc_planner::plan::Plan, r: &fsdpc_runtime::cuda::CudaReport) -> String {
+fn cuda_summary(plan: &fsdpc_plan::Plan, r: &fsdpc_runtime::cuda::CudaReport) -> String {
     let m = &r.memory;
     let mean = |v: &[std::time::Duration]| {
         let s: Vec<f64> = v.iter().skip(1).map(|d| d.as_secs_f64()).collect();
@@ -372,7 +372,7 @@ fn trace_path(path: &Path, rank: usize) -> PathBuf {
 
 /// Writes the measured timelines as a trace (`trace::measured_trace`).
 fn write_trace(
-    plan: &fsdpc_planner::Plan,
+    plan: &fsdpc_plan::Plan,
     timelines: &[fsdpc_runtime::exec::timeline::RankTimeline],
     path: &Path,
 ) -> Result<(), CliError> {
@@ -466,7 +466,7 @@ fn is_onnx(model: &str) -> bool {
 /// Writes the trained parameters where `--save-onnx`/`--save-safetensors` ask.
 fn save(
     a: &TrainArgs,
-    plan: &fsdpc_planner::Plan,
+    plan: &fsdpc_plan::Plan,
     params: &[(String, Vec<f32>)],
 ) -> Result<(), CliError> {
     if let Some(out) = &a.save_safetensors {

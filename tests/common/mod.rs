@@ -6,7 +6,8 @@
 pub mod cli;
 
 use fsdpc_frontends::LoadOptions;
-use fsdpc_planner::{Cluster, FsdpConfig, ModelInfo, Plan, Strategy, WrapPolicy};
+use fsdpc_plan::{Cluster, ModelInfo, Plan, Strategy, WrapPolicy};
+use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
 
 /// Compiles `spec` for `world` ranks on the `cpu-local` preset.
@@ -31,7 +32,7 @@ pub fn compile_on(
     per_node: u32,
     cfg: &FsdpConfig,
 ) -> Result<Plan, fsdpc_planner::PlanError> {
-    let cluster = Cluster::preset(preset, world, per_node).expect("preset");
+    let cluster = fsdpc_planner::preset(preset, world, per_node).expect("preset");
     compile_for(spec, &cluster, cfg)
 }
 

@@ -4,8 +4,8 @@
 
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
-use crate::plan::*;
 use fsdpc_ir::{DType, TrainingProgram};
+use fsdpc_plan::*;
 
 /// The values each dimension may take. A dimension the user fixed has one
 /// value; the order of values is the tie-break order.

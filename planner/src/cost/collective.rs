@@ -8,8 +8,8 @@
 //! (unsharded) buffer.
 
 use super::kernel::is_half;
-use crate::cluster::{Cluster, CollectiveKind};
-use crate::plan::*;
+use fsdpc_plan::cluster::{ring_wire_bytes, Cluster, CollectiveKind};
+use fsdpc_plan::*;
 use serde::Serialize;
 
 /// Ranks in a collective's group, and whether the group spans nodes.
@@ -67,19 +67,6 @@ pub fn layout_of(
         Group::Reshard => consecutive(reshard.map_or(f, |n| n.clamp(1, f))),
         Group::NodeLocal => (consecutive(f).0, 1),
         Group::CrossNode => (1, consecutive(f).1),
-    }
-}
-
-/// Bytes one rank sends in the ring algorithm of `op` over `n` ranks on a
-/// buffer of `bytes`: `(n-1)/n bytes`, twice for an all-reduce.
-pub fn ring_wire_bytes(op: CollectiveKind, n: u32, bytes: f64) -> f64 {
-    if n <= 1 {
-        return 0.0;
-    }
-    let once = f64::from(n - 1) / f64::from(n) * bytes;
-    match op {
-        CollectiveKind::AllReduce => 2.0 * once,
-        _ => once,
     }
 }
 
@@ -314,10 +301,14 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
     let bucketed = matches!(ins.op, InstrOp::AllGather { bucketed: true, .. });
     let (op, group, bytes, scalar, algorithm, dtype) = match &ins.op {
         InstrOp::AllGather {
-            dst,
-            group,
-            dtype,
-            algorithm,
+            c:
+                Collective {
+                    dst,
+                    group,
+                    dtype,
+                    algorithm,
+                    ..
+                },
             ..
         } => (
             CollectiveKind::AllGather,
@@ -328,11 +319,14 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
             *dtype,
         ),
         InstrOp::ReduceScatter {
-            src,
-            group,
-            dtype,
-            algorithm,
-            ..
+            c:
+                Collective {
+                    src,
+                    group,
+                    dtype,
+                    algorithm,
+                    ..
+                },
         } => (
             CollectiveKind::ReduceScatter,
             *group,
@@ -368,7 +362,7 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
         _ => return (0.0, 0, Algorithm::Ring),
     };
     // A quantized collective moves its payloads (and fp8 its amaxes).
-    let (bytes, amax) = crate::wire::charged_bytes(plan, ins).unwrap_or((bytes, 0));
+    let (bytes, amax) = crate::quantize::charged_bytes(plan, ins).unwrap_or((bytes, 0));
     let (k, m) = group_layout(plan, group);
     let n = k.saturating_mul(m);
     if amax > 0 {
@@ -441,19 +435,24 @@ pub(super) fn conversion_time(plan: &Plan, cluster: &Cluster, ins: &Instr) -> f6
     let half = |d: fsdpc_ir::DType| u64::from(is_half(d));
     let numel = |b: &Buffer| b.bytes / b.dtype.size().max(1) as u64;
     let elements = match &ins.op {
-        InstrOp::AllGather { src, dst, wire, .. } if wire.is_native() => match (buf(src), buf(dst))
-        {
+        InstrOp::AllGather {
+            c: Collective { src, dst, wire, .. },
+            ..
+        } if wire.is_native() => match (buf(src), buf(dst)) {
             (Some(s), Some(d)) if s.dtype != d.dtype && half(s.dtype) + half(d.dtype) > 0 => {
                 numel(d)
             }
             _ => 0,
         },
         InstrOp::ReduceScatter {
-            src,
-            dst,
-            wire,
-            group,
-            ..
+            c:
+                Collective {
+                    src,
+                    dst,
+                    wire,
+                    group,
+                    ..
+                },
         } if wire.is_native() => match (buf(src), buf(dst)) {
             (Some(s), Some(d)) => {
                 let n = u64::from(group_shape(plan, *group).0.max(1));
@@ -476,12 +475,12 @@ pub(super) fn conversion_time(plan: &Plan, cluster: &Cluster, ins: &Instr) -> f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::CollectiveFit;
+    use fsdpc_plan::cluster::CollectiveFit;
 
     /// Round figures so the formulas can be checked by hand: inside a node
     /// 100 B/s and 1 s per step, across nodes 10 B/s and 5 s per step.
     fn cluster() -> Cluster {
-        let mut c = Cluster::preset("a100-80g-roce", 16, 8).unwrap();
+        let mut c = crate::preset("a100-80g-roce", 16, 8).unwrap();
         c.hardware.intra_bw = 100.0;
         c.hardware.intra_latency_s = 1.0;
         c.hardware.inter_bw = 10.0;

@@ -10,8 +10,8 @@
 //! capped at the memory bandwidth once the bytes exceed the cache
 //! (`Hardware::kernel_bandwidth_for`).
 
-use crate::cluster::Cluster;
 use fsdpc_ir::Graph;
+use fsdpc_plan::cluster::Cluster;
 
 /// Floating-point operations of one kernel (forward or backward), by the
 /// IR's per-op FLOP rules.
@@ -131,13 +131,13 @@ fn matmul_efficiency(graph: &Graph, node: fsdpc_ir::NodeId, flops: f64, cluster:
     let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
         return fallback();
     };
-    let (call, count) = crate::workspace::matmul_calls(
+    let (call, count) = fsdpc_plan::workspace::matmul_calls(
         graph.value_type(*a).shape.dims(),
         graph.value_type(*b).shape.dims(),
         trans_a,
         trans_b,
     );
-    let key = crate::cluster::matmul_shape_key(call.m, call.k, call.n, trans_a, trans_b);
+    let key = fsdpc_plan::cluster::matmul_shape_key(call.m, call.k, call.n, trans_a, trans_b);
     if !hw.matmul_curves.contains_key(&key) {
         return fallback();
     }
@@ -155,7 +155,11 @@ fn matmul_efficiency(graph: &Graph, node: fsdpc_ir::NodeId, flops: f64, cluster:
 /// element read in one dtype and written in the other, at the measured
 /// rate of the cast kernel (`Hardware::promotion_bandwidth`); 0 on a
 /// cluster without that figure (GPUs multiply half precision natively).
-pub fn promotion_time(graph: &Graph, node: fsdpc_ir::NodeId, hw: &crate::cluster::Hardware) -> f64 {
+pub fn promotion_time(
+    graph: &Graph,
+    node: fsdpc_ir::NodeId,
+    hw: &fsdpc_plan::cluster::Hardware,
+) -> f64 {
     let elements: u64 = graph
         .inputs(node)
         .iter()

@@ -15,8 +15,8 @@ mod kernel;
 pub use collective::*;
 pub use kernel::*;
 
-use crate::cluster::{Cluster, CollectiveKind};
-use crate::plan::*;
+use fsdpc_plan::cluster::{Cluster, CollectiveKind};
+use fsdpc_plan::*;
 use serde::Serialize;
 
 /// Time of one instruction on its stream (0 for bookkeeping instructions),
@@ -34,7 +34,7 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
             let t = t + conversion_time(plan, cluster, ins);
             // A quantized collective's encode and decode: element-wise
             // passes, at the bandwidth of the unary (cast) kernels.
-            let codec = crate::wire::codec_bytes(plan, ins) as f64;
+            let codec = crate::quantize::codec_bytes(plan, ins) as f64;
             let hw = &cluster.hardware;
             let codec_t = if codec > 0.0 {
                 hw.kernel_overhead_s + codec / hw.kernel_bandwidth_for("unary", codec).max(1.0)
@@ -139,10 +139,13 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
     let mut out: Vec<Traffic> = Vec::new();
     for ins in &plan.instructions {
         let (op, kind, group) = match ins.op {
-            InstrOp::AllGather { group, .. } => ("all_gather", CollectiveKind::AllGather, group),
-            InstrOp::ReduceScatter { group, .. } => {
-                ("reduce_scatter", CollectiveKind::ReduceScatter, group)
-            }
+            InstrOp::AllGather {
+                c: Collective { group, .. },
+                ..
+            } => ("all_gather", CollectiveKind::AllGather, group),
+            InstrOp::ReduceScatter {
+                c: Collective { group, .. },
+            } => ("reduce_scatter", CollectiveKind::ReduceScatter, group),
             InstrOp::AllReduce { group, .. }
             | InstrOp::NormAllReduce { group, .. }
             | InstrOp::FoundInfAllReduce { group, .. } => {
@@ -165,8 +168,13 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
             (true, Algorithm::Ring, _) => bytes,
             (true, Algorithm::Hierarchical, op) => {
                 let (full, scale) = match op {
-                    InstrOp::AllGather { dst, dtype, .. } => (wire_bytes(plan, *dst, *dtype), 1),
-                    InstrOp::ReduceScatter { src, dtype, .. } => (
+                    InstrOp::AllGather {
+                        c: Collective { dst, dtype, .. },
+                        ..
+                    } => (wire_bytes(plan, *dst, *dtype), 1),
+                    InstrOp::ReduceScatter {
+                        c: Collective { src, dtype, .. },
+                    } => (
                         wire_bytes(plan, *src, *dtype),
                         4 / dtype.size().max(1) as u64,
                     ),

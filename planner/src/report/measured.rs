@@ -10,7 +10,7 @@
 //! and step; this is only what is drawn.
 
 use super::ReportError;
-use crate::plan::Plan;
+use fsdpc_plan::Plan;
 use serde_json::Value;
 
 /// One measured instruction.

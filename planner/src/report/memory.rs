@@ -14,9 +14,9 @@
 
 use super::svg::{byte_axis, esc, secs, time_axis, Scale};
 use crate::inspect::human_bytes;
-use crate::memory::live_bytes;
-use crate::plan::{Buffer, BufferKind, Location, Plan};
 use crate::simulate::Timeline;
+use fsdpc_plan::memory::live_bytes;
+use fsdpc_plan::{Buffer, BufferKind, Location, Plan};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 

@@ -20,11 +20,11 @@ pub mod svg;
 pub mod tables;
 pub mod timeline;
 
-use crate::cluster::Cluster;
 use crate::compare::{compare, CompareError, Comparison};
 use crate::inspect::{human_bytes, human_count};
-use crate::plan::{BufferKind, Plan};
 use crate::simulate::{run as simulate_run, simulate, Simulation};
+use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::{BufferKind, Plan};
 use serde_json::Value;
 use std::fmt::Write;
 use svg::{esc, secs, Scale};
@@ -94,12 +94,12 @@ pub fn render(
 
 /// `compare` of the prediction on `cluster` with `measured`.
 fn compare_on(plan: &Plan, cluster: &Cluster, measured: &Value) -> Result<Comparison, ReportError> {
-    let predicted = if Cluster::from_info(&plan.cluster) == *cluster {
+    let predicted = if plan.cluster == *cluster {
         crate::trace::chrome_trace(plan)
     } else {
         // `chrome_trace` simulates on the plan's own cluster record.
         let mut p = plan.clone();
-        p.cluster = cluster.info();
+        p.cluster = cluster.clone();
         crate::trace::chrome_trace(&p)
     };
     Ok(compare(&predicted, measured)?)
@@ -186,12 +186,12 @@ fn header(
         human_count(plan.model.params),
         esc(cfg.strategy.name()),
         plan.cluster.world,
-        cluster.nodes,
+        cluster.nodes(),
         cluster.ranks_per_node,
         cfg.shard_factor,
         cfg.param_dtype,
         cfg.reduce_dtype,
-        esc(&cluster.preset),
+        esc(&cluster.name),
         plan.instructions.len(),
         plan.streams.len()
     );

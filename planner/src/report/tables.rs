@@ -11,7 +11,7 @@ use super::timeline::Lane;
 use crate::compare::Comparison;
 use crate::cost::Traffic;
 use crate::inspect::{human_bytes, human_count};
-use crate::plan::{BufferKind, Plan, ReshardAfterForward, UnitId};
+use fsdpc_plan::{BufferKind, Collective, Plan, ReshardAfterForward, UnitId};
 use std::fmt::Write;
 
 /// Bytes of the first buffer of `kind` for unit `u`, if any.
@@ -112,11 +112,16 @@ pub fn collectives(out: &mut String, plan: &Plan, traffic: &[Traffic], lanes: &[
 }
 
 /// The `(op, group)` of a collective, as `cost::traffic` names them.
-fn collective_of(op: &crate::plan::InstrOp) -> Option<(&'static str, crate::plan::Group)> {
-    use crate::plan::InstrOp;
+fn collective_of(op: &fsdpc_plan::InstrOp) -> Option<(&'static str, fsdpc_plan::Group)> {
+    use fsdpc_plan::InstrOp;
     match *op {
-        InstrOp::AllGather { group, .. } => Some(("all_gather", group)),
-        InstrOp::ReduceScatter { group, .. } => Some(("reduce_scatter", group)),
+        InstrOp::AllGather {
+            c: Collective { group, .. },
+            ..
+        } => Some(("all_gather", group)),
+        InstrOp::ReduceScatter {
+            c: Collective { group, .. },
+        } => Some(("reduce_scatter", group)),
         InstrOp::AllReduce { group, .. }
         | InstrOp::NormAllReduce { group, .. }
         | InstrOp::FoundInfAllReduce { group, .. } => Some(("all_reduce", group)),

@@ -4,7 +4,7 @@
 //! and the rewritten instruction list.
 
 use super::*;
-use crate::plan::{bucketable_gather, Instr, Stream};
+use fsdpc_plan::{bucketable_gather, Instr, Stream};
 
 /// The extraction cost of a run: `sum_s`, the sum over its members of
 /// the time from the run's start at which each member's parameters
@@ -185,7 +185,7 @@ fn runs(instructions: &[Instr], buffers: &[Buffer]) -> Vec<(RunKey, Vec<usize>)>
     struct Open {
         dtype: DType,
         members: Vec<(usize, u64)>,
-        events: Vec<crate::plan::EventId>,
+        events: Vec<fsdpc_plan::EventId>,
     }
     let mut open: HashMap<Stream, Open> = HashMap::new();
     let mut done = Vec::new();
@@ -333,7 +333,7 @@ mod tests {
     use super::*;
 
     fn cluster(latency_s: f64) -> Cluster {
-        let mut c = Cluster::preset("a100-80g-roce", 4, 4).expect("preset");
+        let mut c = crate::preset("a100-80g-roce", 4, 4).expect("preset");
         c.hardware.collective_fits.clear();
         c.hardware.intra_latency_s = latency_s;
         c

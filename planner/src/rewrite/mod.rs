@@ -44,19 +44,20 @@
 //! `TIME_LIMIT`); the report (`Plan::rewrites`) counts the runs that
 //! saturated and those a limit stopped.
 
-use crate::cluster::{Cluster, CollectiveKind};
 use crate::cost::{algorithm_time, hierarchical_time_with, layout_of, ring_collective_time};
 use crate::error::PlanError;
-use crate::plan::{
-    hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, Buffer, BufferId,
-    BufferKind, CollectiveAlgorithm, Group, InstrOp, Location, RewriteReport, RuleFired,
-};
 use crate::schedule::Schedule;
 use egg::{
     define_language, rewrite, Analysis, CostFunction, DidMerge, EGraph, Extractor, Id, Language,
     RecExpr, Rewrite, Runner, StopReason, Symbol,
 };
 use fsdpc_ir::DType;
+use fsdpc_plan::cluster::{Cluster, CollectiveKind};
+use fsdpc_plan::{
+    hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, Buffer, BufferId,
+    BufferKind, Collective, CollectiveAlgorithm, Group, InstrOp, Location, RewriteReport,
+    RuleFired,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -550,13 +551,13 @@ fn choose(site: &Site, cluster: &Cluster) -> Result<Form, PlanError> {
 /// The streams' staging buffers (`BufferKind::Staging`), made on first
 /// use and grown to the most any collective of the stream needs.
 #[derive(Default)]
-struct Stagings(Vec<(crate::plan::Stream, BufferId)>);
+struct Stagings(Vec<(fsdpc_plan::Stream, BufferId)>);
 
 impl Stagings {
     fn need(
         &mut self,
         buffers: &mut Vec<Buffer>,
-        stream: crate::plan::Stream,
+        stream: fsdpc_plan::Stream,
         bytes: u64,
     ) -> BufferId {
         let id = match self.0.iter().find(|(s, _)| *s == stream) {
@@ -619,10 +620,14 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
         };
         let site = match &ins.op {
             InstrOp::AllGather {
-                src,
-                dst,
-                group: Group::Shard,
-                wire,
+                c:
+                    Collective {
+                        src,
+                        dst,
+                        group: Group::Shard,
+                        wire,
+                        ..
+                    },
                 ..
             } if wire.is_native() => {
                 let (Some(from), Some(to)) = (dtype_of(*src), dtype_of(*dst)) else {
@@ -647,11 +652,14 @@ pub fn apply(s: &mut Schedule, input: &RewriteInput<'_>) -> Result<RewriteReport
                 })
             }
             InstrOp::ReduceScatter {
-                src,
-                dtype,
-                group: Group::Shard,
-                wire,
-                ..
+                c:
+                    Collective {
+                        src,
+                        dtype,
+                        group: Group::Shard,
+                        wire,
+                        ..
+                    },
             } if wire.is_native() => {
                 let numel = numel_of(*src);
                 let mut rules = Vec::new();
@@ -775,9 +783,13 @@ fn write_back(
 ) {
     match op {
         InstrOp::AllGather {
-            dtype,
-            algorithm,
-            staging: st,
+            c:
+                Collective {
+                    dtype,
+                    algorithm,
+                    staging: st,
+                    ..
+                },
             ..
         } => {
             // Without the cast the shard moves in its own dtype.
@@ -790,9 +802,12 @@ fn write_back(
             }
         }
         InstrOp::ReduceScatter {
-            algorithm,
-            staging: st,
-            ..
+            c:
+                Collective {
+                    algorithm,
+                    staging: st,
+                    ..
+                },
         } => {
             *algorithm = form.algorithm;
             if form.algorithm == CollectiveAlgorithm::Hierarchical {

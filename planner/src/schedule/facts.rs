@@ -7,9 +7,9 @@
 
 use super::{LowerInput, Step};
 use crate::error::PlanError;
-use crate::plan::*;
 use crate::units::UnitAssignment;
 use fsdpc_ir::{DType, Graph, NodeId, Op, ValueId};
+use fsdpc_plan::*;
 use std::collections::HashMap;
 
 /// Facts about the program the lowering looks up.

@@ -42,8 +42,8 @@
 //!   first use (nested windows), the wait is left out.
 
 use super::{Lowering, Pos, Step};
-use crate::plan::*;
 use fsdpc_ir::{Graph, Phase};
+use fsdpc_plan::*;
 use std::collections::BTreeMap;
 
 /// A run of kernels that read one unit's gathered parameters.
@@ -210,15 +210,17 @@ impl Lowering<'_> {
         self.push(
             Stream::Unshard,
             InstrOp::AllGather {
-                unit: u,
-                src,
-                dst,
-                dtype,
-                group,
-                wire: Wire::Native,
-                wire_buffer: None,
-                algorithm: CollectiveAlgorithm::Ring,
-                staging: None,
+                c: Collective {
+                    unit: u,
+                    src,
+                    dst,
+                    dtype,
+                    group,
+                    wire: Wire::Native,
+                    wire_buffer: None,
+                    algorithm: CollectiveAlgorithm::Ring,
+                    staging: None,
+                },
                 bucketed: false,
             },
         );

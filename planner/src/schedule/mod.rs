@@ -40,10 +40,10 @@ mod shared;
 
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
-use crate::plan::*;
 use crate::units::UnitAssignment;
 use facts::Facts;
 use fsdpc_ir::{DType, Graph, NodeId, Op, TrainingProgram, ValueId};
+use fsdpc_plan::*;
 use gather::Window;
 use std::collections::{BTreeMap, HashMap};
 

@@ -30,7 +30,7 @@
 //!   the optimizer tail is final (`crate::offload::stage_state`).
 
 use super::Lowering;
-use crate::plan::*;
+use fsdpc_plan::*;
 
 impl Lowering<'_> {
     /// Whether unit `u` keeps its shards on the host (`params`).

@@ -28,7 +28,7 @@
 //!   gradient).
 
 use super::Lowering;
-use crate::plan::*;
+use fsdpc_plan::*;
 
 impl Lowering<'_> {
     /// The unit's flat gradient: its trainable segment only (frozen
@@ -121,15 +121,17 @@ impl Lowering<'_> {
                 self.push(
                     Stream::Reduce,
                     InstrOp::ReduceScatter {
-                        unit,
-                        src,
-                        dst,
-                        dtype,
-                        group: Group::Shard,
-                        wire: Wire::Native,
-                        wire_buffer: None,
-                        algorithm: CollectiveAlgorithm::Ring,
-                        staging: None,
+                        c: Collective {
+                            unit,
+                            src,
+                            dst,
+                            dtype,
+                            group: Group::Shard,
+                            wire: Wire::Native,
+                            wire_buffer: None,
+                            algorithm: CollectiveAlgorithm::Ring,
+                            staging: None,
+                        },
                     },
                 );
                 self.push(Stream::Reduce, InstrOp::Free { buffer: src });

@@ -19,7 +19,7 @@
 //!   those plans are exactly as before.
 
 use super::gather::Window;
-use crate::plan::UnitId;
+use fsdpc_plan::UnitId;
 
 /// `windows` with every window of a non-root unit split at the gaps where
 /// an unrelated non-root unit is read (see the module header); in issue

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use fsdpc_ir::{Optimizer, TrainingProgram};
+use fsdpc_plan::*;
 use fsdpc_planner::*;
 
 /// The training program of a zoo spec, with AdamW.
@@ -25,7 +26,7 @@ pub fn program_with(spec: &str, optimizer: Optimizer) -> (TrainingProgram, Model
 /// Plans `spec` on `cpu-local` at `world` ranks with `cfg`.
 pub fn plan(spec: &str, world: u32, cfg: &FsdpConfig) -> Result<Plan, PlanError> {
     let (p, info) = program(spec);
-    let cluster = Cluster::preset("cpu-local", world, world).expect("cluster");
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("cluster");
     compile(p, info, &cluster, cfg)
 }
 

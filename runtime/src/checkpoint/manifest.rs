@@ -4,7 +4,7 @@
 //! each rank file's size and checksum.
 
 use super::CheckpointError;
-use fsdpc_planner::plan::Plan;
+use fsdpc_plan::Plan;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! used; a rank's buffers are then filled directly (same plan) or re-sharded
 //! (same model, other world, shard factor or strategy) by slicing the saved
 //! shards at the layout's offsets. A unit with frozen parameters is two
-//! segments (see `fsdpc_planner::flat`): a rank file holds its part of the
+//! segments (see `fsdpc_plan::unit::Unit::segments`): a rank file holds its part of the
 //! trainable segment then of the frozen one, and optimizer state for the
 //! trainable part only; state read for a parameter that was frozen when
 //! saved is zero (a fresh state, as when PyTorch unfreezes a parameter).
@@ -11,7 +11,7 @@
 
 use super::manifest::{self, Manifest, LATEST, MANIFEST};
 use super::CheckpointError;
-use fsdpc_planner::plan::Plan;
+use fsdpc_plan::Plan;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use std::collections::HashMap;

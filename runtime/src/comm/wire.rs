@@ -1,4 +1,4 @@
-//! The codecs of the low-precision wire formats (`fsdpc_planner::wire`
+//! The codecs of the low-precision wire formats (`fsdpc_plan::wire`
 //! states their semantics): fp8 e4m3 (OCP E4M3FN, saturating, round to
 //! nearest even) with a per-unit scale, and int8 with an f32 scale per
 //! block: the element codecs, and the quantized all-gather and
@@ -9,7 +9,7 @@
 use super::{Buf, BufMut, Communicator};
 use crate::error::CommError;
 use fsdpc_ir::DType;
-use fsdpc_planner::wire::{Wire, AMAX_EPS, E4M3_MAX};
+use fsdpc_plan::wire::{Wire, AMAX_EPS, E4M3_MAX};
 use half::{bf16, f16};
 
 /// The e4m3fn NaN code (with the sign bit clear).
@@ -189,7 +189,7 @@ fn layout_error(op: &str, reason: String) -> CommError {
 }
 
 /// The quantized all-gather of `shard` over `comm` in format `wire` (see
-/// `fsdpc_planner::wire`): member q's elements `at .. at + n` of each part
+/// `fsdpc_plan::wire`): member q's elements `at .. at + n` of each part
 /// `(at, flat, n)` land at `flat + q * n ..` of `out`, dequantized; the
 /// payloads go through `scratch`, exactly `wire.gather_scratch_bytes`
 /// bytes. Every member calls it with the same sizes.

@@ -6,7 +6,7 @@ use crate::backend::{Backend, KernelCtx, OptimizerArgs, Workspace};
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::Node;
-use fsdpc_planner::cluster::GemmBlocking;
+use fsdpc_plan::cluster::GemmBlocking;
 use gemm::Parallelism;
 
 /// Settings of the CPU backend.
@@ -73,7 +73,7 @@ impl Backend for CpuBackend {
 }
 
 /// How `gemm` 0.19 blocks f32 products on this CPU, for the memory plan's
-/// bound of its packing buffers (`fsdpc_planner::workspace::gemm_call_bytes`):
+/// bound of its packing buffers (`fsdpc_plan::workspace::gemm_call_bytes`):
 /// the micro-kernel it dispatches to (its `gemm_def!`: AVX-512F, which
 /// this crate's `x86-v4` feature compiles in, else FMA, else the scalar
 /// kernel) and the cache sizes its detection reads, which size its

@@ -581,7 +581,7 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
     let views: Vec<_> = ins.iter().map(|t| t.view()).collect();
     let mut ov: Vec<_> = out.iter_mut().map(|t| t.view_mut()).collect();
     let in_types: Vec<&TensorType> = ins.iter().map(|t| &t.ty).collect();
-    let ws = fsdpc_planner::workspace::kernel_workspace(&node.op, &in_types, outs);
+    let ws = fsdpc_plan::workspace::kernel_workspace(&node.op, &in_types, outs);
     let mut scratch = vec![0u64; (ws as usize).div_ceil(8)];
     CpuBackend::default()
         .run(

@@ -31,7 +31,7 @@ use crate::exec::rank::group_ranks;
 use crate::tensor::TensorMut;
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use fsdpc_ir::{DType, Optimizer, TensorType};
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Location, Stream};
+use fsdpc_plan::{BufferId, BufferKind, Collective, Group, InstrOp, Location, Stream};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -787,7 +787,7 @@ pub fn comm_streams(
 /// instruction lowers; returns the plan streams that need a world
 /// communicator.
 pub fn check_plan(
-    plan: &fsdpc_planner::plan::Plan,
+    plan: &fsdpc_plan::Plan,
     world: usize,
     nccl: NcclUse,
 ) -> Result<Vec<Stream>, RuntimeError> {
@@ -814,8 +814,13 @@ pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
     }
     for (i, ins) in plan.instructions.iter().enumerate() {
         let rewritten = match &ins.op {
-            InstrOp::AllGather { algorithm, .. }
-            | InstrOp::ReduceScatter { algorithm, .. }
+            InstrOp::AllGather {
+                c: Collective { algorithm, .. },
+                ..
+            }
+            | InstrOp::ReduceScatter {
+                c: Collective { algorithm, .. },
+            }
             | InstrOp::AllReduce { algorithm, .. } => !algorithm.is_ring(),
             _ => false,
         };
@@ -1049,7 +1054,7 @@ fn lower_step(
             } else {
                 items.push(convert(sp, sdt, dp, ddt, dn, div));
             }
-            if let InstrOp::ReduceScatter { dtype, .. } = plan.instructions[i].op {
+            if let InstrOp::ReduceScatter { c: Collective { dtype, .. } } = plan.instructions[i].op {
                 if dtype != ddt && ddt == DType::F32 && matches!(dtype, DType::Bf16 | DType::F16) {
                     items.push(Item::Act(Action::Launch(Launch {
                         kernel: "round_to",

@@ -86,7 +86,7 @@ pub struct CudaReport {
 /// `launch.world` (world 1 when `launch` is `None`).
 #[cfg(not(feature = "cuda"))]
 pub fn train_cuda(
-    _plan: &fsdpc_planner::plan::Plan,
+    _plan: &fsdpc_plan::Plan,
     _opts: &TrainOptions,
     _launch: Option<&LaunchInfo>,
     _cfg: &CudaConfig,
@@ -99,7 +99,7 @@ pub fn train_cuda(
 /// `launch.world` (world 1 when `launch` is `None`).
 #[cfg(feature = "cuda")]
 pub fn train_cuda(
-    plan: &fsdpc_planner::plan::Plan,
+    plan: &fsdpc_plan::Plan,
     opts: &TrainOptions,
     launch: Option<&LaunchInfo>,
     cfg: &CudaConfig,
@@ -175,7 +175,7 @@ mod imp {
     use crate::exec::prepare::prepare;
     use crate::exec::ExecMode;
     use crate::train::{assemble_shards, validate, StepLog, StepScalars};
-    use fsdpc_planner::plan::{BufferKind, Plan, Stream};
+    use fsdpc_plan::{BufferKind, Plan, Stream};
     use std::time::Instant;
 
     fn refuse(what: &str, reason: &str) -> RuntimeError {

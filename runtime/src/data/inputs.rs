@@ -416,43 +416,6 @@ mod tests {
         assert!(!shifted(&g)["ids"]);
     }
 
-    /// The committed PyTorch exports (tests/fixtures/onnx, made by
-    /// scripts/export_fixtures.py): `(fixture, labels shifted in the graph)`.
-    /// GPT-2 and Llama are `transformers` causal LMs, whose loss shifts
-    /// `labels == input_ids` (both exporters); nanoGPT takes targets that
-    /// are already the next tokens; BERT's masked-LM labels are read where
-    /// they are.
-    const FIXTURES: &[(&str, bool)] = &[
-        ("gpt2_dynamo_eval", true),
-        ("gpt2_dynamo_train", true),
-        ("gpt2_torchscript_eval", true),
-        ("gpt2_dynamo_fresh_noopt", true),
-        ("llama_dynamo_eval_external", true),
-        ("llama_torchscript_eval", true),
-        ("nanogpt_dynamo_eval", false),
-        ("nanogpt_torchscript_eval", false),
-        ("nanogpt_torchscript_train", false),
-        ("bert_dynamo_eval", false),
-        ("bert_torchscript_eval_external", false),
-    ];
-
-    #[test]
-    fn the_fixtures_labels_are_shifted_as_their_models_shift_them() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/onnx");
-        for &(name, want) in FIXTURES {
-            let opts = fsdpc_frontends::LoadOptions {
-                dims: [("batch".to_string(), 2), ("seq".to_string(), 16)].into(),
-                ..fsdpc_frontends::LoadOptions::default()
-            };
-            let path = dir.join(format!("{name}.onnx"));
-            let m = fsdpc_frontends::load(&path.display().to_string(), &opts)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let r = shifted(&m.program.graph);
-            assert_eq!(r.get("labels"), Some(&want), "{name}: {r:?}");
-            assert_eq!(r.get("input_ids"), Some(&false), "{name}: {r:?}");
-        }
-    }
-
     #[test]
     fn every_data_slot_of_a_concat_gets_the_range() {
         let mut g = Graph::new("concat");

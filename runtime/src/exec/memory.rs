@@ -8,7 +8,7 @@
 
 use super::prepare::Region;
 use crate::error::RuntimeError;
-use fsdpc_planner::plan::{BufferId, Location, Plan};
+use fsdpc_plan::{BufferId, Location, Plan};
 
 /// A rank's arenas, device and host (two allocations): 8-byte aligned,
 /// zero-initialised, owned by the caller of the executor so they outlive

@@ -6,9 +6,9 @@
 
 use crate::error::RuntimeError;
 use fsdpc_ir::{Graph, Node, NodeId, TensorType, ValueId};
-use fsdpc_planner::plan::{
+use fsdpc_plan::{
     hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, BufferId, BufferKind,
-    CollectiveAlgorithm, Group, InstrOp, Location, Plan, Slot, Stream, UnitId, Wire,
+    Collective, CollectiveAlgorithm, Group, InstrOp, Location, Plan, Slot, Stream, UnitId, Wire,
 };
 
 /// `len` bytes at byte `offset` of a buffer.
@@ -371,19 +371,28 @@ fn resolve<'p>(
     op: &'p InstrOp,
 ) -> Result<Step<'p>, RuntimeError> {
     Ok(match op {
-        InstrOp::AllGather { src, dst, .. } | InstrOp::ReduceScatter { src, dst, .. }
-            if src == dst =>
-        {
+        InstrOp::AllGather {
+            c: Collective { src, dst, .. },
+            ..
+        }
+        | InstrOp::ReduceScatter {
+            c: Collective { src, dst, .. },
+        } if src == dst => {
             return Err(err(
                 i,
                 format!("collective reads and writes the same buffer {src}"),
             ));
         }
         InstrOp::AllGather {
-            wire, algorithm, ..
+            c: Collective {
+                wire, algorithm, ..
+            },
+            ..
         }
         | InstrOp::ReduceScatter {
-            wire, algorithm, ..
+            c: Collective {
+                wire, algorithm, ..
+            },
         } if !wire.is_native() => {
             if !algorithm.is_ring() {
                 return Err(err(
@@ -397,12 +406,16 @@ fn resolve<'p>(
             wire_step(plan, i, op)?
         }
         InstrOp::AllGather {
-            unit: u,
-            src,
-            dst,
-            group,
-            algorithm,
-            staging,
+            c:
+                Collective {
+                    unit: u,
+                    src,
+                    dst,
+                    group,
+                    algorithm,
+                    staging,
+                    ..
+                },
             ..
         } => {
             let u = unit(plan, i, *u)?;
@@ -477,12 +490,15 @@ fn resolve<'p>(
             Step::Copy { src, dst }
         }
         InstrOp::ReduceScatter {
-            unit: u,
-            src,
-            dst,
-            algorithm,
-            staging,
-            ..
+            c:
+                Collective {
+                    unit: u,
+                    src,
+                    dst,
+                    algorithm,
+                    staging,
+                    ..
+                },
         } => {
             let (src, dst) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);
             let hier = match algorithm {
@@ -856,22 +872,29 @@ fn staging_of(
 /// destination; an int8 block size of at least 1; fp8 for gathers only.
 fn wire_step<'p>(plan: &Plan, i: usize, op: &InstrOp) -> Result<Step<'p>, RuntimeError> {
     let (InstrOp::AllGather {
-        unit: u,
-        src,
-        dst,
-        group,
-        wire,
-        wire_buffer,
+        c:
+            Collective {
+                unit: u,
+                src,
+                dst,
+                group,
+                wire,
+                wire_buffer,
+                ..
+            },
         ..
     }
     | InstrOp::ReduceScatter {
-        unit: u,
-        src,
-        dst,
-        group,
-        wire,
-        wire_buffer,
-        ..
+        c:
+            Collective {
+                unit: u,
+                src,
+                dst,
+                group,
+                wire,
+                wire_buffer,
+                ..
+            },
     }) = op
     else {
         return Err(err(i, "not a collective with a wire format".into()));

@@ -13,7 +13,7 @@ use crate::data::{Batch, DataSource};
 use crate::error::{CommError, RuntimeError};
 use crate::tensor::{TensorMut, TensorRef};
 use fsdpc_ir::DType;
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Stream};
+use fsdpc_plan::{BufferId, BufferKind, Collective, Group, InstrOp, Stream};
 use smallvec::SmallVec;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -572,7 +572,10 @@ impl<'a> RankEnv<'a> {
         i: usize,
         dst: BufferId,
     ) -> Result<(), RuntimeError> {
-        let InstrOp::ReduceScatter { dtype, .. } = self.prep.plan.instructions[i].op else {
+        let InstrOp::ReduceScatter {
+            c: Collective { dtype, .. },
+        } = self.prep.plan.instructions[i].op
+        else {
             return Ok(());
         };
         if dtype == self.dtype(dst) {

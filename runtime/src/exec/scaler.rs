@@ -1,4 +1,4 @@
-//! The fp16 loss scaler's instructions (see `fsdpc_planner::scaler`):
+//! The fp16 loss scaler's instructions (`InstrOp::ScaleSeed` and the rest):
 //! resolving them against a plan and executing them on one rank.
 //!
 //! State: the `LossScale` buffer holds `[scale, good steps]` (f32), set to
@@ -14,7 +14,7 @@ use super::rank::RankEnv;
 use crate::comm::BufMut;
 use crate::error::RuntimeError;
 use fsdpc_ir::{DType, Graph, TensorType};
-use fsdpc_planner::plan::{BufferId, BufferKind, Group, InstrOp, Plan, Stream};
+use fsdpc_plan::{BufferId, BufferKind, Group, InstrOp, Plan, Stream};
 
 /// A resolved scaler instruction.
 #[derive(Debug)]

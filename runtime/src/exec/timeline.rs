@@ -19,7 +19,7 @@
 
 use super::prepare::Prepared;
 use crate::account;
-use fsdpc_planner::plan::Stream;
+use fsdpc_plan::Stream;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 

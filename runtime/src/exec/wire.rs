@@ -1,4 +1,4 @@
-//! The quantized collectives of a plan (`fsdpc_planner::wire`): the fp8
+//! The quantized collectives of a plan (`fsdpc_plan::wire`): the fp8
 //! and int8 all-gathers and the int8 reduce-scatter of `comm::wire`, run on
 //! the shard group's communicator with the instruction's buffers from the
 //! arena, the payloads in its `Wire` scratch buffer (nothing allocated).
@@ -7,7 +7,7 @@ use super::memory::Memory;
 use super::rank::{comm_err, RankEnv};
 use crate::comm::{wire, Buf, BufMut};
 use crate::error::RuntimeError;
-use fsdpc_planner::plan::{BufferId, Group, Stream, UnitId, Wire};
+use fsdpc_plan::{BufferId, Group, Stream, UnitId, Wire};
 
 /// What a quantized all-gather works on.
 pub(super) struct WireGather<'s> {

@@ -32,7 +32,7 @@ use crate::exec::rank::{panic_text, RankEnv};
 use crate::exec::timeline::RankTimeline;
 use crate::exec::ExecMode;
 use crate::fault::Fault;
-use fsdpc_planner::plan::{BufferId, BufferKind, Plan};
+use fsdpc_plan::{BufferId, BufferKind, Plan};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@ use super::*;
 
 /// Cuts `unit`'s parameters out of its gathered flat values, by layout offset.
 pub(super) fn cut_params(
-    unit: &fsdpc_planner::plan::Unit,
+    unit: &fsdpc_plan::Unit,
     flat: &[f32],
     params: &mut Vec<(String, Vec<f32>)>,
 ) -> Result<(), RuntimeError> {
@@ -29,7 +29,7 @@ pub(super) fn cut_params(
 /// shard's part of each segment put in its place (`Unit::shard_ranges`).
 /// Elements no shard provides stay zero.
 pub(super) fn unshard<'s>(
-    unit: &fsdpc_planner::plan::Unit,
+    unit: &fsdpc_plan::Unit,
     shards: impl Iterator<Item = &'s [f32]>,
 ) -> Vec<f32> {
     let mut flat = vec![0f32; unit.padded_numel as usize];

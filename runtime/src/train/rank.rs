@@ -179,7 +179,7 @@ impl RankCtx<'_> {
     }
 
     /// The ShardParams buffer of each unit.
-    fn shard_buffers(&self) -> Vec<Option<&fsdpc_planner::plan::Buffer>> {
+    fn shard_buffers(&self) -> Vec<Option<&fsdpc_plan::Buffer>> {
         let plan = self.prep.plan;
         plan.units
             .iter()

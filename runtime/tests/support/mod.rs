@@ -3,4 +3,3 @@
 #![allow(dead_code)]
 
 pub mod grad;
-pub mod plan;

@@ -9,7 +9,7 @@ use super::collectives::collective_body;
 use super::harness::{fail, lockstep, mean, on_rank_threads, Body};
 use super::Calibration;
 use crate::cli::CliError;
-use fsdpc_planner::cluster::{CollectiveKind, Contention};
+use fsdpc_plan::cluster::{CollectiveKind, Contention};
 use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
 use fsdpc_runtime::{CommConfig, ShmWorld};
 use gemm::Parallelism;

@@ -20,7 +20,7 @@ use super::harness::{fail, fill_of, lockstep, median, rotation_sets, Aligned, Bo
 use super::Calibration;
 use crate::cli::CliError;
 use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
-use fsdpc_planner::cluster::PROMOTION_FAMILY;
+use fsdpc_plan::cluster::PROMOTION_FAMILY;
 use fsdpc_runtime::{
     Backend, CpuBackend, CpuConfig, KernelCtx, OptimizerArgs, TensorMut, TensorRef, Workspace,
 };

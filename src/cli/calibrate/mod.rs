@@ -27,7 +27,7 @@ mod products;
 
 use super::{print_out, CliError};
 use clap::Args;
-use fsdpc_planner::cluster::{ClusterFile, CollectiveFit, CollectiveKind, Contention};
+use fsdpc_plan::cluster::{Cluster, CollectiveFit, CollectiveKind, Contention};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -53,7 +53,7 @@ struct Calibration {
 /// Measures this machine for `ranks_per_node` ranks per node and returns
 /// the cluster file, and the table of what was measured. `progress`: draw
 /// a progress bar on stderr.
-pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(ClusterFile, String), CliError> {
+pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(Cluster, String), CliError> {
     let rpn = ranks_per_node.max(1);
     let ranks = rpn as usize;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
@@ -98,8 +98,8 @@ fn cluster_file(
     fits: Vec<CollectiveFit>,
     contention: Contention,
     table: &mut String,
-) -> Result<ClusterFile, CliError> {
-    let mut file = ClusterFile::preset("cpu-local", rpn)?;
+) -> Result<Cluster, CliError> {
+    let mut file = fsdpc_planner::presets::described("cpu-local", rpn, rpn)?;
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "this machine".into());
@@ -269,12 +269,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
     }
     let (file, table) = measure(a.ranks_per_node, true)?;
     eprint!("{table}");
-    let text = serde_json::to_string_pretty(&file)
-        .map_err(|e| CliError::Usage(format!("cannot write the cluster file: {e}")))?;
+    let text = file.to_file(false);
     match &a.output {
-        None => print_out(&format!("{text}\n")),
+        None => print_out(&text),
         Some(path) => {
-            std::fs::write(path, format!("{text}\n")).map_err(|source| CliError::Io {
+            std::fs::write(path, text).map_err(|source| CliError::Io {
                 path: path.display().to_string(),
                 source,
             })?;

@@ -11,7 +11,7 @@
 use super::harness::{fail, lockstep, median, rotation_sets};
 use super::Calibration;
 use crate::cli::CliError;
-use fsdpc_planner::cluster::{matmul_shape_key, wide_skinny_key, SKINNY_BASE_DIM, SKINNY_DIM};
+use fsdpc_plan::cluster::{matmul_shape_key, wide_skinny_key, SKINNY_BASE_DIM, SKINNY_DIM};
 use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
 use gemm::Parallelism;
 use std::collections::BTreeMap;

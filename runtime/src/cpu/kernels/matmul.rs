@@ -66,7 +66,7 @@ pub fn gemm_f32(
     // The inner dimension in panels of at most `K_PANEL`: gemm packs one
     // `kc x nc` block of `b` (and for few rows a `kc x m` block of `a`) per
     // call with `kc = k` when `k <= 512`, so the panels bound what it
-    // allocates (`fsdpc_planner::workspace::gemm_heap`).
+    // allocates (`fsdpc_plan::workspace::gemm_heap`).
     let mut k0 = 0;
     while k0 < k {
         let kp = K_PANEL.min(k - k0);
@@ -103,8 +103,8 @@ pub fn gemm_f32(
     Ok(())
 }
 
-/// Largest inner dimension of one gemm call (`fsdpc_planner::workspace::K_PANEL`).
-const K_PANEL: usize = fsdpc_planner::workspace::K_PANEL as usize;
+/// Largest inner dimension of one gemm call (`fsdpc_plan::workspace::K_PANEL`).
+const K_PANEL: usize = fsdpc_plan::workspace::K_PANEL as usize;
 
 /// Shapes of one matmul after promoting rank-1 operands.
 struct Dims {

@@ -1,7 +1,8 @@
 //! Shared helpers for executor tests: zoo model -> training program -> plan.
 
 use fsdpc_ir::{build_training_program, Optimizer};
-use fsdpc_planner::{compile, count_params, Cluster, FsdpConfig, ModelInfo, Plan, Strategy};
+use fsdpc_plan::{ModelInfo, Plan, Strategy};
+use fsdpc_planner::{compile, count_params, FsdpConfig};
 
 /// A plan for zoo model `spec` on `world` cpu-local ranks.
 pub fn plan(spec: &str, world: u32, strategy: Strategy, optimizer: Optimizer) -> Plan {
@@ -32,7 +33,7 @@ fn plan_config(
         params: count_params(&prog),
         tokens_per_rank_step: tokens,
     };
-    let cluster = Cluster::preset("cpu-local", world, world).unwrap();
+    let cluster = fsdpc_planner::preset("cpu-local", world, world).unwrap();
     let mut cfg = FsdpConfig::default();
     edit(&mut cfg);
     compile(prog, model, &cluster, &cfg).unwrap()

@@ -11,11 +11,18 @@
 //! communicator: collectives are matched across ranks by their order on
 //! their stream, which is the same on every rank because the list is SPMD.
 
-use crate::error::PlanError;
-use crate::hb::Clocks;
+mod fsdp;
+mod hb;
+mod layout;
+mod offload;
+mod precision;
+mod rewrite;
+mod wire;
+
 use crate::memory;
-use crate::plan::*;
+use crate::*;
 use fsdpc_ir::{NodeId, ParamId};
+pub use hb::Clocks;
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -185,7 +192,7 @@ impl Plan {
             c.slots();
             c.accesses(&clocks);
             c.lifetimes_and_peak();
-            let mut f = crate::validate_fsdp::FsdpChecks {
+            let mut f = fsdp::FsdpChecks {
                 plan: self,
                 out: &mut c.out,
             };
@@ -193,42 +200,17 @@ impl Plan {
             f.clipping(&clocks);
             f.collectives();
             f.arena(&clocks);
-            crate::validate_precision::check(self, &clocks, &mut c.out);
-            crate::validate_layout::check(self, &mut c.out);
-            crate::validate_offload::check(self, &clocks, &mut c.out);
-            crate::validate_wire::check(self, &mut c.out);
+            precision::check(self, &clocks, &mut c.out);
+            layout::check(self, &mut c.out);
+            self::offload::check(self, &clocks, &mut c.out);
+            wire::check(self, &mut c.out);
         }
-        crate::validate_rewrite::check(self, &mut c.out);
+        rewrite::check(self, &mut c.out);
         if c.out.is_empty() {
             Ok(())
         } else {
             Err(c.out)
         }
-    }
-
-    /// Parses a plan, checks its schema version and validates it.
-    pub fn from_json(text: &str) -> Result<Plan, PlanError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| PlanError::Json(e.to_string()))?;
-        let found = value
-            .get("schema")
-            .and_then(|s| s.as_str())
-            .unwrap_or("(none)");
-        if found != SCHEMA {
-            return Err(PlanError::Schema {
-                found: found.to_string(),
-                expected: SCHEMA.to_string(),
-            });
-        }
-        let plan: Plan =
-            serde_json::from_value(value).map_err(|e| PlanError::Json(e.to_string()))?;
-        plan.validate().map_err(PlanError::Invalid)?;
-        Ok(plan)
-    }
-
-    /// The plan as pretty-printed JSON.
-    pub fn to_json_pretty(&self) -> Result<String, PlanError> {
-        serde_json::to_string_pretty(self).map_err(|e| PlanError::Json(e.to_string()))
     }
 }
 
@@ -307,8 +289,13 @@ impl Checker<'_> {
             self.bad(Some(i), "buffer", u64::from(b.0));
         }
         match op {
-            InstrOp::AllGather { unit, .. }
-            | InstrOp::ReduceScatter { unit, .. }
+            InstrOp::AllGather {
+                c: Collective { unit, .. },
+                ..
+            }
+            | InstrOp::ReduceScatter {
+                c: Collective { unit, .. },
+            }
             | InstrOp::AllReduce { unit, .. }
             | InstrOp::Reshard { unit, .. }
             | InstrOp::OptimizerStep { unit, .. }

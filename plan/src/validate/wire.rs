@@ -4,9 +4,9 @@
 //! buffer of its unit on the device, of the size the layout gives, touched
 //! by no other instruction than its collective and its `Free`.
 
-use crate::plan::*;
-use crate::validate::PlanViolation;
+use super::PlanViolation;
 use crate::wire::MAX_BLOCK;
+use crate::*;
 
 /// Appends a violation for every wire-format problem of `plan`.
 pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
@@ -20,10 +20,14 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
         };
         let (unit, wire, scratch, expected, bytes) = match &ins.op {
             InstrOp::AllGather {
-                unit,
-                group,
-                wire,
-                wire_buffer,
+                c:
+                    Collective {
+                        unit,
+                        group,
+                        wire,
+                        wire_buffer,
+                        ..
+                    },
                 ..
             } => {
                 let planned = match group {
@@ -40,10 +44,13 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                 )
             }
             InstrOp::ReduceScatter {
-                unit,
-                wire,
-                wire_buffer,
-                ..
+                c:
+                    Collective {
+                        unit,
+                        wire,
+                        wire_buffer,
+                        ..
+                    },
             } => {
                 if matches!(wire, Wire::Fp8E4m3 { .. }) {
                     push("a reduce-scatter cannot travel in fp8".into());

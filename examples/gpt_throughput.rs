@@ -4,7 +4,8 @@
 //! gpt_throughput [steps] [ranks] [strategy]`.
 
 use fsdpc_ir::{build_training_program, Optimizer};
-use fsdpc_planner::{compile, count_params, Cluster, FsdpConfig, ModelInfo, Strategy};
+use fsdpc_plan::{ModelInfo, Strategy};
+use fsdpc_planner::{compile, count_params, FsdpConfig};
 use fsdpc_runtime::{train, TrainOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         params: count_params(&prog),
         tokens_per_rank_step: tokens,
     };
-    let cluster = Cluster::preset("cpu-local", world, world)?;
+    let cluster = fsdpc_planner::preset("cpu-local", world, world)?;
     let plan = compile(
         prog,
         model,

@@ -10,8 +10,8 @@
 //! persistent shard over the shard group, and the next instruction of its
 //! stream other than a wait is the all-gather whose call it joins.
 
-use crate::plan::*;
-use crate::validate::PlanViolation;
+use super::PlanViolation;
+use crate::*;
 
 /// Appends a violation for every rewrite problem of `plan`.
 pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
@@ -33,12 +33,16 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
         };
         let (group, algorithm, staging, want) = match &ins.op {
             InstrOp::AllGather {
-                src,
-                dst,
-                group,
-                wire,
-                algorithm,
-                staging,
+                c:
+                    Collective {
+                        src,
+                        dst,
+                        group,
+                        wire,
+                        algorithm,
+                        staging,
+                        ..
+                    },
                 ..
             } => {
                 if !algorithm.is_ring() && !wire.is_native() {
@@ -53,12 +57,15 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                 (*group, *algorithm, *staging, want)
             }
             InstrOp::ReduceScatter {
-                dst,
-                group,
-                wire,
-                algorithm,
-                staging,
-                ..
+                c:
+                    Collective {
+                        dst,
+                        group,
+                        wire,
+                        algorithm,
+                        staging,
+                        ..
+                    },
             } => {
                 if !algorithm.is_ring() && !wire.is_native() {
                     push(format!("a {} reduce-scatter runs as one ring", wire.name()));

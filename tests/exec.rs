@@ -3,14 +3,14 @@
 mod support;
 
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::Strategy;
+use fsdpc_plan::Strategy;
 use fsdpc_runtime::{train, ExecMode, TrainOptions, TrainReport};
 use support::plan::plan;
 
 const GPT: &str = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
 const MLP: &str = "mlp:layers=2,in=8,hidden=16,classes=4,batch=4";
 
-fn run(p: &fsdpc_planner::Plan, steps: u64, mode: ExecMode) -> TrainReport {
+fn run(p: &fsdpc_plan::Plan, steps: u64, mode: ExecMode) -> TrainReport {
     let opts = TrainOptions {
         steps,
         seed: 7,

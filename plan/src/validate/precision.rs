@@ -2,9 +2,9 @@
 //! (`scaler`): the dtypes every buffer and collective must have under the
 //! plan's policy, and the scaler's instructions in their order.
 
-use crate::hb::Clocks;
-use crate::plan::*;
-use crate::validate::PlanViolation;
+use super::hb::Clocks;
+use super::PlanViolation;
+use crate::*;
 use fsdpc_ir::DType;
 
 /// Appends every violation of the precision policy and the loss scaler.
@@ -49,7 +49,10 @@ fn dtypes(p: &Plan, out: &mut Vec<PlanViolation>) {
     for (i, ins) in p.instructions.iter().enumerate() {
         match ins.op {
             InstrOp::AllGather {
-                dtype, src, dst, ..
+                c: Collective {
+                    dtype, src, dst, ..
+                },
+                ..
             } => {
                 let into = p.buffers.get(dst.index()).map(|b| b.dtype);
                 let from = p.buffers.get(src.index()).map(|b| b.dtype);
@@ -62,7 +65,10 @@ fn dtypes(p: &Plan, out: &mut Vec<PlanViolation>) {
                     ));
                 }
             }
-            InstrOp::ReduceScatter { dtype, .. } | InstrOp::AllReduce { dtype, .. }
+            InstrOp::ReduceScatter {
+                c: Collective { dtype, .. },
+            }
+            | InstrOp::AllReduce { dtype, .. }
                 if dtype != rd =>
             {
                 out.push(at(

@@ -10,7 +10,8 @@
 //! [--vocab 50257] [--steps 6] [--dtype bf16|f32] [--nccl]`
 
 use fsdpc_ir::{build_training_program, DType, Optimizer};
-use fsdpc_planner::{compile, count_params, Cluster, FsdpConfig, ModelInfo};
+use fsdpc_plan::ModelInfo;
+use fsdpc_planner::{compile, count_params, FsdpConfig};
 use fsdpc_runtime::cuda::{train_cuda, CudaConfig, NcclMode};
 use fsdpc_runtime::TrainOptions;
 use std::time::Instant;
@@ -73,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         params: count_params(&prog),
         tokens_per_rank_step: m.tokens_per_sample * batch as u64,
     };
-    let cluster = Cluster::preset("h200-141g-ib", 1, 1)?;
+    let cluster = fsdpc_planner::preset("h200-141g-ib", 1, 1)?;
     let cfg = FsdpConfig {
         param_dtype: dtype,
         reduce_dtype: dtype,

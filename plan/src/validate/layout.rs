@@ -6,8 +6,8 @@
 //! gives — in particular no gradient, gradient-shard or optimizer-state
 //! byte covers the frozen segment.
 
-use crate::plan::*;
-use crate::validate::PlanViolation;
+use super::PlanViolation;
+use crate::*;
 
 /// Appends a violation for every layout or buffer-size problem of `plan`.
 pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {

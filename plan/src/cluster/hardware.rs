@@ -3,10 +3,20 @@
 //! layout, 16 and 64 wide), memory and kernel bandwidths, the measured
 //! collective times and how streams that share cores slow each other.
 
-use super::presets::{HOST_MEM_BW, PCIE4_X16_BW};
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// PCIe 4.0 x16: 32 GB/s raw per direction, about 25 GB/s achieved by
+/// pinned-memory copies (`cudaMemcpyAsync`), the A100 hosts' link: the
+/// host link of a file that gives none.
+pub const PCIE4_X16_BW: f64 = 25e9;
+
+/// Host memory bandwidth per rank of an 8-GPU node: two sockets of eight
+/// DDR4-3200 channels (2 x 204.8 GB/s) shared by 8 ranks is 51 GB/s each at
+/// peak; about half of it is what a streaming CPU optimizer achieves. The
+/// host memory bandwidth of a file that gives none.
+pub const HOST_MEM_BW: f64 = 25e9;
 
 /// Per-rank hardware speeds (SI units: FLOP/s, bytes/s, seconds).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
@@ -294,6 +304,20 @@ fn pcie4_x16() -> f64 {
 
 fn host_mem() -> f64 {
     HOST_MEM_BW
+}
+
+/// Bytes one rank sends in the ring algorithm of `op` over `n` ranks on a
+/// buffer of `bytes`: `(n-1)/n bytes`, twice for an all-reduce (what
+/// `CollectiveFit` points are keyed by).
+pub fn ring_wire_bytes(op: CollectiveKind, n: u32, bytes: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let once = f64::from(n - 1) / f64::from(n) * bytes;
+    match op {
+        CollectiveKind::AllReduce => 2.0 * once,
+        _ => once,
+    }
 }
 
 /// The `kernel_bw` family of the cast between a half-precision dtype and

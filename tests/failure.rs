@@ -4,7 +4,7 @@
 mod support;
 
 use fsdpc_ir::Optimizer;
-use fsdpc_planner::{PlanViolation, Strategy};
+use fsdpc_plan::{PlanViolation, Strategy};
 use fsdpc_runtime::data::{open, DataSource};
 use fsdpc_runtime::{
     train, train_with_data, Batch, DataSpec, RuntimeError, TensorMut, TrainOptions,
@@ -128,7 +128,7 @@ fn bad_plans_are_errors_not_crashes() {
     );
     let mut slot = p.clone();
     let k = slot.instructions.iter_mut().find_map(|i| match &mut i.op {
-        fsdpc_planner::InstrOp::Kernel { outputs, .. } => Some(outputs),
+        fsdpc_plan::InstrOp::Kernel { outputs, .. } => Some(outputs),
         _ => None,
     });
     k.unwrap()[0].offset = u64::MAX / 2;
@@ -158,7 +158,7 @@ fn every_entry_point_validates_the_plan() {
     // gathered. Both entry points refuse it with every violation listed.
     let mut p = plan(GPT, 2, Strategy::FullShard, Optimizer::adamw(1e-2));
     p.instructions
-        .retain(|i| !matches!(i.op, fsdpc_planner::InstrOp::AllGather { .. }));
+        .retain(|i| !matches!(i.op, fsdpc_plan::InstrOp::AllGather { .. }));
     let expected = p.validate().expect_err("the plan is broken");
     let opts = TrainOptions {
         steps: 1,

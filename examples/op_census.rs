@@ -2,7 +2,8 @@
 //! output elements per step: `cargo run --release -p fsdpc-runtime --example op_census`.
 
 use fsdpc_ir::{build_training_program, Optimizer};
-use fsdpc_planner::{compile, count_params, Cluster, FsdpConfig, InstrOp, ModelInfo};
+use fsdpc_plan::{InstrOp, ModelInfo};
+use fsdpc_planner::{compile, count_params, FsdpConfig};
 use std::collections::BTreeMap;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plan = compile(
         prog,
         model,
-        &Cluster::preset("cpu-local", 2, 2)?,
+        &fsdpc_planner::preset("cpu-local", 2, 2)?,
         &FsdpConfig::default(),
     )?;
     let g = &plan.training.graph;

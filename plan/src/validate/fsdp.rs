@@ -1,9 +1,9 @@
 //! The FSDP-specific half of the verifier: gradient reduction and optimizer
 //! steps, collective order, and the arena.
 
-use crate::hb::Clocks;
-use crate::plan::*;
-use crate::validate::PlanViolation;
+use super::hb::Clocks;
+use super::PlanViolation;
+use crate::*;
 use std::collections::HashMap;
 
 /// Checks gradients, collectives and the arena of `plan`, appending to `out`.
@@ -29,9 +29,10 @@ impl FsdpChecks<'_> {
                 {
                     replicas.entry(unit).or_default().push(i)
                 }
-                InstrOp::ReduceScatter { unit, .. } | InstrOp::AllReduce { unit, .. } => {
-                    reductions.entry(unit).or_default().push(i)
+                InstrOp::ReduceScatter {
+                    c: Collective { unit, .. },
                 }
+                | InstrOp::AllReduce { unit, .. } => reductions.entry(unit).or_default().push(i),
                 InstrOp::OptimizerStep { unit, .. } => steps.entry(unit).or_default().push(i),
                 _ => {}
             }
@@ -114,12 +115,14 @@ impl FsdpChecks<'_> {
     /// after `r` and before `o`).
     fn reads_reduced(&self, o: usize, r: usize, clocks: &Clocks) -> bool {
         let (mut reduced, unit) = match self.plan.instructions[r].op {
-            InstrOp::ReduceScatter { dst, unit, .. } => (dst, unit),
+            InstrOp::ReduceScatter {
+                c: Collective { dst, unit, .. },
+            } => (dst, unit),
             InstrOp::AllReduce { buffer, unit, .. } => (buffer, unit),
             _ => return false,
         };
         if self.shards_on_host(unit) {
-            match crate::validate_offload::copied_to(self.plan, reduced, r) {
+            match super::offload::copied_to(self.plan, reduced, r) {
                 Some((c, host)) if clocks.hb(c, o) => reduced = host,
                 _ => return false,
             }
@@ -204,7 +207,11 @@ impl FsdpChecks<'_> {
         // its gathers.
         let mut last_reduction: Vec<Option<usize>> = vec![None; p.units.len()];
         for (i, ins) in p.instructions.iter().enumerate() {
-            if let InstrOp::ReduceScatter { unit, .. } | InstrOp::AllReduce { unit, .. } = ins.op {
+            if let InstrOp::ReduceScatter {
+                c: Collective { unit, .. },
+            }
+            | InstrOp::AllReduce { unit, .. } = ins.op
+            {
                 if let Some(l) = last_reduction.get_mut(unit.index()) {
                     *l = Some(i);
                 }
@@ -215,10 +222,14 @@ impl FsdpChecks<'_> {
         for (i, ins) in p.instructions.iter().enumerate() {
             match ins.op {
                 InstrOp::AllGather {
-                    unit,
-                    src,
-                    dst,
-                    group,
+                    c:
+                        Collective {
+                            unit,
+                            src,
+                            dst,
+                            group,
+                            ..
+                        },
                     ..
                 } => {
                     self.on_stream(i, ins.stream, Stream::Unshard, unit);
@@ -285,14 +296,18 @@ impl FsdpChecks<'_> {
                     }
                 }
                 InstrOp::Accumulate { unit, src, dst } => self.accumulation(i, unit, src, dst),
-                InstrOp::ReduceScatter { unit, src, .. }
+                InstrOp::ReduceScatter {
+                    c: Collective { unit, src, .. },
+                }
                 | InstrOp::AllReduce {
                     unit, buffer: src, ..
                 } => {
                     self.on_stream(i, ins.stream, Stream::Reduce, unit);
                     self.buffer_is(i, src, BufferKind::FlatGrads, unit);
                     match ins.op {
-                        InstrOp::ReduceScatter { dst, group, .. } => {
+                        InstrOp::ReduceScatter {
+                            c: Collective { dst, group, .. },
+                        } => {
                             if self.kind(dst) != Some(BufferKind::PartialGrads)
                                 || p.config.grad_accum <= 1
                             {

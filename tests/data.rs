@@ -3,7 +3,7 @@
 mod support;
 
 use fsdpc_ir::{DType, Optimizer, TensorType};
-use fsdpc_planner::Strategy;
+use fsdpc_plan::Strategy;
 use fsdpc_runtime::data::open;
 use fsdpc_runtime::{train, Batch, DataSpec, ExecMode, HostTensor, TrainOptions};
 use support::plan::plan;

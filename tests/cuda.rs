@@ -94,7 +94,7 @@ fn node(op: Op, outs: &[TensorType]) -> Node {
 
 fn ws_bytes(node: &Node, ins: &[HostTensor]) -> u64 {
     let in_types: Vec<&TensorType> = ins.iter().map(|t| &t.ty).collect();
-    fsdpc_planner::workspace::kernel_workspace(&node.op, &in_types, &node.outputs)
+    fsdpc_plan::workspace::kernel_workspace(&node.op, &in_types, &node.outputs)
 }
 
 fn cpu(node: &Node, ins: &[HostTensor], ctx: &KernelCtx) -> Result<Vec<HostTensor>, String> {
@@ -815,7 +815,7 @@ fn data_movement_ops_copy_exactly_what_the_cpu_copies() {
 const GPT: &str = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=96,batch=2";
 
 fn cuda_train(
-    plan: &fsdpc_planner::Plan,
+    plan: &fsdpc_plan::Plan,
     steps: u64,
     nccl: NcclMode,
 ) -> Option<fsdpc_runtime::cuda::CudaReport> {
@@ -851,7 +851,7 @@ fn close(a: &[f32], b: &[f32], rtol: f32, what: &str) {
 }
 
 fn compare_training(
-    plan: &fsdpc_planner::Plan,
+    plan: &fsdpc_plan::Plan,
     steps: u64,
     nccl: NcclMode,
     rtol_loss: f32,
@@ -892,7 +892,7 @@ fn a_gpt_trains_on_the_gpu_as_on_one_cpu_rank_in_f32() {
     let p = support::plan::plan(
         GPT,
         1,
-        fsdpc_planner::Strategy::FullShard,
+        fsdpc_plan::Strategy::FullShard,
         Optimizer::adamw(1e-2),
     );
     compare_training(&p, 3, NcclMode::Auto, 1e-4, 1e-3);
@@ -903,7 +903,7 @@ fn a_gpt_trains_on_the_gpu_with_nccl_at_world_one() {
     let p = support::plan::plan(
         GPT,
         1,
-        fsdpc_planner::Strategy::FullShard,
+        fsdpc_plan::Strategy::FullShard,
         Optimizer::adamw(1e-2),
     );
     compare_training(&p, 3, NcclMode::Always, 1e-4, 1e-3);
@@ -936,8 +936,8 @@ fn plans_the_backend_does_not_run_are_refused_naming_what() {
 /// 2 full_shard one per collective stream; hybrid at world 4 the same.
 #[test]
 fn every_instruction_of_these_plans_lowers_without_a_gpu() {
-    use fsdpc_planner::plan::{CheckpointPolicy, Stream};
-    use fsdpc_planner::Strategy;
+    use fsdpc_plan::Strategy;
+    use fsdpc_plan::{CheckpointPolicy, Stream};
     use fsdpc_runtime::cuda::exec::{check_plan, NcclUse};
     type Edit = fn(&mut fsdpc_planner::FsdpConfig);
     let cases: Vec<(&str, u32, Edit, usize)> = vec![

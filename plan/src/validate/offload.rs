@@ -7,9 +7,9 @@
 //! it, a state slot's copy in before the optimizer step and out after
 //! it); and the host peak.
 
-use crate::hb::Clocks;
-use crate::plan::*;
-use crate::validate::PlanViolation;
+use super::hb::Clocks;
+use super::PlanViolation;
+use crate::*;
 
 /// The first `Copy` after instruction `after` that reads `b`, with its
 /// destination.

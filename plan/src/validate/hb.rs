@@ -3,7 +3,7 @@
 //! time it runs `b`, seen `a`'s stream reach `a` (same stream earlier in the
 //! list, or through a chain of `Record`/`Wait`).
 
-use crate::plan::{Instr, InstrOp, Stream};
+use crate::instr::{Instr, InstrOp, Stream};
 
 /// Number of streams (`Stream::ALL`): one clock entry each.
 const N: usize = Stream::ALL.len();

@@ -1,9 +1,10 @@
 //! Low-precision collectives: the wire formats of all-gathers and
 //! reduce-scatters (`--allgather-wire`, `--reduce-scatter-wire`), the exact
-//! semantics the runtime implements, the byte layout of their scratch
-//! buffers, and the pass that puts them on a schedule's collectives.
+//! semantics every runtime implements, and the byte layout of their
+//! scratch buffers. The planner's `quantize` pass puts them on a
+//! schedule's collectives.
 //!
-//! Semantics (the runtime, `fsdpc_runtime::comm::wire`, implements exactly
+//! Semantics (the runtime, `fsdpc_runtime::comm::codec`, implements exactly
 //! this; the tests compare with an independent reference bit for bit):
 //!
 //! - **`Fp8E4m3 { scale: PerUnit }` all-gather** (FSDP2's float8 all-gather,
@@ -58,10 +59,7 @@
 //!   P(T/F)]` (slot p of the first half goes to member p; slot q of the
 //!   second came from member q).
 
-use crate::error::PlanError;
-use crate::plan::*;
-use crate::schedule::Schedule;
-use fsdpc_ir::DType;
+use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// How a collective's payload travels (see the module header).
@@ -109,14 +107,14 @@ impl Wire {
 
     /// Parses `native`, `fp8` (`fp8_e4m3`, `e4m3`) or `int8`
     /// (`int8_block`); `block` is the int8 block size.
-    pub fn parse(s: &str, block: u32) -> Result<Wire, PlanError> {
+    pub fn parse(s: &str, block: u32) -> Result<Wire, ConfigError> {
         match s.trim().to_ascii_lowercase().as_str() {
             "native" | "none" => Ok(Wire::Native),
             "fp8" | "fp8_e4m3" | "e4m3" => Ok(Wire::Fp8E4m3 {
                 scale: Fp8Scale::PerUnit,
             }),
             "int8" | "int8_block" => Ok(Wire::Int8Block { block }),
-            _ => Err(PlanError::BadConfig {
+            _ => Err(ConfigError {
                 what: "wire format",
                 value: s.to_string(),
                 reason: format!("allowed values: {}", Wire::ALLOWED),
@@ -179,187 +177,6 @@ impl Wire {
     }
 }
 
-/// The wire formats a compile puts on its collectives.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct Wires {
-    pub all_gather: Wire,
-    pub reduce_scatter: Wire,
-}
-
-/// Checks a configuration's wire formats: fp8 only for all-gathers, int8
-/// blocks of 1 ..= `MAX_BLOCK` elements, and a strategy with the
-/// collectives they apply to.
-pub fn check(wires: Wires, strategy: Strategy) -> Result<(), PlanError> {
-    let bad = |what, w: Wire, reason: String| PlanError::BadConfig {
-        what,
-        value: w.name(),
-        reason,
-    };
-    for (what, w) in [
-        ("allgather_wire", wires.all_gather),
-        ("reduce_scatter_wire", wires.reduce_scatter),
-    ] {
-        if let Wire::Int8Block { block } = w {
-            if block == 0 || block > MAX_BLOCK {
-                return Err(bad(
-                    what,
-                    w,
-                    format!("the block size must be 1 ..= {MAX_BLOCK} elements"),
-                ));
-            }
-        }
-        if !w.is_native() && strategy == Strategy::NoShard {
-            return Err(bad(
-                what,
-                w,
-                "no_shard communicates by all-reduce; the wire formats apply to the \
-                 all-gathers and reduce-scatters of sharded strategies"
-                    .into(),
-            ));
-        }
-    }
-    if let w @ Wire::Fp8E4m3 { .. } = wires.reduce_scatter {
-        return Err(bad(
-            "reduce_scatter_wire",
-            w,
-            "gradients need more range than e4m3 gives without loss scaling: use int8".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Puts the wire formats on the schedule's collectives: every all-gather
-/// from a parameter shard (or its staged copy) over the shard group takes
-/// `wires.all_gather`, every reduce-scatter `wires.reduce_scatter`; each
-/// quantized one gets its `Wire` scratch buffer, freed right after it on
-/// its stream. `units` give the sizes, `f` the group size.
-pub fn apply(s: &mut Schedule, units: &[Unit], f: u32, wires: Wires) {
-    if wires.all_gather.is_native() && wires.reduce_scatter.is_native() {
-        return;
-    }
-    let f = u64::from(f.max(1));
-    let old = std::mem::take(&mut s.instructions);
-    let mut out = Vec::with_capacity(old.len() + 64);
-    for mut ins in old {
-        let scratch = match &mut ins.op {
-            InstrOp::AllGather {
-                unit,
-                group: Group::Shard,
-                wire,
-                wire_buffer,
-                ..
-            } if !wires.all_gather.is_native() => units.get(unit.index()).map(|u| {
-                *wire = wires.all_gather;
-                let bytes = wire.gather_scratch_bytes(u.shard_numel, f);
-                let b = new_scratch(&mut s.buffers, *unit, bytes);
-                *wire_buffer = Some(b);
-                b
-            }),
-            InstrOp::ReduceScatter {
-                unit,
-                wire,
-                wire_buffer,
-                ..
-            } if !wires.reduce_scatter.is_native() => units.get(unit.index()).map(|u| {
-                *wire = wires.reduce_scatter;
-                let bytes = wire.reduce_scratch_bytes(u.trainable_numel(), f);
-                let b = new_scratch(&mut s.buffers, *unit, bytes);
-                *wire_buffer = Some(b);
-                b
-            }),
-            _ => None,
-        };
-        let stream = ins.stream;
-        out.push(ins);
-        if let Some(buffer) = scratch {
-            out.push(Instr {
-                stream,
-                op: InstrOp::Free { buffer },
-            });
-        }
-    }
-    s.instructions = out;
-}
-
-fn new_scratch(buffers: &mut Vec<Buffer>, unit: UnitId, bytes: u64) -> BufferId {
-    let id = BufferId(buffers.len() as u32);
-    buffers.push(Buffer {
-        id,
-        kind: BufferKind::Wire,
-        unit: Some(unit),
-        value: None,
-        dtype: DType::Bool,
-        bytes,
-        offset: 0,
-        start: 0,
-        end: None,
-        stream: None,
-        location: Location::Device,
-    });
-    id
-}
-
-/// Bytes a quantized collective's own encode and decode read and write
-/// (the bandwidth term of its kernels; 0 for a native one): an all-gather
-/// reads the shard, writes its payload, reads the F payloads and writes
-/// the gathered parameters (fp8: and reads the shard once more for the
-/// amax); a reduce-scatter reads the flat gradient, writes the F payloads,
-/// reads the F received ones and writes the shard.
-pub fn codec_bytes(plan: &Plan, ins: &Instr) -> u64 {
-    let bytes_of = |b: &BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
-    match &ins.op {
-        InstrOp::AllGather {
-            src,
-            dst,
-            wire,
-            wire_buffer: Some(w),
-            ..
-        } => {
-            let amax = match wire {
-                Wire::Fp8E4m3 { .. } => bytes_of(src),
-                _ => 0,
-            };
-            bytes_of(src) + amax + bytes_of(w) + bytes_of(dst)
-        }
-        InstrOp::ReduceScatter {
-            src,
-            dst,
-            wire_buffer: Some(w),
-            ..
-        } => bytes_of(src) + bytes_of(w) + bytes_of(dst),
-        _ => 0,
-    }
-}
-
-/// The bytes of a quantized collective's payloads that the alpha-beta
-/// model charges as its size (`None` for a native one), and for fp8 the
-/// bytes of its amax all-gather.
-pub fn charged_bytes(plan: &Plan, ins: &Instr) -> Option<(u64, u64)> {
-    let f = u64::from(plan.config.shard_factor.max(1));
-    let unit = |u: &UnitId| plan.units.get(u.index());
-    match &ins.op {
-        InstrOp::AllGather {
-            unit: u,
-            wire,
-            wire_buffer: Some(_),
-            ..
-        } => unit(u).map(|x| {
-            let amax = match wire {
-                Wire::Fp8E4m3 { .. } => 4 * f,
-                _ => 0,
-            };
-            (wire.gathered_bytes(x.shard_numel, f), amax)
-        }),
-        InstrOp::ReduceScatter {
-            unit: u,
-            wire,
-            wire_buffer: Some(_),
-            ..
-        } => unit(u).map(|x| (wire.scattered_bytes(x.trainable_numel(), f), 0)),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn parse_and_check() {
+    fn parse() {
         assert_eq!(
             Wire::parse("INT8", 64).ok(),
             Some(Wire::Int8Block { block: 64 })
@@ -388,41 +205,10 @@ mod tests {
         assert!(matches!(Wire::parse("fp8", 1), Ok(Wire::Fp8E4m3 { .. })));
         assert!(matches!(
             Wire::parse("fp4", 1),
-            Err(PlanError::BadConfig {
+            Err(ConfigError {
                 what: "wire format",
                 ..
             })
         ));
-        let fp8 = Wire::parse("fp8", 1).unwrap_or_default();
-        let refused = |w: Wires, s| check(w, s).is_err();
-        assert!(refused(
-            Wires {
-                all_gather: Wire::Native,
-                reduce_scatter: fp8
-            },
-            Strategy::FullShard
-        ));
-        assert!(refused(
-            Wires {
-                all_gather: Wire::Int8Block { block: 0 },
-                reduce_scatter: Wire::Native
-            },
-            Strategy::FullShard
-        ));
-        assert!(refused(
-            Wires {
-                all_gather: fp8,
-                reduce_scatter: Wire::Native
-            },
-            Strategy::NoShard
-        ));
-        assert!(check(
-            Wires {
-                all_gather: fp8,
-                reduce_scatter: Wire::Int8Block { block: 128 }
-            },
-            Strategy::HybridShard
-        )
-        .is_ok());
     }
 }

@@ -1,0 +1,342 @@
+//! The built-in clusters, from public datasheets: `a100-80g-roce` (the
+//! FSDP paper's cluster), `h100-80g-ib`, `h200-141g-ib`, and `cpu-local`
+//! (nominal figures for this project's 2-core VM; `fsdpc calibrate`
+//! measures the real ones). Each preset owns its node size: eight GPUs to
+//! a node, or every rank of `cpu-local` on the one machine.
+
+use crate::error::PlanError;
+use fsdpc_plan::cluster::{check_shape, Cluster, Hardware, HOST_MEM_BW, PCIE4_X16_BW};
+
+/// PCIe 5.0 x16: 64 GB/s raw per direction, about 50 GB/s achieved, the
+/// H100 hosts' link.
+pub const PCIE5_X16_BW: f64 = 50e9;
+
+const GIB: u64 = 1 << 30;
+
+/// The presets `preset` knows, with a one-line description.
+pub const PRESETS: [(&str, &str); 4] = [
+    (
+        "a100-80g-roce",
+        "8x A100-SXM4-80GB per node, NVLink3 inside, 200 Gb/s RoCE per GPU between nodes (the PyTorch FSDP paper's cluster)",
+    ),
+    (
+        "h100-80g-ib",
+        "8x H100-SXM5-80GB per node, NVLink4 inside, 400 Gb/s InfiniBand NDR per GPU between nodes",
+    ),
+    (
+        "h200-141g-ib",
+        "8x H200-SXM-141GB per node, NVLink4 inside, 400 Gb/s InfiniBand NDR per GPU between nodes",
+    ),
+    (
+        "cpu-local",
+        "ranks as threads of one 2-core VM sharing 24 GiB (nominal numbers)",
+    ),
+];
+
+/// The ranks to a node of preset `name` when the user gives none: eight
+/// GPUs (fewer when the world is smaller), or for `cpu-local` every rank
+/// (threads of one machine; two, its cores, for a file of no size).
+pub fn default_ranks_per_node(name: &str, world: Option<u32>) -> u32 {
+    match (name, world) {
+        ("cpu-local", Some(w)) => w.max(1),
+        ("cpu-local", None) => 2,
+        (_, Some(w)) => w.clamp(1, 8),
+        (_, None) => 8,
+    }
+}
+
+/// Preset `name` at `world` ranks, `ranks_per_node` to a node (`None`: the
+/// preset's own, `default_ranks_per_node`). Plans record it as it is;
+/// `described` adds what a cluster file says besides its figures.
+pub fn preset(
+    name: &str,
+    world: u32,
+    ranks_per_node: impl Into<Option<u32>>,
+) -> Result<Cluster, PlanError> {
+    let rpn = ranks_per_node
+        .into()
+        .unwrap_or_else(|| default_ranks_per_node(name, Some(world)));
+    check_shape(world, rpn)?;
+    let (memory_bytes, hardware) = figures(name, rpn).ok_or_else(|| PlanError::UnknownPreset {
+        name: name.to_string(),
+        known: PRESETS.map(|(n, _)| n).join(", "),
+    })?;
+    Ok(Cluster {
+        name: name.to_string(),
+        world,
+        ranks_per_node: rpn,
+        memory_bytes,
+        hardware,
+        description: String::new(),
+        sources: Default::default(),
+    })
+}
+
+/// Preset `name` (see `preset`) with its one-line description and the
+/// source of each figure: what `fsdpc cluster NAME` writes.
+pub fn described(
+    name: &str,
+    world: u32,
+    ranks_per_node: impl Into<Option<u32>>,
+) -> Result<Cluster, PlanError> {
+    let description = PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, d)| d.to_string())
+        .unwrap_or_default();
+    Ok(Cluster {
+        description,
+        sources: sources(name),
+        ..preset(name, world, ranks_per_node)?
+    })
+}
+
+/// Where a preset's figures come from, by field name.
+fn sources(name: &str) -> std::collections::BTreeMap<String, String> {
+    let source = match name {
+        "cpu-local" => "nominal figures for a 2-core VM (measure yours with fsdpc calibrate)",
+        _ => "vendor datasheet (see the preset's doc comment in planner/src/presets.rs)",
+    };
+    [
+        "peak_flops_f32",
+        "peak_flops_bf16",
+        "mem_bw",
+        "intra_bw",
+        "inter_bw",
+        "host_bw",
+    ]
+    .into_iter()
+    .map(|k| (k.to_string(), source.to_string()))
+    .chain([
+        (
+            "intra_latency_s".to_string(),
+            "assumed: one NCCL ring step inside a node".to_string(),
+        ),
+        (
+            "inter_latency_s".to_string(),
+            "assumed: one NCCL ring step across nodes".to_string(),
+        ),
+        (
+            "host_mem_bw".to_string(),
+            "assumed: half the per-rank share of the host's DRAM bandwidth".to_string(),
+        ),
+    ])
+    .collect()
+}
+
+/// Per-rank memory and hardware of preset `name` at `ranks_per_node` ranks
+/// per node; `None` for a name not in `PRESETS`.
+fn figures(name: &str, ranks_per_node: u32) -> Option<(u64, Hardware)> {
+    Some(match name {
+        "a100-80g-roce" => (80 * GIB, a100_roce()),
+        "h100-80g-ib" => (80 * GIB, h100_ib()),
+        "h200-141g-ib" => (141 * GIB, h200_ib()),
+        "cpu-local" => (
+            24 * GIB / u64::from(ranks_per_node),
+            cpu_local(ranks_per_node),
+        ),
+        _ => return None,
+    })
+}
+
+/// NVIDIA A100-SXM4-80GB datasheet: 19.5 TFLOP/s FP32, 312 TFLOP/s BF16 dense,
+/// 2.039 TB/s HBM2e, NVLink3 600 GB/s bidirectional (300 GB/s each way).
+/// Between nodes: 2 Tb/s RoCE per 8-GPU host (the FSDP paper, section 6),
+/// i.e. 200 Gb/s = 25 GB/s per GPU.
+fn a100_roce() -> Hardware {
+    Hardware {
+        peak_flops_f32: 19.5e12,
+        peak_flops_bf16: 312e12,
+        mem_bw: 2.039e12,
+        intra_bw: 300e9,
+        intra_latency_s: 8e-6,
+        inter_bw: 25e9,
+        inter_latency_s: 20e-6,
+        host_bw: PCIE4_X16_BW,
+        host_mem_bw: HOST_MEM_BW,
+        ..Hardware::default()
+    }
+}
+
+/// NVIDIA H100-SXM5-80GB datasheet: 67 TFLOP/s FP32, 989 TFLOP/s BF16 dense,
+/// 3.35 TB/s HBM3, NVLink4 900 GB/s bidirectional (450 GB/s each way);
+/// ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU between nodes.
+fn h100_ib() -> Hardware {
+    Hardware {
+        peak_flops_f32: 67e12,
+        peak_flops_bf16: 989e12,
+        mem_bw: 3.35e12,
+        intra_bw: 450e9,
+        intra_latency_s: 6e-6,
+        inter_bw: 50e9,
+        inter_latency_s: 10e-6,
+        host_bw: PCIE5_X16_BW,
+        host_mem_bw: HOST_MEM_BW,
+        ..Hardware::default()
+    }
+}
+
+/// NVIDIA H200-SXM datasheet: the H100's compute (67 TFLOP/s FP32, 989
+/// TFLOP/s BF16 dense) with 141 GB of HBM3e at 4.8 TB/s; NVLink4 and NDR
+/// InfiniBand as the H100 preset.
+fn h200_ib() -> Hardware {
+    Hardware {
+        mem_bw: 4.8e12,
+        ..h100_ib()
+    }
+}
+
+/// A 2-core x86 VM: about 100 GFLOP/s f32 (AVX2 FMA) and 10 GB/s of memory
+/// bandwidth in all, shared by the rank threads; collectives are memory copies.
+fn cpu_local(ranks_per_node: u32) -> Hardware {
+    let share = f64::from(ranks_per_node);
+    Hardware {
+        peak_flops_f32: 100e9 / share,
+        peak_flops_bf16: 100e9 / share,
+        mem_bw: 10e9 / share,
+        intra_bw: 5e9 / share,
+        intra_latency_s: 5e-6,
+        inter_bw: 5e9 / share,
+        inter_latency_s: 5e-6,
+        // "Host" and "device" are two arenas in the same memory: a copy
+        // and the optimizer run at memory speed.
+        host_bw: 10e9 / share,
+        host_mem_bw: 10e9 / share,
+        // The shared-memory communicator's rings are flat.
+        flat_collectives: true,
+        ..Hardware::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The cluster file (`fsdpc_plan::cluster`) of presets and of
+    //! calibrated figures: what it keeps and what it refuses.
+    use super::*;
+    use fsdpc_plan::cluster::{CollectiveFit, CollectiveKind, Contention};
+
+    /// A cluster file read back at `world` ranks.
+    fn read(text: &str, world: u32) -> Result<Cluster, fsdpc_plan::cluster::ClusterError> {
+        Cluster::from_file(text, Some(world), None)
+    }
+
+    fn calibrated() -> Cluster {
+        let mut f = described("cpu-local", 2, 2).unwrap();
+        let h = &mut f.hardware;
+        h.kernel_overhead_s = 2e-6;
+        h.kernel_bw.insert("softmax".into(), 3e9);
+        h.kernel_bw.insert("softmax:bf16".into(), 1e9);
+        h.kernel_flops.insert("attention".into(), 5e10);
+        h.matmul_efficiency = vec![(1e6, 0.5), (1e9, 0.9)];
+        h.skinny_matmul_efficiency = vec![(1e6, 0.1), (1e9, 0.2)];
+        h.collective_fits.push(CollectiveFit {
+            op: CollectiveKind::ReduceScatter,
+            ranks: 2,
+            latency_s: 1e-5,
+            bw: 4e9,
+            points: Vec::new(),
+        });
+        h.comm_compute_contention = Some(Contention {
+            comm_slowdown: 1.5,
+            compute_slowdown: 1.2,
+            ..Contention::default()
+        });
+        f
+    }
+
+    #[test]
+    fn new_fields_round_trip() {
+        let f = calibrated();
+        let text = f.to_file(false);
+        assert!(text.contains("\"comm_compute_contention\""), "{text}");
+        let back = read(&text, 2).unwrap();
+        assert_eq!(back, f);
+        let h = &back.hardware;
+        assert_eq!(h.kernel_bandwidth("softmax:bf16"), 1e9);
+        // A half family not measured falls back to its f32 figure, an
+        // unknown family to mem_bw.
+        let mut h2 = h.clone();
+        h2.kernel_bw.remove("softmax:bf16");
+        assert_eq!(h2.kernel_bandwidth("softmax:bf16"), 3e9);
+        assert_eq!(h.kernel_bandwidth("binary"), h.mem_bw);
+        // Beyond the cache a kernel runs at no more than mem_bw.
+        let mut h3 = h.clone();
+        h3.cache_bytes = 1e6;
+        h3.mem_bw = 2e9;
+        assert_eq!(h3.kernel_bandwidth_for("softmax", 1e6), 3e9);
+        assert_eq!(h3.kernel_bandwidth_for("softmax", 2e6), 2e9);
+        // A measured curve replaces the cap: the family's rate up to its
+        // first point, scaled beyond it (log-interpolated).
+        let mut h5 = h3.clone();
+        h5.bandwidth_by_size = vec![(1e6, 1.0), (1e8, 0.5)];
+        assert_eq!(h5.kernel_bandwidth_for("softmax", 5e5), 3e9);
+        assert!((h5.kernel_bandwidth_for("softmax", 1e7) - 2.25e9).abs() < 1.0);
+        assert_eq!(h5.kernel_bandwidth_for("softmax", 1e9), 1.5e9);
+        assert_eq!(
+            h.collective_fit(CollectiveKind::ReduceScatter, 2)
+                .map(|f| f.bw),
+            Some(4e9)
+        );
+        assert!(h.collective_fit(CollectiveKind::AllGather, 2).is_none());
+        assert_eq!(h.kernel_rate("attention:bf16"), Some(5e10));
+        assert_eq!(h.kernel_rate("attention_grad"), None);
+        // Skinny products use their own curve, others the main one.
+        assert_eq!(h.matmul_efficiency_for(1e9, 16), 0.2);
+        assert_eq!(h.matmul_efficiency_for(1e9, 65), 0.9);
+        let mut h4 = h.clone();
+        h4.skinny_matmul_efficiency.clear();
+        assert_eq!(h4.matmul_efficiency_for(1e9, 16), 0.9);
+    }
+
+    #[test]
+    fn older_files_load_without_them() {
+        // A file written before these fields: none of them in the JSON.
+        let text = described("a100-80g-roce", 8, 8).unwrap().to_file(false);
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for k in [
+            "kernel_overhead_s",
+            "kernel_bw",
+            "kernel_flops",
+            "skinny_matmul_efficiency",
+            "cache_bytes",
+            "bandwidth_by_size",
+            "collective_fits",
+            "comm_compute_contention",
+        ] {
+            assert!(v["hardware"].get(k).is_none(), "{k} written for a preset");
+        }
+        v["hardware"]
+            .as_object_mut()
+            .unwrap()
+            .remove("matmul_efficiency");
+        let f = read(&v.to_string(), 8).unwrap();
+        assert_eq!(f.hardware.kernel_overhead_s, 0.0);
+        assert!(f.hardware.kernel_bw.is_empty());
+        assert!(f.hardware.collective_fits.is_empty());
+        assert!(f.hardware.comm_compute_contention.is_none());
+    }
+
+    #[test]
+    fn bad_calibrated_figures_are_refused() {
+        let mut f = calibrated();
+        f.hardware.comm_compute_contention = Some(Contention {
+            comm_slowdown: 0.5,
+            compute_slowdown: 1.0,
+            ..Contention::default()
+        });
+        let err = read(&f.to_file(false), 2).unwrap_err().to_string();
+        assert!(err.contains("comm_slowdown"), "{err}");
+        let mut f = calibrated();
+        f.hardware.collective_fits[0].ranks = 1;
+        let err = read(&f.to_file(false), 2).unwrap_err().to_string();
+        assert!(err.contains("collective_fits"), "{err}");
+        let mut f = calibrated();
+        f.hardware.kernel_bw.insert("unary".into(), -1.0);
+        let err = read(&f.to_file(false), 2).unwrap_err().to_string();
+        assert!(err.contains("kernel_bw.unary"), "{err}");
+        let mut f = calibrated();
+        f.hardware.bandwidth_by_size = vec![(1e6, 1.0), (1e6, 0.5)];
+        let err = read(&f.to_file(false), 2).unwrap_err().to_string();
+        assert!(err.contains("bandwidth_by_size"), "{err}");
+    }
+}
