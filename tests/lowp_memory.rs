@@ -23,7 +23,10 @@ fn plan(world: u32, cfg: &FsdpConfig) -> Plan {
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(GPT, &opts).expect("model loads");
-    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
+    // Planned for this machine, as `fsdpc train` plans thread ranks: the
+    // matrix library's heap at this CPU's blocking.
+    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
+    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),

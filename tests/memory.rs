@@ -34,7 +34,10 @@ fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) ->
         ..LoadOptions::default()
     };
     let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
-    let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
+    // Planned for this machine, as `fsdpc train` plans thread ranks: the
+    // matrix library's heap at this CPU's blocking.
+    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
+    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),

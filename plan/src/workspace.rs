@@ -36,9 +36,12 @@ const NR_MAX: u64 = 16;
 
 /// The per-thread slab `gemm` keeps for packing `a` (its `L2_SLAB`: the
 /// size of the L2 cache it detects), allocated by a stream's first product
-/// that does not pre-pack `a`. Planned at 1 MiB, the L2 of the `cpu-local`
-/// machine; a host with a larger L2 holds more than planned.
-pub const GEMM_SLAB_BYTES: u64 = 1 << 20;
+/// that does not pre-pack `a`, when the cluster does not give the
+/// machine's (`GemmBlocking::slab_bytes`): a bound over the x86-64 CPUs
+/// gemm runs on, whose per-core L2 is 1 MiB (AMD Zen 4 and 5) to 2 MiB
+/// (Intel Xeon since Sapphire Rapids) and up to the 4 MiB an Intel E-core
+/// cluster shares, which CPUID reports to each of its cores.
+pub const GEMM_SLAB_BYTES: u64 = 4 << 20;
 
 /// One call into the matrix-product library: `out[m x n] = a[m x k] b[k x
 /// n]`, with `a` or `b` stored transposed.

@@ -5,7 +5,7 @@
 //! writes) the bound is the allocation to within the alignment slack;
 //! without it (presets), an upper bound.
 
-use fsdpc_plan::workspace::{gemm_call_bytes, GemmCall};
+use fsdpc_plan::workspace::{gemm_call_bytes, GemmCall, GEMM_SLAB_BYTES};
 use fsdpc_runtime::cpu::gemm_blocking;
 use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
 use gemm::Parallelism;
@@ -134,6 +134,19 @@ fn the_bound_is_the_allocation_with_this_machines_blocking() {
 
 #[test]
 fn the_bound_over_every_cpu_holds_here() {
+    // The thread's packing slab first (the first call that packs its
+    // left-hand operand allocates it), against its own bound.
+    let slab = measured(GemmCall {
+        m: 256,
+        k: 256,
+        n: 256,
+        trans_a: false,
+        trans_b: false,
+    });
+    assert!(
+        slab <= GEMM_SLAB_BYTES + SLACK,
+        "the slab is {slab} bytes, the bound {GEMM_SLAB_BYTES}"
+    );
     for c in calls() {
         let got = measured(c);
         let bound = gemm_call_bytes(c, None);

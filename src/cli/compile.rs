@@ -5,6 +5,7 @@ use super::json_kind::{is_json, sniff, JsonKind};
 use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_ir::Optimizer;
+use fsdpc_plan::cluster::GemmBlocking;
 use fsdpc_plan::{
     BackwardPrefetch, CheckpointPolicy, Cluster, ModelInfo, Plan, ReshardAfterForward, Strategy,
     WrapPolicy,
@@ -73,7 +74,7 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
     let plan = if a.auto {
         auto_plan(&a)?
     } else {
-        plan_model(&a.model, a.world, &a.cluster, &a.plan, &a.import)?
+        plan_model(&a.model, a.world, &a.cluster, &a.plan, &a.import, None)?
     };
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
@@ -102,8 +103,12 @@ pub(crate) fn plan_model(
     cluster: &str,
     f: &PlanFlags,
     import: &ModelFlags,
+    host: Option<GemmBlocking>,
 ) -> Result<Plan, CliError> {
-    let (program, info, cluster, cfg) = prepare(model, world, cluster, f, import)?;
+    let (program, info, mut cluster, cfg) = prepare(model, world, cluster, f, import)?;
+    if cluster.hardware.cpu_gemm.is_none() {
+        cluster.hardware.cpu_gemm = host;
+    }
     Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
 }
 

@@ -265,12 +265,19 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         }
         plan
     } else {
+        // Thread ranks run on this machine: the plan's bound of what the
+        // matrix library allocates is this CPU's exact figure.
+        let host = match a.backend {
+            BackendKind::Threads => fsdpc_runtime::cpu::gemm_blocking(),
+            _ => None,
+        };
         plan_model(
             &a.model,
             a.ranks.or(launch.processes()).unwrap_or(1),
             a.cluster.as_deref().unwrap_or("cpu-local"),
             &a.plan,
             &a.import,
+            host,
         )?
     };
     let opts = TrainOptions {
