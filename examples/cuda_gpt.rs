@@ -12,7 +12,7 @@
 use fsdpc_ir::{build_training_program, DType, Optimizer};
 use fsdpc_plan::ModelInfo;
 use fsdpc_planner::{compile, count_params, FsdpConfig};
-use fsdpc_runtime::cuda::{train_cuda, CudaConfig, NcclMode};
+use fsdpc_runtime::targets::cuda::{train_cuda, CudaConfig, NcclMode};
 use fsdpc_runtime::TrainOptions;
 use std::time::Instant;
 
@@ -106,6 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.step_time.as_secs_f64() * 1e3
         );
     })?;
+    let r = *r.device.ok_or("a cuda run reports its device")?;
     // Steady state: the untimed steps after the first two (warm-up: module
     // load, cuBLAS heuristics); the last step is timed per instruction.
     let times: Vec<f64> = r
@@ -123,7 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let flops = plan.estimates.flops_per_rank_step;
     let tflops = flops / median / 1e12;
-    println!("device: {}", r.device);
+    println!("device: {}", r.name);
     println!(
         "step: median {:.1} ms over {} steps; {:.0} tokens/s; {:.1} TFLOP/s",
         median * 1e3,
@@ -131,13 +132,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         plan.model.tokens_per_rank_step as f64 / median,
         tflops
     );
-    match bf16_peak(&r.device) {
+    match bf16_peak(&r.name) {
         Some(p) => println!(
             "MFU: {:.1}% of the {:.0} TFLOP/s dense bf16 peak",
             100.0 * flops / median / p,
             p / 1e12
         ),
-        None => println!("MFU: no known bf16 peak for `{}`", r.device),
+        None => println!("MFU: no known bf16 peak for `{}`", r.name),
     }
     if let Some(o) = &r.overlap {
         println!(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the cuda backend (issue 10), for a machine with an
+# The GPU check of the cuda target, for a machine with an
 # NVIDIA GPU and driver: finds (or installs from PyPI) NVRTC, cuBLAS and
 # NCCL for CUDA 13, builds with `--features cuda` (or takes the binaries
 # `scripts/gpu-bundle.sh` made, for machines without cargo or crates.io),
@@ -75,15 +75,18 @@ if [ -n "$bundle" ]; then
     ls -l "$bundle"
     tests_cuda=$bundle/cuda
     tests_ptx=$bundle/cuda_ptx
+    tests_conformance=$bundle/conformance
     bench=$bundle/cuda_gpt
     cli=$bundle/fsdpc
 else
     step "build (release, --features cuda)"
     command -v cargo >/dev/null || { echo "no cargo: build a bundle elsewhere (scripts/gpu-bundle.sh) and pass --bundle"; exit 1; }
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-    json=$(timeout 420 cargo test --release -p fsdpc-runtime --features cuda --test cuda --test cuda_ptx --no-run --message-format=json)
+    json=$(timeout 420 cargo test --release -p fsdpc-runtime --features cuda --test cuda_ptx --no-run --message-format=json;
+        timeout 420 cargo test --release --features cuda --test cuda --test conformance --no-run --message-format=json)
     tests_cuda=$(echo "$json" | grep -o '"executable":"[^"]*/cuda-[^"]*"' | head -1 | cut -d'"' -f4)
     tests_ptx=$(echo "$json" | grep -o '"executable":"[^"]*/cuda_ptx-[^"]*"' | head -1 | cut -d'"' -f4)
+    tests_conformance=$(echo "$json" | grep -o '"executable":"[^"]*/conformance-[^"]*"' | head -1 | cut -d'"' -f4)
     timeout 300 cargo build --release --features cuda --example cuda_gpt
     timeout 300 cargo build --release --features cuda --bin fsdpc
     bench=$CARGO_TARGET_DIR/release/examples/cuda_gpt
@@ -95,8 +98,10 @@ export FSDPC_REQUIRE_GPU=1
 run "kernels compile with this NVRTC (sm_80, sm_90)" 120 "$tests_ptx" --nocapture
 run "GPU tests: kernels vs CPU, world-1 training vs CPU, NCCL at world 1" 240 \
     "$tests_cuda" --nocapture --test-threads=1
-run "fsdpc train --backend cuda" 120 \
-    "$cli" train gpt:layers=2,hidden=128,heads=4,seq=64,vocab=256,batch=4 --steps 5 --backend cuda
+run "fsdpc train --target cuda" 120 \
+    "$cli" train gpt:layers=2,hidden=128,heads=4,seq=64,vocab=256,batch=4 --steps 5 --target cuda
+run "conformance suite on the cuda target" 180 \
+    env FSDPC_BIN="$cli" "$tests_conformance" --nocapture cuda
 if [ "$quick" = 1 ]; then
     run "benchmark (GPT 4 layers, hidden 2048, seq 2048, bf16)" 240 "$bench" --layers 4 --steps 5
 else

@@ -31,22 +31,24 @@ cargo test --workspace
 # MPI process ranks against thread ranks (mpirun as root needs
 # --allow-run-as-root; the test passes it and --oversubscribe).
 cargo clippy --features mpi --all-targets -- -D warnings
-cargo test --features mpi --test mpi
+cargo test --features mpi --test mpi --test conformance
 
 # The cuda backend (`--features cuda`, runtime/src/cuda/) builds and lints
 # without CUDA. Its kernels compile with NVRTC alone, so pip's NVRTC (in a
 # throwaway venv under target/) compiles every kernel file for sm_80 and
 # sm_90 here (runtime/tests/cuda_ptx.rs fails under CI when NVRTC is
-# missing); its GPU tests (runtime/tests/cuda.rs) skip without a GPU, and
-# `fsdpc train --backend cuda` must say in one line what is missing.
+# missing); its GPU tests (tests/cuda.rs, the conformance suite's cuda
+# part) skip without a GPU, and `fsdpc train --target cuda` must say in one
+# line what is missing.
 cuda_venv=target/cuda-venv
 if [ ! -x "$cuda_venv/bin/python" ]; then python3 -m venv "$cuda_venv"; fi
 "$cuda_venv/bin/pip" install -q "nvidia-cuda-nvrtc>=13,<14"
 FSDPC_CUDA_LIB_DIR=$("$cuda_venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
 export FSDPC_CUDA_LIB_DIR
 cargo clippy --workspace --features cuda --all-targets -- -D warnings
-cargo test --features cuda -p fsdpc-runtime --lib cuda::
-cargo test --features cuda -p fsdpc-runtime --test cuda_ptx --test cuda
+cargo test --features cuda -p fsdpc-runtime --lib targets::cuda::
+cargo test --features cuda -p fsdpc-runtime --test cuda_ptx
+cargo test --features cuda --test cuda --test targets --test conformance
 cargo test --features cuda --test cli cuda_backend
 
 # Fuzz the ONNX import for a minute, seeded with the committed corpus

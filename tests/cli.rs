@@ -587,7 +587,7 @@ fn thread_ranks_refuse_a_multi_process_launch_and_a_zero_timeout() {
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(
-        err.contains("srun started this process as rank 1 of 2") && err.contains("--backend mpi"),
+        err.contains("srun started this process as rank 1 of 2") && err.contains("--target mpi"),
         "{err}"
     );
     check_error(
@@ -600,7 +600,7 @@ fn thread_ranks_refuse_a_multi_process_launch_and_a_zero_timeout() {
 #[test]
 fn mpi_backend_says_it_was_not_compiled_in() {
     check_error(
-        &["train", "gpt:layers=1", "--backend", "mpi"],
+        &["train", "gpt:layers=1", "--target", "mpi"],
         "the mpi backend was not compiled in; rebuild with `--features mpi`",
     );
 }
@@ -609,7 +609,7 @@ fn mpi_backend_says_it_was_not_compiled_in() {
 #[test]
 fn cuda_backend_says_it_was_not_compiled_in() {
     check_error(
-        &["train", "gpt:layers=1", "--backend", "cuda"],
+        &["train", "gpt:layers=1", "--target", "cuda"],
         "the cuda backend was not compiled in; build with --features cuda",
     );
 }
@@ -625,7 +625,7 @@ fn cuda_backend_trains_or_says_what_is_missing() {
         "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64,batch=2",
         "--steps",
         "2",
-        "--backend",
+        "--target",
         "cuda",
     ];
     let o = fsdpc(&args);

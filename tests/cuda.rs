@@ -21,9 +21,9 @@ use fsdpc_ir::{
     BinaryFn, CompareFn, DType, LogicalFn, ModuleId, Node, Op, Optimizer, Phase, ReduceFn,
     TensorType, UnaryFn,
 };
-use fsdpc_runtime::cuda::device::Device;
-use fsdpc_runtime::cuda::single::run_node;
-use fsdpc_runtime::cuda::{train_cuda, CudaConfig, CudaError, NcclMode};
+use fsdpc_runtime::targets::cuda::device::Device;
+use fsdpc_runtime::targets::cuda::single::run_node;
+use fsdpc_runtime::targets::cuda::{train_cuda, CudaConfig, CudaError, NcclMode};
 use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, TrainOptions, Workspace};
 
 /// Whether a missing GPU fails the tests instead of skipping them
@@ -818,7 +818,7 @@ fn cuda_train(
     plan: &fsdpc_plan::Plan,
     steps: u64,
     nccl: NcclMode,
-) -> Option<fsdpc_runtime::cuda::CudaReport> {
+) -> Option<fsdpc_runtime::TrainReport> {
     let opts = TrainOptions {
         steps,
         seed: 3,
@@ -866,9 +866,9 @@ fn compare_training(
         ..TrainOptions::default()
     };
     let c = fsdpc_runtime::train(plan, &opts, &mut |_| {}).unwrap();
-    eprintln!("losses: gpu {:?} cpu {:?}", g.train.losses, c.losses);
-    eprintln!("memory: {:?}", g.memory);
-    close(&g.train.losses, &c.losses, rtol_loss, "loss");
+    eprintln!("losses: gpu {:?} cpu {:?}", g.losses, c.losses);
+    eprintln!("memory: {:?}", g.device.as_ref().map(|d| &d.memory));
+    close(&g.losses, &c.losses, rtol_loss, "loss");
     let opts_keep = TrainOptions {
         steps,
         seed: 3,
@@ -881,10 +881,15 @@ fn compare_training(
     };
     let gk = train_cuda(plan, &opts_keep, None, &cfg, &mut |_| {}).unwrap();
     let ck = fsdpc_runtime::train(plan, &opts_keep, &mut |_| {}).unwrap();
-    for ((n, a), (_, b)) in gk.train.final_params.iter().zip(&ck.final_params) {
+    for ((n, a), (_, b)) in gk.final_params.iter().zip(&ck.final_params) {
         close(a, b, rtol_params, n);
     }
-    assert!(g.memory.allocated >= plan.memory.arena_bytes);
+    let m = &g
+        .device
+        .as_ref()
+        .expect("a cuda run reports its device")
+        .memory;
+    assert!(m.allocated >= plan.memory.arena_bytes);
 }
 
 #[test]
@@ -938,7 +943,7 @@ fn plans_the_backend_does_not_run_are_refused_naming_what() {
 fn every_instruction_of_these_plans_lowers_without_a_gpu() {
     use fsdpc_plan::Strategy;
     use fsdpc_plan::{CheckpointPolicy, Stream};
-    use fsdpc_runtime::cuda::exec::{check_plan, NcclUse};
+    use fsdpc_runtime::targets::cuda::exec::{check_plan, NcclUse};
     type Edit = fn(&mut fsdpc_planner::FsdpConfig);
     let cases: Vec<(&str, u32, Edit, usize)> = vec![
         (GPT, 1, |_| {}, 0),

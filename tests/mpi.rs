@@ -1,14 +1,16 @@
-//! MPI process ranks against thread ranks: `mpirun -np N fsdpc train
-//! --backend mpi` gives bit-identical losses to `fsdpc train --ranks N`
-//! (both sum in rank order). Needs `mpirun` (openmpi-bin) and the `mpi`
-//! feature: `cargo test --features mpi --test mpi`.
+//! MPI process ranks (`mpirun -np N fsdpc train --target mpi`): a plan for
+//! another world, killed and silent ranks, checkpoints resumed across
+//! targets and saved parameters, against the thread ranks bit for bit.
+//! (Their losses against the thread ranks, case by case, are the
+//! conformance suite's: tests/conformance.rs.) Needs `mpirun`
+//! (openmpi-bin) and the `mpi` feature: `cargo test --features mpi --test
+//! mpi`.
 #![cfg(feature = "mpi")]
 
 use std::path::Path;
 use std::process::Command;
 
 const MODEL: &str = "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256,batch=4";
-const STEPS: &str = "4";
 
 /// The `loss` of every line of a `--metrics` file.
 fn losses(path: &Path) -> Vec<f32> {
@@ -31,89 +33,11 @@ fn mpirun(np: usize) -> Command {
     c
 }
 
-fn check(np: usize, extra: &[&str]) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let (threads, procs) = (dir.path().join("t.jsonl"), dir.path().join("m.jsonl"));
-    let out = Command::new(env!("CARGO_BIN_EXE_fsdpc"))
-        .args(["train", MODEL, "--steps", STEPS, "--ranks", &np.to_string()])
-        .args(extra)
-        .arg("--metrics")
-        .arg(&threads)
-        .output()
-        .expect("fsdpc runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = mpirun(np)
-        .args(["train", MODEL, "--steps", STEPS, "--backend", "mpi"])
-        .args(extra)
-        .arg("--metrics")
-        .arg(&procs)
-        .output()
-        .expect("mpirun runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Only rank 0 prints its summary.
-    assert_eq!(stdout.matches("trained ").count(), 1, "{stdout}");
-    let (t, m) = (losses(&threads), losses(&procs));
-    assert_eq!(t.len(), 4);
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&t), bits(&m), "thread ranks {t:?}, MPI ranks {m:?}");
-}
-
-#[test]
-fn two_processes_match_two_thread_ranks() {
-    check(2, &[]);
-}
-
-#[test]
-fn four_processes_match_four_thread_ranks() {
-    check(4, &[]);
-}
-
-/// `no_shard` reduces gradients with all-reduce instead of reduce-scatter.
-/// Mixed precision on MPI process ranks matches the thread ranks bit for
-/// bit: bf16 (the all-gather casts each shard before sending it) and fp16
-/// (with its loss scaler's found-inf all-reduce).
-#[test]
-fn mixed_precision_processes_match_thread_ranks() {
-    check(2, &["--mixed-precision", "bf16"]);
-    check(2, &["--mixed-precision", "fp16"]);
-}
-
-#[test]
-fn no_shard_processes_match_thread_ranks() {
-    check(2, &["--strategy", "no_shard"]);
-}
-
-/// Collectives over sub-groups of the MPI world match the thread ranks bit
-/// for bit: hybrid sharding (2 groups of 2: shard groups and replica
-/// groups), and full sharding over 4 with a slice kept over 2 ranks after
-/// forward (backward's gathers over pairs).
-#[test]
-fn hybrid_processes_match_thread_ranks() {
-    check(4, &["--strategy", "hybrid_shard", "--shard-factor", "2"]);
-    check(4, &["--shard-factor", "4", "--reshard-after-forward", "2"]);
-}
-
 #[test]
 fn a_plan_for_another_world_is_refused_naming_both() {
     let out = mpirun(2)
         .args([
-            "train",
-            MODEL,
-            "--steps",
-            "1",
-            "--backend",
-            "mpi",
-            "--ranks",
-            "4",
+            "train", MODEL, "--steps", "1", "--target", "mpi", "--ranks", "4",
         ])
         .output()
         .expect("mpirun runs");
@@ -130,7 +54,7 @@ fn a_plan_for_another_world_is_refused_naming_both() {
 /// the fault to mpirun's exit (every rank gone).
 fn faulty_run(fault: &str, seed: &str) -> (bool, String, std::time::Duration) {
     let out = mpirun(2)
-        .args(["train", MODEL, "--steps", "50", "--backend", "mpi"])
+        .args(["train", MODEL, "--steps", "50", "--target", "mpi"])
         .args(["--collective-timeout", "3", "--seed", seed])
         .env("FSDPC_TEST_FAULT", fault)
         .output()
@@ -214,7 +138,7 @@ fn model_for(np: usize) -> String {
 fn train(mpi: bool, np: usize, steps: u64, metrics: &Path, extra: &[&std::ffi::OsStr]) -> String {
     let mut cmd = if mpi {
         let mut c = mpirun(np);
-        c.args(["train", &model_for(np), "--backend", "mpi"]);
+        c.args(["train", &model_for(np), "--target", "mpi"]);
         c
     } else {
         let mut c = Command::new(env!("CARGO_BIN_EXE_fsdpc"));
@@ -374,7 +298,7 @@ fn mpi_save_onnx_equals_the_thread_runs() {
     let mut cmd = mpirun(2);
     cmd.arg("train")
         .arg(&model)
-        .args(["--dim", "batch=4", "--backend", "mpi", "--steps", "2"])
+        .args(["--dim", "batch=4", "--target", "mpi", "--steps", "2"])
         .arg("--save-onnx")
         .arg(&procs);
     ok(cmd);
@@ -395,7 +319,7 @@ fn mpi_ranks_refuse_a_directory_holding_checkpoints() {
     train(true, 2, 1, &p.join("a.jsonl"), &os(&ckpt(&d, 1)));
     let before = latest(&d);
     let out = mpirun(2)
-        .args(["train", &model_for(2), "--backend", "mpi", "--steps", "2"])
+        .args(["train", &model_for(2), "--target", "mpi", "--steps", "2"])
         .args(os(&ckpt(&d, 1)))
         .output()
         .expect("mpirun runs");

@@ -234,6 +234,18 @@ pub struct PlanConfig {
     /// How gradient reduce-scatters travel (`wire`; absent: native).
     #[serde(default, skip_serializing_if = "Wire::is_native")]
     pub reduce_scatter_wire: Wire,
+    /// The target the plan was made for (`threads`, `mpi`, `cuda`; absent:
+    /// `threads`, whose capabilities are every plan's).
+    #[serde(default = "threads", skip_serializing_if = "is_threads")]
+    pub target: String,
+}
+
+fn threads() -> String {
+    "threads".to_string()
+}
+
+fn is_threads(t: &String) -> bool {
+    t == "threads"
 }
 
 /// How the auto-planner (`auto`) chose a plan's configuration.

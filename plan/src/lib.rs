@@ -26,6 +26,7 @@ pub mod memory;
 pub mod offload;
 pub mod selector;
 mod serde_default;
+pub mod target;
 pub mod unit;
 pub mod validate;
 pub mod wire;

@@ -2,6 +2,7 @@
 
 use crate::error::PlanError;
 use fsdpc_ir::DType;
+use fsdpc_plan::target::Capabilities;
 use fsdpc_plan::{
     BackwardPrefetch, CheckpointPolicy, ReshardAfterForward, SharedParams, Strategy, WrapPolicy,
 };
@@ -107,6 +108,15 @@ pub struct FsdpConfig {
     /// `fsdpc inspect` turns this off: a plan that does not fit is still worth
     /// reading.
     pub check_fits: bool,
+    /// What the target the plan is for runs (`--target`; default the
+    /// thread ranks', which run everything): the compile refuses settings
+    /// it cannot run and rewrites only into forms it runs.
+    #[serde(default = "threads")]
+    pub target: Capabilities,
+}
+
+fn threads() -> Capabilities {
+    Capabilities::all("threads")
 }
 
 impl Default for FsdpConfig {
@@ -138,6 +148,7 @@ impl Default for FsdpConfig {
             rewrites: crate::rewrite::Rules::default(),
             reduce_scatter_wire: fsdpc_plan::Wire::Native,
             check_fits: true,
+            target: threads(),
         }
     }
 }

@@ -47,6 +47,9 @@ pub enum PlanError {
         over_by: u64,
         suggestion: String,
     },
+    /// A setting the target the plan is for does not run.
+    #[error(transparent)]
+    Unsupported(#[from] fsdpc_plan::target::Refusal),
     /// A plan document that does not load (`Plan::from_json`).
     #[error(transparent)]
     Load(#[from] LoadError),

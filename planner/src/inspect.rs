@@ -13,6 +13,8 @@ pub struct Summary {
     pub preset: String,
     pub world: u32,
     pub ranks_per_node: u32,
+    /// The target the plan was made for (`threads`, `mpi`, `cuda`).
+    pub target: String,
     pub strategy: String,
     pub shard_factor: u32,
     /// What non-root units do with gathered parameters after forward.
@@ -222,6 +224,7 @@ pub fn summary(plan: &Plan) -> Summary {
         preset: plan.cluster.name.clone(),
         world: plan.cluster.world,
         ranks_per_node: plan.cluster.ranks_per_node,
+        target: plan.config.target.clone(),
         strategy: plan.config.strategy.name().to_string(),
         shard_factor: plan.config.shard_factor,
         reshard_after_forward: plan.config.reshard_after_forward,
@@ -394,6 +397,7 @@ fn header(out: &mut String, s: &Summary) {
         s.world,
         s.preset
     );
+    let _ = writeln!(out, "target    {}", s.target);
     let _ = writeln!(
         out,
         "strategy  {} (F = {}), wrap {}, backward prefetch {}, limit_all_gathers {}",

@@ -59,6 +59,7 @@ pub mod rewrite;
 pub mod scaler;
 pub mod schedule;
 pub mod simulate;
+pub mod target;
 pub mod trace;
 pub mod units;
 pub mod workspace;
@@ -121,6 +122,7 @@ pub fn compile_prepared(
     plan.memory = memory;
     overlap::relieve_stalls(&mut plan, &scheduled, fences, heap_bytes, cluster);
     plan.validate().map_err(PlanError::Invalid)?;
+    cfg.target.check(&plan)?;
     Ok(plan)
 }
 
@@ -208,6 +210,7 @@ struct Lowered {
 /// `cluster` (what every compile refuses first).
 fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForward), PlanError> {
     cfg.check()?;
+    target::check(cfg)?;
     let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;
     let reshard = cfg.reshard(shard_factor)?;
     Ok((shard_factor, reshard))
@@ -292,7 +295,7 @@ fn lower(
         &rewrite::RewriteInput {
             cluster,
             shard_factor,
-            rules: &cfg.rewrites,
+            rules: &target::rules(cfg),
         },
     )?;
     if let Some(max_norm) = cfg.clip_grad_norm {
@@ -347,6 +350,7 @@ fn lower(
             auto: None,
             allgather_wire: cfg.allgather_wire,
             reduce_scatter_wire: cfg.reduce_scatter_wire,
+            target: cfg.target.target.clone(),
         },
         units,
         // The offload stream only where it is used, so other plans read as

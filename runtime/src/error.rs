@@ -169,9 +169,24 @@ pub enum RuntimeError {
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// The CUDA backend (`cuda`): a missing library, no GPU, a device
-    /// error, an instruction it does not run.
+    /// error, an instruction it does not lower.
     #[error(transparent)]
-    Cuda(#[from] crate::cuda::CudaError),
+    Cuda(#[from] crate::targets::cuda::CudaError),
+    /// A plan or an option the target does not run (its capabilities).
+    #[error(transparent)]
+    Unsupported(#[from] fsdpc_plan::target::Refusal),
+    /// A target this runtime does not have.
+    #[error("unknown target `{name}`; the targets: {known}")]
+    UnknownTarget {
+        /// The name asked for.
+        name: String,
+        /// The targets there are.
+        known: String,
+    },
+    /// A launch the target cannot serve (thread ranks started as one of
+    /// several processes, a launcher's environment that does not parse).
+    #[error("{0}")]
+    Launch(String),
 }
 
 impl RuntimeError {

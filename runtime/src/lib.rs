@@ -1,15 +1,18 @@
-//! fsdpc-runtime: executes a plan on CPU thread ranks.
+//! fsdpc-runtime: executes a plan, on CPU thread ranks, MPI process ranks
+//! or GPUs.
 //!
 //! - `backend` / `cpu`: the kernel set (`Backend`) and its CPU implementation;
 //! - `comm`: the collective set (`Communicator`) and shared-memory collectives;
 //! - `exec`: the per-rank executor of a plan's streams, events and buffers;
 //! - `data`: the global data stream each rank takes its samples from;
-//! - `train`: the training API; `eval`: a plan-free reference evaluator.
+//! - `targets`: the ways to run a plan, side by side behind one trait
+//!   (`Target`): thread ranks, MPI process ranks, CUDA ranks (feature
+//!   `cuda`: NVRTC kernels, cuBLAS, NCCL, one CUDA stream per plan
+//!   stream; without the feature it says it was not compiled in);
+//! - `train`: what a run is (options, reports, resuming); `eval`: a
+//!   plan-free reference evaluator.
 //! - `launch`: rank and world from torchrun, srun or mpirun, and a TCP
 //!   rendezvous for what ranks exchange before a communicator exists.
-//! - `cuda`: GPU ranks (feature `cuda`): NVRTC kernels, cuBLAS, NCCL, one
-//!   CUDA stream per plan stream; without the feature it says it was not
-//!   compiled in.
 //!
 //! Architecture invariant: the runtime decides nothing — units, buffers,
 //! offsets and the instruction order all come from the plan.
@@ -21,7 +24,6 @@ pub mod backend;
 pub mod checkpoint;
 pub mod comm;
 pub mod cpu;
-pub mod cuda;
 pub mod data;
 pub mod error;
 pub mod eval;
@@ -33,6 +35,7 @@ mod irinit;
 pub mod launch;
 pub mod optim;
 pub mod rng;
+pub mod targets;
 pub mod tensor;
 pub mod train;
 
@@ -44,5 +47,7 @@ pub use data::{Batch, DataSource, DataSpec};
 pub use error::{CommError, KernelError, RuntimeError};
 pub use eval::{eval_graph, init_params};
 pub use exec::ExecMode;
+pub use targets::threads::{train, train_with_data};
+pub use targets::Target;
 pub use tensor::{HostTensor, TensorMut, TensorRef};
-pub use train::{train, train_with_data, StepReport, StepScalars, TrainOptions, TrainReport};
+pub use train::{StepReport, StepScalars, TrainOptions, TrainReport};

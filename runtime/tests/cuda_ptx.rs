@@ -7,9 +7,9 @@
 //! `FSDPC_REQUIRE_GPU`) is set: then a missing NVRTC fails.
 #![cfg(feature = "cuda")]
 
-use fsdpc_runtime::cuda::nvrtc::{self, Target};
-use fsdpc_runtime::cuda::sources::ALL;
-use fsdpc_runtime::cuda::CudaError;
+use fsdpc_runtime::targets::cuda::nvrtc::{self, Target};
+use fsdpc_runtime::targets::cuda::sources::ALL;
+use fsdpc_runtime::targets::cuda::CudaError;
 
 #[test]
 fn every_kernel_file_compiles_for_sm80_and_sm90() {

@@ -6,6 +6,7 @@ use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_ir::Optimizer;
 use fsdpc_plan::cluster::GemmBlocking;
+use fsdpc_plan::target::Capabilities;
 use fsdpc_plan::{
     BackwardPrefetch, CheckpointPolicy, Cluster, ModelInfo, Plan, ReshardAfterForward, Strategy,
     WrapPolicy,
@@ -31,6 +32,11 @@ pub struct CompileArgs {
         default_value = "a100-80g-roce"
     )]
     pub cluster: String,
+    /// The target the plan is for: `threads`, `mpi` or `cuda`. The plan
+    /// holds only what that target runs: a setting it cannot run is
+    /// refused, and collectives are rewritten only into forms it runs.
+    #[arg(long, default_value = "threads", value_parser = clap::builder::PossibleValuesParser::new(fsdpc_runtime::targets::NAMES))]
+    pub target: String,
     #[command(flatten)]
     pub plan: Given<PlanFlags>,
     #[command(flatten)]
@@ -74,7 +80,15 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
     let plan = if a.auto {
         auto_plan(&a)?
     } else {
-        plan_model(&a.model, a.world, &a.cluster, &a.plan, &a.import, None)?
+        plan_model(
+            &a.model,
+            a.world,
+            &a.cluster,
+            &a.plan,
+            &a.import,
+            target_capabilities(&a.target)?,
+            None,
+        )?
     };
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
@@ -103,12 +117,16 @@ pub(crate) fn plan_model(
     cluster: &str,
     f: &PlanFlags,
     import: &ModelFlags,
+    target: Capabilities,
     host: Option<GemmBlocking>,
 ) -> Result<Plan, CliError> {
-    let (program, info, mut cluster, cfg) = prepare(model, world, cluster, f, import)?;
+    let (program, info, mut cluster, mut cfg) = prepare(model, world, cluster, f, import)?;
+    // Ranks on this machine: the plan's bound of what the matrix library
+    // allocates is this CPU's exact figure.
     if cluster.hardware.cpu_gemm.is_none() {
         cluster.hardware.cpu_gemm = host;
     }
+    cfg.target = target;
     Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
 }
 
@@ -204,7 +222,9 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         }
     };
     let started = std::time::Instant::now();
-    let (program, info, cluster, cfg) = prepare(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
+    let (program, info, cluster, mut cfg) =
+        prepare(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
+    cfg.target = target_capabilities(&a.target)?;
     let fixed = Fixed {
         precision: ["--mixed-precision", "--param-dtype", "--reduce-dtype"]
             .iter()
@@ -213,7 +233,8 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         shard_factor: cfg.shard_factor,
         wrap: given("--wrap"),
         checkpointing: given("--activation-checkpointing"),
-        cpu_offload: given("--cpu-offload"),
+        // A target without host buffers runs no offload.
+        cpu_offload: given("--cpu-offload") || !cfg.target.host_buffers,
         backward_prefetch: given("--backward-prefetch"),
         forward_prefetch: given("--forward-prefetch"),
         prefetch_depth: given("--prefetch-depth"),
@@ -301,6 +322,16 @@ fn config_of(plan: &Plan, base: &FsdpConfig) -> FsdpConfig {
         reduce_scatter_wire: c.reduce_scatter_wire,
         ..base.clone()
     }
+}
+
+/// What target `name` runs (`--target`), without starting it.
+pub(crate) fn target_capabilities(name: &str) -> Result<Capabilities, CliError> {
+    fsdpc_runtime::targets::capabilities(name).ok_or_else(|| {
+        CliError::Usage(format!(
+            "unknown target `{name}`; the targets: {}",
+            fsdpc_runtime::targets::NAMES.join(", ")
+        ))
+    })
 }
 
 /// The cluster `name` names: a preset (at the preset's own ranks per node

@@ -1,6 +1,6 @@
 //! `fsdpc train (MODEL|plan.json) --ranks N --steps K [--data FILE]
 //! [--save-onnx out.onnx] [--save-safetensors out.safetensors]
-//! [--backend threads|mpi|cuda] [--collective-timeout SECS]`
+//! [--target threads|mpi|cuda] [--collective-timeout SECS]`
 
 use super::compile::{optimizer, plan_model};
 use super::given::Given;
@@ -78,13 +78,15 @@ pub struct TrainArgs {
     /// factor or strategy differ.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// How the ranks run: `threads` (one process, a thread per rank),
-    /// `mpi` (one process per rank, started by mpirun or srun; needs a build
-    /// with `--features mpi`) or `cuda` (one process per GPU, alone or
-    /// started by torchrun, srun or mpirun; needs `--features cuda`). With
-    /// `mpi` or `cuda`, --ranks defaults to the job's size.
-    #[arg(long, value_enum, default_value = "threads")]
-    pub backend: BackendKind,
+    /// The target that runs the ranks: `threads` (one process, a thread
+    /// per rank), `mpi` (one process per rank, started by mpirun or srun;
+    /// needs a build with `--features mpi`) or `cuda` (one process per GPU,
+    /// alone or started by torchrun, srun or mpirun; needs `--features
+    /// cuda`). A model is planned for it; a plan it cannot run is refused
+    /// before anything starts. With `mpi` or `cuda`, --ranks defaults to the
+    /// job's size.
+    #[arg(long, alias = "backend", default_value = "threads", value_parser = clap::builder::PossibleValuesParser::new(fsdpc_runtime::targets::NAMES))]
+    pub target: String,
     /// Seconds a rank waits for the others (a collective or an event) before
     /// every rank stops with an error naming the one that did not answer.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
@@ -92,7 +94,7 @@ pub struct TrainArgs {
     /// Write the run's measured timeline of the last --trace-steps steps
     /// (every instruction on every rank and stream, and each rank's live
     /// heap) as a Perfetto/Chrome trace, the format of `fsdpc trace`. With
-    /// `--backend mpi` rank 0 writes FILE with its own rank and rank N > 0
+    /// `--target mpi` rank 0 writes FILE with its own rank and rank N > 0
     /// writes FILE.rankN.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -101,121 +103,14 @@ pub struct TrainArgs {
     pub trace_steps: u64,
 }
 
-/// How the ranks of a run are started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendKind {
-    /// Every rank a thread of this process.
-    Threads,
-    /// One process per rank, collectives through MPI.
-    Mpi,
-    /// One process per GPU, kernels through CUDA, collectives through NCCL.
-    Cuda,
-}
-
-/// The launcher of this run's ranks, and this process's rank in it.
-enum Launch {
-    Threads,
-    #[cfg(feature = "mpi")]
-    Mpi(fsdpc_runtime::comm::mpi::MpiWorld),
-    /// This process's GPU rank, placed by a launcher or alone (world 1).
-    #[cfg(feature = "cuda")]
-    Cuda(Option<fsdpc_runtime::launch::LaunchInfo>),
-}
-
-impl Launch {
-    fn new(a: &TrainArgs, timeout: Duration) -> Result<Launch, CliError> {
-        match a.backend {
-            BackendKind::Threads => {
-                // Started as one of several processes, every process would
-                // run the whole world as threads.
-                let launched = fsdpc_runtime::launch::detect_env()
-                    .map_err(|e| CliError::Usage(e.to_string()))?;
-                if let Some(l) = launched.filter(|l| l.world > 1) {
-                    return Err(CliError::Usage(format!(
-                        "{} started this process as rank {} of {}; thread ranks run in one process: use --backend mpi",
-                        l.launcher.name(),
-                        l.rank,
-                        l.world
-                    )));
-                }
-                Ok(Launch::Threads)
-            }
-            #[cfg(feature = "mpi")]
-            BackendKind::Mpi => fsdpc_runtime::comm::mpi::MpiWorld::init(timeout)
-                .map(Launch::Mpi)
-                .map_err(|e| CliError::Usage(e.to_string())),
-            #[cfg(not(feature = "mpi"))]
-            BackendKind::Mpi => fsdpc_runtime::comm::mpi::MpiWorld::init(timeout)
-                .map(|_| Launch::Threads)
-                .map_err(|e| CliError::Usage(e.to_string())),
-            #[cfg(feature = "cuda")]
-            BackendKind::Cuda => fsdpc_runtime::launch::detect_env()
-                .map(Launch::Cuda)
-                .map_err(|e| CliError::Usage(e.to_string())),
-            #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda => Err(CliError::Usage(
-                fsdpc_runtime::cuda::CudaError::NotCompiled.to_string(),
-            )),
-        }
-    }
-
-    /// This process's rank (0 for thread ranks: one process).
-    fn rank(&self) -> usize {
-        match self {
-            Launch::Threads => 0,
-            #[cfg(feature = "mpi")]
-            Launch::Mpi(w) => w.rank(),
-            #[cfg(feature = "cuda")]
-            Launch::Cuda(l) => l.as_ref().map_or(0, |l| l.rank),
-        }
-    }
-
-    /// The number of processes the launcher started, when it started them.
-    fn processes(&self) -> Option<u32> {
-        match self {
-            Launch::Threads => None,
-            #[cfg(feature = "mpi")]
-            Launch::Mpi(w) => Some(fsdpc_runtime::comm::World::size(w) as u32),
-            #[cfg(feature = "cuda")]
-            Launch::Cuda(l) => l.as_ref().map(|l| l.world as u32),
-        }
-    }
-
-    fn train(
-        &self,
-        plan: &fsdpc_plan::Plan,
-        opts: &TrainOptions,
-        on_step: &mut dyn FnMut(&StepReport),
-    ) -> Result<fsdpc_runtime::TrainReport, CliError> {
-        match self {
-            Launch::Threads => Ok(fsdpc_runtime::train(plan, opts, on_step)?),
-            #[cfg(feature = "mpi")]
-            Launch::Mpi(w) => {
-                match fsdpc_runtime::train::train_rank(plan, opts, w, w.rank(), "mpirun", on_step) {
-                    Ok(r) => Ok(r),
-                    // The other processes wait in a collective: stop them all.
-                    Err(e) => w.abort(&e.to_string()),
-                }
-            }
-            #[cfg(feature = "cuda")]
-            Launch::Cuda(l) => {
-                let cfg = fsdpc_runtime::cuda::CudaConfig::default();
-                let r = fsdpc_runtime::cuda::train_cuda(plan, opts, l.as_ref(), &cfg, on_step)?;
-                if self.rank() == 0 {
-                    print_out(&cuda_summary(plan, &r))?;
-                }
-                Ok(r.train)
-            }
-        }
-    }
-}
-
-/// The device and its memory after a `--backend cuda` run: the planned
+/// The device and its memory after a `--target cuda` run: the planned
 /// arena beside what `cuMemGetInfo` shows used, less the context.
-#[cfg(feature = "cuda")]
-fn cuda_summary(plan: &fsdpc_plan::Plan, r: &fsdpc_runtime::cuda::CudaReport) -> String {
-    let m = &r.memory;
-    let mean = |v: &[std::time::Duration]| {
+fn device_summary(
+    plan: &fsdpc_plan::Plan,
+    d: &fsdpc_runtime::targets::cuda::DeviceReport,
+) -> String {
+    let m = &d.memory;
+    let mean = |v: &[Duration]| {
         let s: Vec<f64> = v.iter().skip(1).map(|d| d.as_secs_f64()).collect();
         if s.is_empty() {
             f64::NAN
@@ -225,23 +120,24 @@ fn cuda_summary(plan: &fsdpc_plan::Plan, r: &fsdpc_runtime::cuda::CudaReport) ->
     };
     format!(
         "cuda: {} ({}): planned arena {}, one allocation of {} (arena + kernel scratch + cuBLAS workspace); device memory used beyond the context: {} after set-up, {} after the steps (of {}); mean step {:.2} ms after the first\n",
-        r.device,
+        d.name,
         plan.model.name,
         human_bytes(m.planned_arena),
         human_bytes(m.allocated),
         human_bytes(m.setup_used),
         human_bytes(m.end_used),
         human_bytes(m.total),
-        mean(&r.step_times) * 1e3,
+        mean(&d.step_times) * 1e3,
     )
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
     check_flags(&a)?;
     let timeout = Duration::from_secs_f64(a.collective_timeout);
-    let launch = Launch::new(&a, timeout)?;
+    let target = fsdpc_runtime::targets::open(&a.target, timeout)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     // Only rank 0 reports: metrics, the progress bar and the summary.
-    let lead = launch.rank() == 0;
+    let lead = target.rank() == 0;
     // Opened before any work, so an unwritable path is reported at once.
     let mut metrics = if lead {
         open_metrics(&a.metrics)?
@@ -265,19 +161,14 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         }
         plan
     } else {
-        // Thread ranks run on this machine: the plan's bound of what the
-        // matrix library allocates is this CPU's exact figure.
-        let host = match a.backend {
-            BackendKind::Threads => fsdpc_runtime::cpu::gemm_blocking(),
-            _ => None,
-        };
         plan_model(
             &a.model,
-            a.ranks.or(launch.processes()).unwrap_or(1),
+            a.ranks.or(target.processes()).unwrap_or(1),
             a.cluster.as_deref().unwrap_or("cpu-local"),
             &a.plan,
             &a.import,
-            host,
+            target.capabilities(),
+            target.host_gemm(),
         )?
     };
     let opts = TrainOptions {
@@ -332,10 +223,10 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             }
         }
     };
-    let report = launch.train(&plan, &opts, &mut on_step)?;
+    let report = target.run(&plan, &opts, &mut on_step)?;
     bar.finish_and_clear();
     if let Some(path) = &a.trace {
-        write_trace(&plan, &report.timelines, &trace_path(path, launch.rank()))?;
+        write_trace(&plan, &report.timelines, &trace_path(path, target.rank()))?;
     }
     if !lead {
         return Ok(());
@@ -356,6 +247,9 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             .map_or_else(|| "not".to_string(), human_bytes),
         human_bytes(report.planned_peak_bytes),
     ))?;
+    if let Some(d) = &report.device {
+        print_out(&device_summary(&plan, d))?;
+    }
     save(&a, &plan, &report.final_params)?;
     match (metrics_error, &a.metrics) {
         (Some(source), Some(path)) => Err(CliError::Io {

@@ -1,43 +1,33 @@
-//! The training API: runs a plan for a number of steps on `world` thread
-//! ranks and reports the loss of every step, the final parameters (assembled
-//! from the shards by original name) and the measured memory.
-//!
-//! What a run is lives here (options, reports, resuming, the per-step
-//! log both launchers keep); `rank` is one rank's run whichever launcher
-//! started it (its memory, steps and checkpoint files); `threads` launches
-//! thread ranks in this process and collects their reports, `process` runs
-//! one rank of a world of processes (MPI); `params` turns shards back into
-//! full parameters.
+//! What a training run is, whichever target runs it: its options, the
+//! reports of each step and of the run (losses, the final parameters
+//! assembled from the shards by original name, the measured memory),
+//! resuming from a checkpoint, and the per-step log every launcher keeps.
+//! `rank` is one CPU rank's run whichever launcher started it (its memory,
+//! steps and checkpoint files); `params` turns shards back into full
+//! parameters. The launchers are targets (`crate::targets`).
 
-mod params;
-mod process;
-mod rank;
-mod threads;
+pub(crate) mod params;
+pub(crate) mod rank;
 
 #[cfg(feature = "cuda")]
 pub(crate) use params::assemble_shards;
-pub use process::train_rank;
 
 use crate::account::{self, RankTag};
 use crate::checkpoint::{self, write::UnitBytes, Checkpoint, CheckpointError, FileEntry};
-use crate::comm::shm::{CommConfig, ShmWorld};
 use crate::comm::{BufMut, World};
-use crate::cpu::{CpuBackend, CpuConfig};
-use crate::data::{self, DataSource, DataSpec};
+use crate::cpu::CpuBackend;
+use crate::data::{DataSource, DataSpec};
 use crate::error::RuntimeError;
 use crate::exec::memory::{Arena, Memory};
+use crate::exec::prepare::Prepared;
 use crate::exec::prepare::Step;
-use crate::exec::prepare::{prepare, Prepared};
-use crate::exec::rank::{panic_text, RankEnv};
+use crate::exec::rank::RankEnv;
 use crate::exec::timeline::RankTimeline;
 use crate::exec::ExecMode;
 use crate::fault::Fault;
 use fsdpc_plan::{BufferId, BufferKind, Plan};
-use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How to train.
@@ -179,42 +169,15 @@ pub struct TrainReport {
     /// With `TrainOptions::trace_steps`: each rank's measured timeline (thread
     /// ranks: all of them in rank order; a process rank: its own).
     pub timelines: Vec<RankTimeline>,
-}
-
-/// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
-/// `opts.data` describes. An invalid plan is `RuntimeError::InvalidPlan`
-/// (see `train_with_data`), checked before the data is opened.
-pub fn train(
-    plan: &Plan,
-    opts: &TrainOptions,
-    on_step: &mut dyn FnMut(&StepReport),
-) -> Result<TrainReport, RuntimeError> {
-    validate(plan)?;
-    let (opts, resume) = open_resume(plan, opts, true)?;
-    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
-    threads::execute_detached(plan, opts, resume, data, on_step)
-}
-
-/// `train` with a caller-supplied data source (`opts.data` is ignored).
-///
-/// The plan is validated first (`Plan::validate`, in every build): the
-/// executor's unchecked arena views are sound only for a valid plan.
-pub fn train_with_data(
-    plan: &Plan,
-    opts: &TrainOptions,
-    data: Arc<dyn DataSource>,
-    on_step: &mut dyn FnMut(&StepReport),
-) -> Result<TrainReport, RuntimeError> {
-    validate(plan)?;
-    let (opts, resume) = open_resume(plan, opts, true)?;
-    threads::execute_detached(plan, opts, resume, data, on_step)
+    /// A GPU rank's device: its name, its memory, its step times.
+    pub device: Option<Box<crate::targets::cuda::DeviceReport>>,
 }
 
 /// The verified checkpoint `opts.resume` names, checked against `plan`, and
 /// the options with its seed. With `prepare_dir`, the checkpoint directory is
 /// readied for writing (`write::prepare_dir`); of several processes only one
 /// does that.
-fn open_resume(
+pub(crate) fn open_resume(
     plan: &Plan,
     opts: &TrainOptions,
     prepare_dir: bool,
@@ -262,7 +225,7 @@ pub(crate) fn validate(plan: &Plan) -> Result<(), RuntimeError> {
 }
 
 /// The first step a run executes.
-fn first_step(resume: Option<&Checkpoint>) -> u64 {
+pub(crate) fn first_step(resume: Option<&Checkpoint>) -> u64 {
     resume.map_or(0, |c| c.manifest.step)
 }
 

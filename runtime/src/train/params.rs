@@ -6,7 +6,7 @@ use super::rank::RankOut;
 use super::*;
 
 /// Cuts `unit`'s parameters out of its gathered flat values, by layout offset.
-pub(super) fn cut_params(
+pub(crate) fn cut_params(
     unit: &fsdpc_plan::Unit,
     flat: &[f32],
     params: &mut Vec<(String, Vec<f32>)>,
@@ -28,7 +28,7 @@ pub(super) fn cut_params(
 /// `unit`'s flat parameter from its shards in shard-position order: each
 /// shard's part of each segment put in its place (`Unit::shard_ranges`).
 /// Elements no shard provides stay zero.
-pub(super) fn unshard<'s>(
+pub(crate) fn unshard<'s>(
     unit: &fsdpc_plan::Unit,
     shards: impl Iterator<Item = &'s [f32]>,
 ) -> Vec<f32> {
@@ -64,7 +64,7 @@ pub(crate) fn assemble_shards(
     assemble(plan, &outs)
 }
 
-pub(super) fn assemble(
+pub(crate) fn assemble(
     plan: &Plan,
     outs: &[RankOut],
 ) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {

@@ -5,7 +5,7 @@
 use super::*;
 
 /// What a rank thread sends the collector (`threads::collect`).
-pub(super) enum Msg {
+pub(crate) enum Msg {
     Step {
         rank: usize,
         step: u64,
@@ -28,11 +28,11 @@ pub(super) enum Msg {
 
 /// What a rank hands back at the end: its fp32 shard of every unit and its
 /// peaks.
-pub(super) struct RankOut {
-    pub(super) shards: Vec<Vec<f32>>,
-    pub(super) measured: Option<u64>,
-    pub(super) debug_peak: Option<u64>,
-    pub(super) timeline: Option<RankTimeline>,
+pub(crate) struct RankOut {
+    pub(crate) shards: Vec<Vec<f32>>,
+    pub(crate) measured: Option<u64>,
+    pub(crate) debug_peak: Option<u64>,
+    pub(crate) timeline: Option<RankTimeline>,
 }
 
 /// Reports one rank's loss, pre-clip gradient norm, measured peak and step
@@ -41,23 +41,23 @@ type Report<'r> =
     dyn FnMut(u64, f32, StepScalars, Option<u64>, Duration) -> Result<(), RuntimeError> + 'r;
 
 /// Everything one rank uses, whichever launcher started it.
-pub(super) struct RankCtx<'a> {
-    pub(super) rank: usize,
+pub(crate) struct RankCtx<'a> {
+    pub(crate) rank: usize,
     /// The rank's accounting tag, when the counting allocator is installed.
-    pub(super) tag: Option<usize>,
-    pub(super) world: &'a dyn World,
-    pub(super) prep: &'a Prepared<'a>,
-    pub(super) backend: &'a CpuBackend,
-    pub(super) data: &'a dyn DataSource,
-    pub(super) opts: &'a TrainOptions,
-    pub(super) resume: Option<&'a Checkpoint>,
-    pub(super) saver: Saver<'a>,
+    pub(crate) tag: Option<usize>,
+    pub(crate) world: &'a dyn World,
+    pub(crate) prep: &'a Prepared<'a>,
+    pub(crate) backend: &'a CpuBackend,
+    pub(crate) data: &'a dyn DataSource,
+    pub(crate) opts: &'a TrainOptions,
+    pub(crate) resume: Option<&'a Checkpoint>,
+    pub(crate) saver: Saver<'a>,
     /// The time origin of measured timelines (shared by thread ranks).
-    pub(super) epoch: Instant,
+    pub(crate) epoch: Instant,
 }
 
 /// Where a rank's checkpoint file entry goes.
-pub(super) enum Saver<'a> {
+pub(crate) enum Saver<'a> {
     /// Thread ranks: to the collector, which writes the manifest.
     Thread(&'a mpsc::SyncSender<Msg>),
     /// Process ranks: gathered to rank 0 over this communicator of every
@@ -76,7 +76,7 @@ const ENTRY_FAILED: u8 = 2;
 const ENTRY_NONE: u8 = 0;
 
 impl RankCtx<'_> {
-    pub(super) fn run(
+    pub(crate) fn run(
         &self,
         arena: Option<&mut Arena>,
         report: &mut Report,

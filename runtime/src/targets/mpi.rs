@@ -1,10 +1,99 @@
-//! One rank of a world of processes (`fsdpc train --launcher mpi`): the
-//! loss gathered from every rank each step, checkpoints committed together,
-//! the full parameters gathered to rank 0.
+//! The `mpi` target: this process's rank of a world of processes that
+//! mpirun or srun started (`fsdpc train --target mpi`, feature `mpi`), its
+//! collectives through MPI (`comm::mpi`): the loss gathered from every rank
+//! each step, checkpoints committed together, the full parameters gathered
+//! to rank 0. `train_rank` runs one rank of any process world.
 
-use super::params::{cut_params, unshard};
-use super::rank::{RankCtx, Saver};
-use super::*;
+use super::Target;
+use crate::account::{self, RankTag};
+use crate::checkpoint::Checkpoint;
+use crate::comm::{BufMut, World};
+use crate::cpu::{CpuBackend, CpuConfig};
+use crate::data::{self};
+use crate::error::RuntimeError;
+use crate::exec::memory::Arena;
+use crate::exec::prepare::prepare;
+use crate::exec::ExecMode;
+use crate::train::params::{cut_params, unshard};
+use crate::train::rank::{RankCtx, Saver};
+use crate::train::*;
+use fsdpc_plan::Plan;
+use std::time::{Duration, Instant};
+
+/// This process's rank of an MPI job (`--target mpi`).
+pub struct Mpi {
+    world: crate::comm::mpi::MpiWorld,
+}
+
+impl Mpi {
+    /// Joins the MPI job this process belongs to; its collectives wait
+    /// `timeout` for the others. Without the `mpi` feature, says so.
+    pub fn init(timeout: Duration) -> Result<Mpi, RuntimeError> {
+        crate::comm::mpi::MpiWorld::init(timeout)
+            .map(|world| Mpi { world })
+            .map_err(|e| RuntimeError::Launch(e.to_string()))
+    }
+}
+
+impl Target for Mpi {
+    fn name(&self) -> &'static str {
+        "mpi"
+    }
+
+    #[cfg(feature = "mpi")]
+    fn rank(&self) -> usize {
+        self.world.rank()
+    }
+
+    #[cfg(feature = "mpi")]
+    fn processes(&self) -> Option<u32> {
+        Some(World::size(&self.world) as u32)
+    }
+
+    #[cfg(feature = "mpi")]
+    fn run(
+        &self,
+        plan: &Plan,
+        opts: &TrainOptions,
+        on_step: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport, RuntimeError> {
+        let run = validate(plan)
+            .and_then(|()| self.refuse(plan, opts))
+            .and_then(|()| {
+                train_rank(
+                    plan,
+                    opts,
+                    &self.world,
+                    self.world.rank(),
+                    "mpirun",
+                    on_step,
+                )
+            });
+        match run {
+            Ok(r) => Ok(r),
+            // The other processes wait in a collective: stop them all.
+            Err(e) => self.world.abort(&e.to_string()),
+        }
+    }
+
+    /// Never called: without the `mpi` feature `Mpi::init` fails.
+    #[cfg(not(feature = "mpi"))]
+    fn run(
+        &self,
+        _plan: &Plan,
+        _opts: &TrainOptions,
+        _on_step: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport, RuntimeError> {
+        let _ = &self.world;
+        Err(RuntimeError::Launch(
+            crate::error::CommError::NotCompiled {
+                backend: "mpi",
+                feature: "mpi",
+            }
+            .to_string(),
+        ))
+    }
+}
 
 /// Runs `plan` as rank `rank` of a world of processes (one rank per
 /// process; `world` is the launcher's, e.g. `comm::mpi::MpiWorld`). Each
@@ -111,6 +200,7 @@ pub fn train_rank(
         elapsed,
         world: n,
         timelines: out.timeline.take().into_iter().collect(),
+        device: None,
     })
 }
 

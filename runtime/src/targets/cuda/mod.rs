@@ -40,4 +40,4 @@ pub mod ops;
 pub mod single;
 
 pub use error::CudaError;
-pub use train::{train_cuda, CudaConfig, CudaReport, MemoryReport, NcclMode, Overlap};
+pub use train::{train_cuda, Cuda, CudaConfig, DeviceReport, MemoryReport, NcclMode, Overlap};

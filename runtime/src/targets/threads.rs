@@ -1,12 +1,102 @@
-//! Thread ranks: every rank of the plan on a thread of this process, one
-//! shared-memory world between them, and a collector that orders their
-//! step reports, completes checkpoints once every shard position wrote its
-//! file, and after a failure gives the ranks one collective timeout to
-//! stop before abandoning one that does not.
+//! The `threads` target: every rank of the plan on a thread of this
+//! process, one shared-memory world between them, and a collector that
+//! orders their step reports, completes checkpoints once every shard
+//! position wrote its file, and after a failure gives the ranks one
+//! collective timeout to stop before abandoning one that does not.
 
-use super::params::assemble;
-use super::rank::{Msg, RankCtx, RankOut, Saver};
-use super::*;
+use crate::account::{self, RankTag};
+use crate::checkpoint::{self, Checkpoint, FileEntry};
+use crate::comm::shm::{CommConfig, ShmWorld};
+use crate::comm::World;
+use crate::cpu::{CpuBackend, CpuConfig};
+use crate::data::{self, DataSource};
+use crate::error::RuntimeError;
+use crate::exec::memory::Arena;
+use crate::exec::prepare::prepare;
+use crate::exec::rank::panic_text;
+use crate::exec::ExecMode;
+use crate::train::params::assemble;
+use crate::train::rank::{Msg, RankCtx, RankOut, Saver};
+use crate::train::*;
+use fsdpc_plan::Plan;
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Every rank a thread of this process (`--target threads`, the default).
+#[derive(Debug)]
+pub struct Threads;
+
+impl Threads {
+    /// Thread ranks for this process; refused when a multi-process
+    /// launcher started it as one of several (each process would run the
+    /// whole world as threads).
+    pub fn new() -> Result<Threads, RuntimeError> {
+        let launched =
+            crate::launch::detect_env().map_err(|e| RuntimeError::Launch(e.to_string()))?;
+        if let Some(l) = launched.filter(|l| l.world > 1) {
+            return Err(RuntimeError::Launch(format!(
+                "{} started this process as rank {} of {}; thread ranks run in one process: use --target mpi",
+                l.launcher.name(),
+                l.rank,
+                l.world
+            )));
+        }
+        Ok(Threads)
+    }
+}
+
+impl super::Target for Threads {
+    fn name(&self) -> &'static str {
+        "threads"
+    }
+
+    fn host_gemm(&self) -> Option<fsdpc_plan::cluster::GemmBlocking> {
+        crate::cpu::gemm_blocking()
+    }
+
+    fn run(
+        &self,
+        plan: &Plan,
+        opts: &TrainOptions,
+        on_step: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport, RuntimeError> {
+        validate(plan)?;
+        self.refuse(plan, opts)?;
+        train(plan, opts, on_step)
+    }
+}
+
+/// Trains `plan` on `plan.cluster.world` thread ranks, with the data source
+/// `opts.data` describes. An invalid plan is `RuntimeError::InvalidPlan`
+/// (see `train_with_data`), checked before the data is opened.
+pub fn train(
+    plan: &Plan,
+    opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    let (opts, resume) = open_resume(plan, opts, true)?;
+    let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
+    execute_detached(plan, opts, resume, data, on_step)
+}
+
+/// `train` with a caller-supplied data source (`opts.data` is ignored).
+///
+/// The plan is validated first (`Plan::validate`, in every build): the
+/// executor's unchecked arena views are sound only for a valid plan.
+pub fn train_with_data(
+    plan: &Plan,
+    opts: &TrainOptions,
+    data: Arc<dyn DataSource>,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<TrainReport, RuntimeError> {
+    validate(plan)?;
+    let (opts, resume) = open_resume(plan, opts, true)?;
+    execute_detached(plan, opts, resume, data, on_step)
+}
 
 /// What the training thread hands the caller of `train`.
 enum Event {
@@ -23,7 +113,7 @@ enum Event {
 /// the ranks one more collective timeout to stop; one that does not (stuck
 /// in a kernel, asleep) is abandoned with the training thread: the result
 /// comes back without joining them, and they end with the process.
-pub(super) fn execute_detached(
+fn execute_detached(
     plan: &Plan,
     opts: TrainOptions,
     resume: Option<Checkpoint>,
@@ -194,6 +284,7 @@ fn execute(
         elapsed,
         world,
         timelines,
+        device: None,
     })
 }
 

@@ -31,7 +31,7 @@ use crate::exec::rank::group_ranks;
 use crate::tensor::TensorMut;
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use fsdpc_ir::{DType, Optimizer, TensorType};
-use fsdpc_plan::{BufferId, BufferKind, Collective, Group, InstrOp, Location, Stream};
+use fsdpc_plan::{BufferId, BufferKind, Collective, Group, InstrOp, Stream};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -796,73 +796,11 @@ pub fn check_plan(
     comm_streams(&prep, world, nccl)
 }
 
-/// Refuses host buffers and the loss scaler, naming the instruction.
+/// Refuses what the cuda target does not run (its capabilities: host
+/// buffers, other collective forms, quantized wire formats, the loss
+/// scaler), naming the instruction.
 pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
-    let plan = prep.plan;
-    if let Some(b) = plan.buffers.iter().find(|b| b.location == Location::Host) {
-        let i = plan
-            .instructions
-            .iter()
-            .position(|x| matches!(x.op, InstrOp::Copy { .. }))
-            .unwrap_or(0);
-        return Err(CudaError::Unsupported {
-            instr: i,
-            what: format!("host buffer {} ({:?})", b.id, b.kind),
-            reason: "CPU offload (host buffers and their copies) is not implemented on the cuda backend; compile without --cpu-offload".into(),
-        }
-        .into());
-    }
-    for (i, ins) in plan.instructions.iter().enumerate() {
-        let rewritten = match &ins.op {
-            InstrOp::AllGather {
-                c: Collective { algorithm, .. },
-                ..
-            }
-            | InstrOp::ReduceScatter {
-                c: Collective { algorithm, .. },
-            }
-            | InstrOp::AllReduce { algorithm, .. } => !algorithm.is_ring(),
-            _ => false,
-        };
-        // A gather that names the shard's own dtype on the wire runs as
-        // the cast-first form here (the same values; see `Step::AllGather`
-        // below).
-        if rewritten {
-            return Err(CudaError::Unsupported {
-                instr: i,
-                what: "a rewritten collective (hierarchical, or all-reduce as reduce-scatter and all-gather)".into(),
-                reason: "the cuda backend runs ring collectives; compile with --rewrites cast-before-gather,bucket-all-gathers".into(),
-            }
-            .into());
-        }
-    }
-    if let Some(i) = prep
-        .steps
-        .iter()
-        .position(|s| matches!(s, Step::WireGather { .. } | Step::WireReduceScatter { .. }))
-    {
-        return Err(CudaError::Unsupported {
-            instr: i,
-            what: "a quantized collective (fp8 or int8 wire format)".into(),
-            reason: "the low-precision wire formats run on the CPU runtime only; compile with --allgather-wire native --reduce-scatter-wire native".into(),
-        }
-        .into());
-    }
-    for (i, s) in prep.steps.iter().enumerate() {
-        let what = match s {
-            Step::Scaler(_) => "loss-scaler instruction",
-            Step::Optimizer {
-                skip_if: Some(_), ..
-            } => "optimizer step skipped on inf/NaN",
-            _ => continue,
-        };
-        return Err(CudaError::Unsupported {
-            instr: i,
-            what: what.into(),
-            reason: "the fp16 loss scaler is not implemented on the cuda backend; use --param-dtype bf16".into(),
-        }
-        .into());
-    }
+    crate::targets::cuda_capabilities().check(prep.plan)?;
     Ok(())
 }
 

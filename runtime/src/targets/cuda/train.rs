@@ -1,4 +1,5 @@
-//! The training loop of one GPU rank (`fsdpc train --backend cuda`): one
+//! The `cuda` target: the training loop of one GPU rank (`fsdpc train
+//! --target cuda`): one
 //! process per GPU, rank and world from torchrun, srun or mpirun (or world
 //! 1 alone), NCCL ids from rank 0 over the TCP rendezvous of `launch`. It
 //! reports what the CPU launchers report (losses, metrics, final
@@ -67,19 +68,67 @@ pub struct Overlap {
     pub both_ms: f64,
 }
 
-/// A finished CUDA run.
+/// What a GPU rank reports besides what every target does
+/// (`TrainReport::device`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct CudaReport {
-    /// What every launcher reports.
-    pub train: TrainReport,
+pub struct DeviceReport {
     /// The device's name.
-    pub device: String,
+    pub name: String,
     /// Device memory.
     pub memory: MemoryReport,
     /// With `CudaConfig::timed_steps`: the last step's overlap.
     pub overlap: Option<Overlap>,
     /// Every step's wall time (issue to synchronisation).
     pub step_times: Vec<Duration>,
+}
+
+/// This process's GPU rank (`--target cuda`): placed by torchrun, srun or
+/// mpirun, or alone (world 1).
+#[derive(Debug)]
+pub struct Cuda {
+    launch: Option<LaunchInfo>,
+    cfg: CudaConfig,
+}
+
+impl Cuda {
+    /// This process's GPU rank as its launcher placed it. Without the
+    /// `cuda` feature, says that the backend was not compiled in.
+    pub fn new() -> Result<Cuda, RuntimeError> {
+        if !cfg!(feature = "cuda") {
+            return Err(super::CudaError::NotCompiled.into());
+        }
+        let launch =
+            crate::launch::detect_env().map_err(|e| RuntimeError::Launch(e.to_string()))?;
+        Ok(Cuda {
+            launch,
+            cfg: CudaConfig::default(),
+        })
+    }
+}
+
+impl crate::targets::Target for Cuda {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn rank(&self) -> usize {
+        self.launch.as_ref().map_or(0, |l| l.rank)
+    }
+
+    fn processes(&self) -> Option<u32> {
+        self.launch.as_ref().map(|l| l.world as u32)
+    }
+
+    fn run(
+        &self,
+        plan: &fsdpc_plan::Plan,
+        opts: &TrainOptions,
+        on_step: &mut dyn FnMut(&StepReport),
+    ) -> Result<TrainReport, RuntimeError> {
+        crate::train::validate(plan)?;
+        self.refuse(plan, opts)?;
+        train_cuda(plan, opts, self.launch.as_ref(), &self.cfg, on_step)
+    }
 }
 
 /// Trains `plan` on this process's GPU as rank `launch.rank` of
@@ -91,7 +140,7 @@ pub fn train_cuda(
     _launch: Option<&LaunchInfo>,
     _cfg: &CudaConfig,
     _on_step: &mut dyn FnMut(&StepReport),
-) -> Result<CudaReport, RuntimeError> {
+) -> Result<TrainReport, RuntimeError> {
     Err(super::CudaError::NotCompiled.into())
 }
 
@@ -104,7 +153,7 @@ pub fn train_cuda(
     launch: Option<&LaunchInfo>,
     cfg: &CudaConfig,
     on_step: &mut dyn FnMut(&StepReport),
-) -> Result<CudaReport, RuntimeError> {
+) -> Result<TrainReport, RuntimeError> {
     imp::train_cuda(plan, opts, launch, cfg, on_step)
 }
 
@@ -167,13 +216,12 @@ pub fn overlap_of(compute: Vec<(f64, f64)>, unshard: Vec<(f64, f64)>) -> Overlap
 #[cfg(feature = "cuda")]
 mod imp {
     use super::*;
-    use crate::cuda::device::Device;
-    use crate::cuda::exec::{comm_streams, refuse_unsupported, CommSetup, GpuRank, Id, NcclUse};
-    use crate::cuda::libs::{self, Library};
-    use crate::cuda::nccl;
-    use crate::cuda::CudaError;
     use crate::exec::prepare::prepare;
-    use crate::exec::ExecMode;
+    use crate::targets::cuda::device::Device;
+    use crate::targets::cuda::exec::{comm_streams, CommSetup, GpuRank, Id, NcclUse};
+    use crate::targets::cuda::libs::{self, Library};
+    use crate::targets::cuda::nccl;
+    use crate::targets::cuda::CudaError;
     use crate::train::{assemble_shards, validate, StepLog, StepScalars};
     use fsdpc_plan::{BufferKind, Plan, Stream};
     use std::time::Instant;
@@ -187,36 +235,16 @@ mod imp {
         .into()
     }
 
-    /// Options the CUDA rank does not run, refused before any work.
-    fn check_options(opts: &TrainOptions, world: usize) -> Result<(), RuntimeError> {
-        if opts.checkpoint.is_some() || opts.resume.is_some() {
-            return Err(refuse(
-                "checkpoints",
-                "--checkpoint-dir and --resume are not implemented on the cuda backend yet",
-            ));
-        }
-        if opts.mode == ExecMode::DebugAlloc {
-            return Err(refuse(
-                "--debug-alloc",
-                "the cuda backend runs the arena only",
-            ));
-        }
-        if opts.trace_steps > 0 {
-            return Err(refuse(
-                "--trace",
-                "measured traces are not written by the cuda backend yet",
-            ));
-        }
+    /// Options the CUDA rank does not run, refused before any work: what
+    /// its capabilities say, and injected faults (the failure tests run on
+    /// CPU ranks).
+    fn check_options(plan: &Plan, opts: &TrainOptions) -> Result<(), RuntimeError> {
+        let caps = crate::targets::cuda_capabilities();
+        crate::targets::check_options(&caps, plan, opts)?;
         if opts.fault.is_some() {
             return Err(refuse(
                 "injected faults",
                 "the failure tests run on CPU ranks",
-            ));
-        }
-        if opts.keep_params && world > 1 {
-            return Err(refuse(
-                "--save-*",
-                "saving the trained parameters needs world 1 on the cuda backend",
             ));
         }
         Ok(())
@@ -338,7 +366,7 @@ mod imp {
         launch: Option<&LaunchInfo>,
         cfg: &CudaConfig,
         on_step: &mut dyn FnMut(&StepReport),
-    ) -> Result<CudaReport, RuntimeError> {
+    ) -> Result<TrainReport, RuntimeError> {
         validate(plan)?;
         let (rank, world, local, master) = launch.map_or((0, 1, 0, None), |l| {
             (l.rank, l.world, l.local_rank, l.master.as_deref())
@@ -352,9 +380,9 @@ mod imp {
                 }),
             });
         }
-        check_options(opts, world)?;
+        check_options(plan, opts)?;
+        crate::targets::cuda_capabilities().check(plan)?;
         let prep = prepare(plan)?;
-        refuse_unsupported(&prep)?;
         let dev = Device::open(cfg.device.unwrap_or(local))?;
         let device = dev.name.clone();
         let baseline = used(&dev)?;
@@ -425,7 +453,7 @@ mod imp {
             allocated: gpu.allocated_bytes(),
             total,
         };
-        let train = TrainReport {
+        Ok(TrainReport {
             tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
             losses: log.losses,
             grad_norms: log.grad_norms,
@@ -438,13 +466,12 @@ mod imp {
             elapsed,
             world,
             timelines: Vec::new(),
-        };
-        Ok(CudaReport {
-            train,
-            device,
-            memory,
-            overlap,
-            step_times,
+            device: Some(Box::new(DeviceReport {
+                name: device,
+                memory,
+                overlap,
+                step_times,
+            })),
         })
     }
 }
