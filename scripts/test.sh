@@ -47,7 +47,7 @@ FSDPC_CUDA_LIB_DIR=$("$cuda_venv/bin/python" -c 'import nvidia, os; print(os.pat
 export FSDPC_CUDA_LIB_DIR
 cargo clippy --workspace --features cuda --all-targets -- -D warnings
 cargo test --features cuda -p fsdpc-runtime --lib targets::cuda::
-cargo test --features cuda -p fsdpc-runtime --test cuda_ptx
+cargo test --features cuda -p fsdpc-runtime --test cuda_ptx --test cuda_emulate
 cargo test --features cuda --test cuda --test targets --test conformance
 cargo test --features cuda --test cli cuda_backend
 

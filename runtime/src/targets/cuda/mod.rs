@@ -26,8 +26,6 @@ pub mod attention;
 pub mod blas;
 #[cfg(feature = "cuda")]
 pub mod device;
-#[cfg(all(test, feature = "cuda"))]
-mod emulate;
 #[cfg(feature = "cuda")]
 pub mod exec;
 #[cfg(feature = "cuda")]

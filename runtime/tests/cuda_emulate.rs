@@ -5,18 +5,16 @@
 //! arithmetic of the data-movement ops, the reductions' descriptors, the
 //! broadcasting and the matrix-product mapping (transposes, leading
 //! dimensions, batch strides) are checked in every `cargo test --features
-//! cuda`. The GPU tests (`runtime/tests/cuda.rs`) check the kernels
-//! themselves.
-
+//! cuda`. The GPU tests (`tests/cuda.rs` of the root crate) check the
+//! kernels themselves.
+#![cfg(feature = "cuda")]
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
-use super::blas::Gemm;
-use super::device::{Arg, Launch, Ptr};
-use super::geometry::{Geo, RGeo};
-use super::ops::{lower, Action, Operand};
-use crate::backend::{Backend, KernelCtx, Workspace};
-use crate::cpu::CpuBackend;
-use crate::tensor::HostTensor;
+use fsdpc_runtime::targets::cuda::blas::Gemm;
+use fsdpc_runtime::targets::cuda::device::{Arg, Launch, Ptr};
+use fsdpc_runtime::targets::cuda::geometry::{Geo, RGeo};
+use fsdpc_runtime::targets::cuda::ops::{lower, Action, Operand};
+use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, Workspace};
 use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType};
 
 /// Where the emulated device memory starts (a null pointer stays invalid).
