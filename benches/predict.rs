@@ -8,7 +8,8 @@
 //! cluster file comes from `FSDPC_CLUSTER` (used for every
 //! configuration; `FSDPC_CLUSTER_1`, if set, for the 1-rank ones), or, if
 //! unset, from calibrating this machine at the start of the round
-//! (`fsdpc calibrate`'s `measure`, for 1 and for 2 ranks per node): a
+//! (`fsdpc_runtime::calibrate::measure`, what `fsdpc calibrate` runs, for
+//! 1 and for 2 ranks per node): a
 //! user calibrates, then plans. Each round prints its own table; the
 //! scored table compares each configuration's median prediction with its
 //! median measurement over the rounds, with the measurements' spread (on
@@ -28,7 +29,6 @@
 mod common;
 
 use common::mib;
-use fsdpc::cli::calibrate;
 use fsdpc_ir::DType;
 use fsdpc_plan::Cluster;
 use fsdpc_plan::{BackwardPrefetch, CheckpointPolicy, Strategy};
@@ -130,6 +130,20 @@ struct Outcome {
     peak: u64,
 }
 
+/// This machine calibrated for `ranks_per_node` ranks per node, from the
+/// `cpu-local` preset (what `fsdpc calibrate` does), and its table.
+fn calibrate(ranks_per_node: u32) -> (Cluster, String) {
+    let base = fsdpc_planner::presets::described("cpu-local", ranks_per_node, ranks_per_node)
+        .expect("preset");
+    let model = |spec: &str| {
+        fsdpc_frontends::load(spec, &fsdpc_frontends::LoadOptions::default())
+            .map(|m| m.program.graph)
+            .map_err(|e| e.to_string())
+    };
+    fsdpc_runtime::calibrate::measure(base, ranks_per_node, &model, &mut |_| {})
+        .expect("calibration")
+}
+
 /// The cluster files of one round: from `FSDPC_CLUSTER` (and
 /// `FSDPC_CLUSTER_1`), else calibrated now (2 and 1 ranks per node).
 fn clusters(round: usize) -> (Cluster, Cluster) {
@@ -141,11 +155,11 @@ fn clusters(round: usize) -> (Cluster, Cluster) {
         }
         None => {
             println!("round {round}: calibrating this machine (1 and 2 ranks per node)");
-            let (two, table) = calibrate::measure(2, false).expect("calibration");
+            let (two, table) = calibrate(2);
             if round == 1 {
                 print!("{table}");
             }
-            let (one, _) = calibrate::measure(1, false).expect("calibration");
+            let (one, _) = calibrate(1);
             (two, one)
         }
     }

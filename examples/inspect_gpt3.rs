@@ -32,7 +32,7 @@ pub fn run() -> Result<String, Box<dyn Error>> {
     // Fails with PlanError::DoesNotFit (and what would fit) if a rank's peak
     // exceeded 80 GB.
     let plan = planner::compile(model.program, info, &cluster, &cfg)?;
-    Ok(planner::inspect::render_text(&plan))
+    Ok(fsdpc::report::inspect::render_text(&plan))
 }
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -11,6 +11,7 @@ pub use fsdpc_frontends as frontends;
 pub use fsdpc_ir as ir;
 pub use fsdpc_plan as plan;
 pub use fsdpc_planner as planner;
+pub use fsdpc_report as report;
 pub use fsdpc_runtime as runtime;
 
 pub mod cli;

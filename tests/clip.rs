@@ -337,5 +337,5 @@ fn memory_plan_counts_the_norm_scalar_and_padding_is_zero_weight() {
         clip.estimates.comm_bytes_per_step,
         free.estimates.comm_bytes_per_step + 2 * 7 * 4
     );
-    insta::assert_snapshot!(fsdpc_planner::inspect::render_text(&clip));
+    insta::assert_snapshot!(fsdpc_report::inspect::render_text(&clip));
 }

@@ -443,7 +443,7 @@ fn inspect_shows_device_and_host_memory() {
     .expect("compiles");
     insta::assert_snapshot!(
         "inspect_cpu_offload",
-        fsdpc_planner::inspect::render_text(&p)
+        fsdpc_report::inspect::render_text(&p)
     );
 }
 

@@ -426,7 +426,7 @@ fn a_plan_with_the_scaler_taken_out_does_not_validate() {
 #[test]
 fn inspect_shows_the_bf16_policy_and_halved_bytes() {
     let plan = plan_with(&gpt(2), 4, &policy(DType::Bf16, Strategy::FullShard));
-    insta::assert_snapshot!(fsdpc_planner::inspect::render_text(&plan));
+    insta::assert_snapshot!(fsdpc_report::inspect::render_text(&plan));
 }
 
 #[test]

@@ -306,7 +306,8 @@ fn two_nodes(cfg: &FsdpConfig) -> Plan {
 /// plan that keeps a slice over 2 ranks.
 #[test]
 fn inspect_shows_what_each_strategy_changes() {
-    use fsdpc_planner::inspect::{human_bytes, render_text, summary};
+    use fsdpc_plan::readable::human_bytes;
+    use fsdpc_report::inspect::{render_text, summary};
     use std::fmt::Write;
     let reshard = |n| FsdpConfig {
         reshard_after_forward: Some(n),

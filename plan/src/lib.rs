@@ -24,6 +24,7 @@ pub mod ids;
 pub mod instr;
 pub mod memory;
 pub mod offload;
+pub mod readable;
 pub mod selector;
 mod serde_default;
 pub mod target;

@@ -40,9 +40,9 @@
 
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
-use crate::inspect::human_bytes;
 use fsdpc_ir::{DType, TrainingProgram};
 use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::readable::human_bytes;
 use fsdpc_plan::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

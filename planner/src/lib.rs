@@ -40,27 +40,23 @@
 pub mod auto;
 pub mod checkpoint;
 pub mod clip;
-pub mod compare;
 pub mod config;
 pub mod cost;
 pub mod error;
 pub mod fit;
 pub mod flat;
 pub mod freeze;
-pub mod inspect;
 pub mod memory;
 pub mod offload;
 pub mod overlap;
 pub mod precision;
 pub mod presets;
 pub mod quantize;
-pub mod report;
 pub mod rewrite;
 pub mod scaler;
 pub mod schedule;
 pub mod simulate;
 pub mod target;
-pub mod trace;
 pub mod units;
 pub mod workspace;
 

@@ -208,15 +208,3 @@ fn older_plans_without_the_field_still_load() {
     let back = Plan::from_json(&v.to_string()).unwrap();
     assert_eq!(back.config.activation_checkpointing, CheckpointPolicy::None);
 }
-
-#[test]
-fn inspect_shows_checkpointing() {
-    let ckpt = plan(TINY_GPT, 2, &cfg(CheckpointPolicy::Units)).unwrap();
-    assert!(inspect::render_text(&ckpt).contains("checkpoint activations"));
-    assert_eq!(
-        inspect::summary(&ckpt).activation_checkpointing,
-        CheckpointPolicy::Units
-    );
-    let plain = plan(TINY_GPT, 2, &cfg(CheckpointPolicy::None)).unwrap();
-    assert!(!inspect::render_text(&plain).contains("checkpoint activations"));
-}

@@ -213,11 +213,3 @@ fn memory_falls_monotonically_with_the_units_checkpointed() {
         );
     }
 }
-
-/// `inspect` of the 4-block GPT at world 2 with `every:2`: names the policy
-/// and the two units it checkpoints. Review a changed .snap before accepting.
-#[test]
-fn inspect_of_every_2() {
-    let p = plan(GPT4, 2, &cfg(parse("every:2"))).unwrap();
-    insta::assert_snapshot!(inspect::render_text(&p));
-}

@@ -247,9 +247,3 @@ fn unfrozen_plans_keep_one_segment() {
     let json = p.to_json_pretty().expect("json");
     assert!(!json.contains("frozen_numel") && !json.contains("\"freeze\""));
 }
-
-#[test]
-fn inspect_shows_trainable_and_frozen_elements() {
-    let p = plan(GPT, 4, &frozen_cfg(Strategy::FullShard)).expect("plan");
-    insta::assert_snapshot!(inspect::render_text(&p));
-}

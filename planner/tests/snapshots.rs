@@ -10,11 +10,6 @@ fn tiny_mlp() -> Plan {
 }
 
 #[test]
-fn render_text_of_tiny_mlp() {
-    insta::assert_snapshot!(inspect::render_text(&tiny_mlp()));
-}
-
-#[test]
 fn json_of_tiny_mlp() {
     let plan = tiny_mlp();
     let mut v = serde_json::to_value(&plan).unwrap();

@@ -21,6 +21,7 @@
 
 pub mod account;
 pub mod backend;
+pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
 pub mod cpu;

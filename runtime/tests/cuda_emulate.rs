@@ -10,12 +10,12 @@
 #![cfg(feature = "cuda")]
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
+use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType};
 use fsdpc_runtime::targets::cuda::blas::Gemm;
 use fsdpc_runtime::targets::cuda::device::{Arg, Launch, Ptr};
 use fsdpc_runtime::targets::cuda::geometry::{Geo, RGeo};
 use fsdpc_runtime::targets::cuda::ops::{lower, Action, Operand};
 use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, Workspace};
-use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType};
 
 /// Where the emulated device memory starts (a null pointer stays invalid).
 const BASE: u64 = 1 << 20;

@@ -1,10 +1,10 @@
 //! `fsdpc compare PREDICTED MEASURED [--json]`: the error of the simulated
 //! step (`fsdpc trace`) against a measured one (`fsdpc train --trace`), by
-//! instruction class and for the whole step (`fsdpc_planner::compare`).
+//! instruction class and for the whole step (`fsdpc_report::compare`).
 
 use super::{print_out, read_file, CliError};
 use clap::Args;
-use fsdpc_planner::compare::{compare, Row};
+use fsdpc_report::compare::{compare, Row};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]

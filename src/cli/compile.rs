@@ -103,7 +103,7 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
             a.output.display(),
             plan.units.len(),
             plan.instructions.len(),
-            fsdpc_planner::inspect::human_bytes(plan.memory.peak_bytes)
+            fsdpc_plan::readable::human_bytes(plan.memory.peak_bytes)
         );
     }
     Ok(())
@@ -256,7 +256,7 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         info.name,
         cluster.name,
         cluster.world,
-        fsdpc_planner::inspect::human_bytes(cluster.memory_bytes),
+        fsdpc_plan::readable::human_bytes(cluster.memory_bytes),
         r.candidates,
         r.compiled,
         r.screened,
@@ -281,7 +281,7 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         "chosen: {} (step {:.4} s, peak {}; {})\n",
         fsdpc_planner::auto::short(&config_of(&result.plan, &cfg)),
         result.plan.estimates.step_time_s,
-        fsdpc_planner::inspect::human_bytes(result.plan.memory.peak_bytes),
+        fsdpc_plan::readable::human_bytes(result.plan.memory.peak_bytes),
         if a.auto_gap > 0.0 {
             format!(
                 "at most {}% slower than the fastest of the space (--auto-gap)",

@@ -18,11 +18,11 @@ pub struct InspectArgs {
 pub fn run(a: InspectArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
     if a.json {
-        let s = serde_json::to_string_pretty(&fsdpc_planner::inspect::summary(&plan))
+        let s = serde_json::to_string_pretty(&fsdpc_report::inspect::summary(&plan))
             .map_err(|e| CliError::Usage(format!("cannot print summary: {e}")))?;
         print_out(&format!("{s}\n"))
     } else {
-        print_out(&fsdpc_planner::inspect::render_text(&plan))
+        print_out(&fsdpc_report::inspect::render_text(&plan))
     }
 }
 

@@ -5,7 +5,7 @@
 //! structs, call the pipeline, print. Errors become one readable line and a
 //! non-zero exit code, never a backtrace.
 
-pub mod calibrate;
+mod calibrate;
 mod compare;
 mod compile;
 mod error;

@@ -6,8 +6,8 @@ use super::compile::resolve_cluster;
 use super::inspect::load_plan;
 use super::{print_out, read_file, CliError};
 use clap::Args;
-use fsdpc_planner::inspect::human_bytes;
-use fsdpc_planner::report::render;
+use fsdpc_plan::readable::human_bytes;
+use fsdpc_report::html::render;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]

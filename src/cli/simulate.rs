@@ -6,7 +6,7 @@ use super::compile::resolve_cluster;
 use super::inspect::load_plan;
 use super::{print_out, CliError};
 use clap::Args;
-use fsdpc_planner::inspect::human_bytes;
+use fsdpc_plan::readable::human_bytes;
 use fsdpc_planner::simulate::{run as simulate, Simulation};
 use std::fmt::Write;
 use std::path::PathBuf;

@@ -17,7 +17,7 @@ pub struct TraceArgs {
 
 pub fn run(a: TraceArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
-    let trace = fsdpc_planner::trace::chrome_trace(&plan);
+    let trace = fsdpc_report::trace::chrome_trace(&plan);
     std::fs::write(&a.output, trace.to_string()).map_err(|source| CliError::Io {
         path: a.output.display().to_string(),
         source,

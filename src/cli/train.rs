@@ -8,7 +8,7 @@ use super::inspect::parse_plan;
 use super::json_kind::{is_json, sniff, JsonKind};
 use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
-use fsdpc_planner::inspect::human_bytes;
+use fsdpc_plan::readable::human_bytes;
 use fsdpc_runtime::train::CheckpointConfig;
 use fsdpc_runtime::{DataSpec, ExecMode, StepReport, TrainOptions};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -277,13 +277,13 @@ fn write_trace(
     timelines: &[fsdpc_runtime::exec::timeline::RankTimeline],
     path: &Path,
 ) -> Result<(), CliError> {
-    let spans: Vec<fsdpc_planner::trace::MeasuredSpan> = timelines
+    let spans: Vec<fsdpc_report::trace::MeasuredSpan> = timelines
         .iter()
         .flat_map(|t| {
             t.streams.iter().flat_map(move |s| {
                 s.spans
                     .iter()
-                    .map(move |x| fsdpc_planner::trace::MeasuredSpan {
+                    .map(move |x| fsdpc_report::trace::MeasuredSpan {
                         rank: t.rank,
                         step: x.step,
                         instr: x.instr as usize,
@@ -294,7 +294,7 @@ fn write_trace(
             })
         })
         .collect();
-    let trace = fsdpc_planner::trace::measured_trace(plan, &spans).map_err(CliError::Usage)?;
+    let trace = fsdpc_report::trace::measured_trace(plan, &spans).map_err(CliError::Usage)?;
     std::fs::write(path, trace.to_string()).map_err(|source| CliError::Io {
         path: path.display().to_string(),
         source,

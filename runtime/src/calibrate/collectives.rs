@@ -6,13 +6,13 @@
 //! / bw` line per kind and group size is kept beside them.
 
 use super::harness::{fail, lockstep, median, rotation_sets, Aligned, Body};
+use super::CalibrateError;
 use super::Calibration;
-use crate::cli::CliError;
+use crate::comm::{Buf, BufMut, Communicator};
+use crate::{CommConfig, ShmWorld};
 use fsdpc_ir::DType;
 use fsdpc_plan::cluster::ring_wire_bytes;
 use fsdpc_plan::cluster::{CollectiveFit, CollectiveKind};
-use fsdpc_runtime::comm::{Buf, BufMut, Communicator};
-use fsdpc_runtime::{CommConfig, ShmWorld};
 use std::fmt::Write;
 
 /// Bytes of the collectives timed (the full buffer).
@@ -31,7 +31,7 @@ pub(super) fn steps(ranks: usize) -> usize {
 
 /// Times every collective kind over every group size at every size and
 /// adds their table: one fit per kind and group size.
-pub(super) fn measure(cal: &mut Calibration) -> Result<Vec<CollectiveFit>, CliError> {
+pub(super) fn measure(cal: &mut Calibration) -> Result<Vec<CollectiveFit>, CalibrateError> {
     let _ = writeln!(
         cal.table,
         "collectives (shared memory, f32), fit latency + ring wire bytes / bw (the cost model interpolates the measured points):"
@@ -41,11 +41,10 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Vec<CollectiveFit>, CliEr
         for op in CollectiveKind::ALL {
             let mut pts = Vec::new();
             for bytes in SIZES {
-                cal.bar
-                    .set_message(format!("{} over {n} ranks, {bytes} B", op.name()));
+                cal.message(format!("{} over {n} ranks, {bytes} B", op.name()));
                 let t = collective_time(op, n, bytes)?;
                 pts.push((ring_wire_bytes(op, n as u32, bytes as f64), t));
-                cal.bar.inc(1);
+                cal.inc();
             }
             let (latency_s, bw) = fit_alpha_beta(&pts);
             let _ = writeln!(
@@ -131,7 +130,7 @@ pub(super) fn collective_body(
 }
 
 /// Median seconds of one collective over `n` rank threads.
-fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, CliError> {
+fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, CalibrateError> {
     let world = ShmWorld::new(n, CommConfig::default());
     let reps = ((32 << 20) / bytes.max(1)).clamp(9, 300);
     let times = lockstep(n, reps, |rank| collective_body(&world, op, n, rank, bytes))

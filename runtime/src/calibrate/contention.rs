@@ -7,11 +7,11 @@
 
 use super::collectives::collective_body;
 use super::harness::{fail, lockstep, mean, on_rank_threads, Body};
+use super::CalibrateError;
 use super::Calibration;
-use crate::cli::CliError;
+use crate::cpu::kernels::matmul::{gemm_f32, Mat};
+use crate::{CommConfig, ShmWorld};
 use fsdpc_plan::cluster::{CollectiveKind, Contention};
-use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
-use fsdpc_runtime::{CommConfig, ShmWorld};
 use gemm::Parallelism;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,8 +22,8 @@ pub(super) const STEPS: usize = 1;
 
 /// Measures how 8 MiB collectives and 256^3 products slow each other on
 /// every rank and adds the table.
-pub(super) fn measure(cal: &mut Calibration) -> Result<Contention, CliError> {
-    cal.bar.set_message("contention");
+pub(super) fn measure(cal: &mut Calibration) -> Result<Contention, CalibrateError> {
+    cal.message("contention");
     let cont_ranks = cal.ranks.max(2);
     let times = contention(cont_ranks, 8 << 20, 40)?;
     let factors = times.factors();
@@ -49,7 +49,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Contention, CliError> {
         moved(t.rs_alone, t.ag_rs.1),
         f.comm_pair_slowdown,
     );
-    cal.bar.inc(1);
+    cal.inc();
 
     Ok(factors)
 }
@@ -127,7 +127,7 @@ fn run_beside(
     collectives: usize,
     ops: &[CollectiveKind],
     compute: bool,
-) -> Result<(Vec<f64>, f64), CliError> {
+) -> Result<(Vec<f64>, f64), CalibrateError> {
     let worlds: Vec<_> = ops
         .iter()
         .map(|_| ShmWorld::new(ranks, CommConfig::default()))
@@ -210,7 +210,11 @@ fn run_beside(
 /// an all-gather and a reduce-scatter stream beside products (backward:
 /// the next unit's gather and the last one's reduction), and the two
 /// collective streams without products.
-fn contention(ranks: usize, bytes: usize, collectives: usize) -> Result<ContentionTimes, CliError> {
+fn contention(
+    ranks: usize,
+    bytes: usize,
+    collectives: usize,
+) -> Result<ContentionTimes, CalibrateError> {
     use CollectiveKind::{AllGather, ReduceScatter};
     let ag_alone = run_beside(ranks, bytes, collectives, &[AllGather], false)?.0[0];
     let rs_alone = run_beside(ranks, bytes, collectives, &[ReduceScatter], false)?.0[0];

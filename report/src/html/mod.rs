@@ -21,10 +21,10 @@ pub mod tables;
 pub mod timeline;
 
 use crate::compare::{compare, CompareError, Comparison};
-use crate::inspect::{human_bytes, human_count};
-use crate::simulate::{run as simulate_run, simulate, Simulation};
 use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::readable::{human_bytes, human_count};
 use fsdpc_plan::{BufferKind, Plan};
+use fsdpc_planner::simulate::{run as simulate_run, simulate, Simulation};
 use serde_json::Value;
 use std::fmt::Write;
 use svg::{esc, secs, Scale};
@@ -72,7 +72,7 @@ pub fn render(
         lanes.extend(timeline::measured_lanes(plan, r));
     }
     let curve = memory::curve(plan, &tl, &x, (PLOT_X1 - PLOT_X0) as usize);
-    let traffic = crate::cost::traffic(plan, cluster);
+    let traffic = fsdpc_planner::cost::traffic(plan, cluster);
 
     let mut out = String::with_capacity(1 << 16);
     head(&mut out, plan);

@@ -16,8 +16,8 @@
 
 use super::measured::Run;
 use super::svg::{esc, secs, time_axis, Scale};
-use crate::simulate::Timeline;
 use fsdpc_plan::{Instr, InstrOp, Plan, Stream};
+use fsdpc_planner::simulate::Timeline;
 use std::fmt::Write;
 
 /// What a rectangle's color says.

@@ -1,5 +1,6 @@
-//! `fsdpc calibrate [--ranks-per-node R] [-o cluster.json]`: measures this
-//! machine with the runtime's own code and writes a cluster file.
+//! Calibration (`fsdpc calibrate`): measures this machine with the
+//! runtime's own kernels and communicators and gives the cluster the cost
+//! model reads, each figure with its source.
 //!
 //! Every figure is measured with R rank threads doing the same thing at the
 //! same time (as R ranks of a node do), each figure the median repetition
@@ -15,9 +16,9 @@
 //! - `contention`: how collectives and products slow each other on shared
 //!   cores.
 //!
-//! `harness` holds how they time; this module runs them in turn and turns
-//! their figures into the cluster file, each with its source. `measure` is
-//! public so benchmarks can calibrate without the CLI.
+//! `harness` holds how they time; this module runs them in turn and puts
+//! their figures into a cluster (the caller's base for what is not
+//! measured), each with its source.
 
 mod collectives;
 mod contention;
@@ -25,52 +26,69 @@ mod harness;
 mod kernels;
 mod products;
 
-use super::{print_out, CliError};
-use clap::Args;
 use fsdpc_plan::cluster::{Cluster, CollectiveFit, CollectiveKind, Contention};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt::Write;
-use std::path::{Path, PathBuf};
+use thiserror::Error;
 
-#[derive(Debug, Args)]
-pub struct CalibrateArgs {
-    /// Ranks per node the figures are for (they share the cores).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
-    pub ranks_per_node: u32,
-    /// Where to write the cluster file (default: stdout).
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
+/// A measurement that failed (a kernel or a collective that errored).
+#[derive(Debug, Error, Clone, PartialEq)]
+#[error("{0}")]
+pub struct CalibrateError(pub String);
+
+/// Where a calibration is: each step done, and what it measures now.
+pub enum Progress {
+    /// Now measuring this.
+    Measuring(String),
+    /// One more of `steps` done.
+    Done,
 }
 
 /// What every measurement shares: how many rank threads run at once, the
-/// progress bar, and the table of what was measured.
-struct Calibration {
+/// progress callback, and the table of what was measured.
+struct Calibration<'a> {
     ranks: usize,
-    bar: ProgressBar,
+    /// The graph of a zoo model spec (the data source's inputs are timed
+    /// on two: a classifier's features and a language model's tokens).
+    model: &'a dyn Fn(&str) -> Result<fsdpc_ir::Graph, String>,
+    progress: &'a mut dyn FnMut(Progress),
     table: String,
 }
 
-/// Measures this machine for `ranks_per_node` ranks per node and returns
-/// the cluster file, and the table of what was measured. `progress`: draw
-/// a progress bar on stderr.
-pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(Cluster, String), CliError> {
+impl Calibration<'_> {
+    fn message(&mut self, what: impl Into<String>) {
+        (self.progress)(Progress::Measuring(what.into()));
+    }
+
+    fn inc(&mut self) {
+        (self.progress)(Progress::Done);
+    }
+}
+
+/// How many steps `measure` reports for `ranks_per_node` ranks per node.
+pub fn steps(ranks_per_node: u32) -> usize {
+    let ranks = ranks_per_node.max(1) as usize;
+    products::steps() + kernels::steps() + collectives::steps(ranks) + contention::STEPS
+}
+
+/// Measures this machine for `ranks_per_node` ranks per node: `base` (the
+/// `cpu-local` preset, or any cluster whose figures are wanted where
+/// nothing is measured) with every measured figure in place and its
+/// source, named `calibrated`; and the table of what was measured.
+/// `model` builds a zoo model's graph from its spec (the frontends'
+/// `load`); `progress` hears of every step (`steps` of them).
+pub fn measure(
+    base: Cluster,
+    ranks_per_node: u32,
+    model: &dyn Fn(&str) -> Result<fsdpc_ir::Graph, String>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Cluster, String), CalibrateError> {
     let rpn = ranks_per_node.max(1);
     let ranks = rpn as usize;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let total =
-        products::steps() + kernels::steps() + collectives::steps(ranks) + contention::STEPS;
-    let bar = if progress {
-        let bar = ProgressBar::new(total as u64);
-        if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]") {
-            bar.set_style(style);
-        }
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
     let mut cal = Calibration {
         ranks,
-        bar,
+        model,
+        progress,
         table: String::new(),
     };
     let _ = writeln!(
@@ -81,16 +99,19 @@ pub fn measure(ranks_per_node: u32, progress: bool) -> Result<(Cluster, String),
     let kernels = kernels::measure(&mut cal)?;
     let fits = collectives::measure(&mut cal)?;
     let contention = contention::measure(&mut cal)?;
-    cal.bar.finish_and_clear();
     let mut table = cal.table;
-    let file = cluster_file(rpn, cores, products, kernels, fits, contention, &mut table)?;
+    let file = cluster_file(
+        base, rpn, cores, products, kernels, fits, contention, &mut table,
+    )?;
     Ok((file, table))
 }
 
 /// The cluster file of the figures measured: `cpu-local`'s, with every
 /// measured figure in place and its source; the last-level cache and the
 /// gemm blocking read from this machine, added to `table`.
+#[allow(clippy::too_many_arguments)]
 fn cluster_file(
+    base: Cluster,
     rpn: u32,
     cores: usize,
     products: products::Products,
@@ -98,8 +119,8 @@ fn cluster_file(
     fits: Vec<CollectiveFit>,
     contention: Contention,
     table: &mut String,
-) -> Result<Cluster, CliError> {
-    let mut file = fsdpc_planner::presets::described("cpu-local", rpn, rpn)?;
+) -> Result<Cluster, CalibrateError> {
+    let mut file = base;
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "this machine".into());
@@ -129,7 +150,7 @@ fn cluster_file(
     h.kernel_bw = kernels.bandwidth;
     h.bandwidth_by_size = kernels.by_size;
     h.kernel_flops = kernels.flops;
-    h.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
+    h.cpu_gemm = crate::cpu::gemm_blocking();
     if let Some(g) = &h.cpu_gemm {
         let _ = writeln!(
             table,
@@ -246,39 +267,4 @@ fn last_level_cache() -> Option<u64> {
             })
         })
         .max()
-}
-
-pub fn run(a: CalibrateArgs) -> Result<(), CliError> {
-    // Refused before the measurement, not after it.
-    if let Some(path) = &a.output {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        if path.is_dir() || !dir.is_dir() {
-            return Err(CliError::Usage(format!(
-                "calibrate: cannot write the cluster file to {}: {}",
-                path.display(),
-                if path.is_dir() {
-                    "it is a directory".to_string()
-                } else {
-                    format!("there is no directory {}", dir.display())
-                }
-            )));
-        }
-    }
-    let (file, table) = measure(a.ranks_per_node, true)?;
-    eprint!("{table}");
-    let text = file.to_file(false);
-    match &a.output {
-        None => print_out(&text),
-        Some(path) => {
-            std::fs::write(path, text).map_err(|source| CliError::Io {
-                path: path.display().to_string(),
-                source,
-            })?;
-            eprintln!("wrote {}", path.display());
-            Ok(())
-        }
-    }
 }

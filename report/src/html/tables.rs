@@ -9,9 +9,9 @@
 use super::svg::{esc, secs, Scale};
 use super::timeline::Lane;
 use crate::compare::Comparison;
-use crate::cost::Traffic;
-use crate::inspect::{human_bytes, human_count};
+use fsdpc_plan::readable::{human_bytes, human_count};
 use fsdpc_plan::{BufferKind, Collective, Plan, ReshardAfterForward, UnitId};
+use fsdpc_planner::cost::Traffic;
 use std::fmt::Write;
 
 /// Bytes of the first buffer of `kind` for unit `u`, if any.

@@ -17,13 +17,13 @@
 //! `LoadInput` costs); and a 64 MiB copy (`mem_bw`).
 
 use super::harness::{fail, fill_of, lockstep, median, rotation_sets, Aligned, Body};
+use super::CalibrateError;
 use super::Calibration;
-use crate::cli::CliError;
-use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
-use fsdpc_plan::cluster::PROMOTION_FAMILY;
-use fsdpc_runtime::{
+use crate::{
     Backend, CpuBackend, CpuConfig, KernelCtx, OptimizerArgs, TensorMut, TensorRef, Workspace,
 };
+use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
+use fsdpc_plan::cluster::PROMOTION_FAMILY;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -59,9 +59,9 @@ pub(super) fn steps() -> usize {
 }
 
 /// Times every kernel family on every rank at once and adds their table.
-pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
+pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CalibrateError> {
     // Per-kernel overhead: tiny kernels, many calls.
-    cal.bar.set_message("kernel overhead");
+    cal.message("kernel overhead");
     let mut tiny = Vec::new();
     for case in kernel_cases(1, 8, DType::F32) {
         tiny.push(kernel_time(cal.ranks, &case, 1, 200, 10)?.0);
@@ -73,7 +73,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
         tiny.len(),
         overhead * 1e6
     );
-    cal.bar.inc(1);
+    cal.inc();
 
     let _ = writeln!(
         cal.table,
@@ -84,7 +84,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
         .iter()
         .chain(&kernel_cases(1024, 256, DType::Bf16))
     {
-        cal.bar.set_message(format!("kernel {}", case.family));
+        cal.message(format!("kernel {}", case.family));
         let (t, bytes, _) = kernel_time(cal.ranks, case, 4, 4, 8)?;
         let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
         let _ = writeln!(
@@ -95,13 +95,13 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
             bw / 1e9
         );
         kernel_bw.insert(case.family.clone(), bw);
-        cal.bar.inc(1);
+        cal.inc();
     }
     // What a kernel that computes in f32 pays to promote a half-precision
     // operand (`PROMOTION_FAMILY`; the matrix products' cost model adds it
     // per half element): a bf16 tensor widened to f32 and an f32 tensor
     // narrowed to bf16, the bytes of both over the time of both.
-    cal.bar.set_message("kernel cast:bf16");
+    cal.message("kernel cast:bf16");
     let (mut cast_s, mut cast_bytes) = (0.0, 0.0);
     for (to, from) in [(DType::F32, DType::Bf16), (DType::Bf16, DType::F32)] {
         let case = KernelCase {
@@ -122,13 +122,13 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
         cast_bw / 1e9
     );
     kernel_bw.insert(PROMOTION_FAMILY.to_string(), cast_bw);
-    cal.bar.inc(1);
+    cal.inc();
     let mut kernel_flops = BTreeMap::new();
     for case in attention_cases(ATTENTION, DType::F32)
         .iter()
         .chain(&attention_cases(ATTENTION, DType::Bf16))
     {
-        cal.bar.set_message(format!("kernel {}", case.family));
+        cal.message(format!("kernel {}", case.family));
         let (t, _, flops) = kernel_time(cal.ranks, case, 2, 2, 5)?;
         let rate = flops / (t - overhead).max(t * 0.05).max(1e-12);
         let _ = writeln!(
@@ -139,14 +139,14 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
             rate / 1e9
         );
         kernel_flops.insert(case.family.clone(), rate);
-        cal.bar.inc(1);
+        cal.inc();
     }
     // The AdamW update at growing sizes: its bandwidth at the first is the
     // optimizer family's, the others' over it how every memory-bound kernel
     // slows once its bytes outgrow the caches (`bandwidth_by_size`).
     let mut by_size: Vec<(f64, f64)> = Vec::new();
     for n in OPTIMIZER_SIZES {
-        cal.bar.set_message(format!("optimizer step, {n} elements"));
+        cal.message(format!("optimizer step, {n} elements"));
         let (t, bytes) = optimizer_time(cal.ranks, n, rotation_sets(16 * n))?;
         let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
         let _ = writeln!(
@@ -160,11 +160,12 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
         // Non-increasing: a larger working set is never faster.
         let prev = by_size.last().map_or(1.0, |p| p.1);
         by_size.push((bytes, (bw / first).clamp(1e-6, prev)));
-        cal.bar.inc(1);
+        cal.inc();
     }
     for (family, spec, input) in DATA_CASES {
-        cal.bar.set_message(format!("data: {input}"));
-        let (t, bytes) = data_time(cal.ranks, spec, input)?;
+        cal.message(format!("data: {input}"));
+        let graph = (cal.model)(spec).map_err(|e| fail(&format!("model {spec}"), e))?;
+        let (t, bytes) = data_time(cal.ranks, &graph, spec, input)?;
         let bw = bytes / (t - overhead).max(t * 0.05).max(1e-12);
         let _ = writeln!(
             cal.table,
@@ -174,16 +175,16 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Kernels, CliError> {
             bw / 1e9
         );
         kernel_bw.insert(family.to_string(), bw);
-        cal.bar.inc(1);
+        cal.inc();
     }
-    cal.bar.set_message("memory copy");
+    cal.message("memory copy");
     let mem = copy_rate(cal.ranks)?;
     let _ = writeln!(
         cal.table,
         "memory: {:.2} GB/s (64 MiB copy, read + write)",
         mem / 1e9
     );
-    cal.bar.inc(1);
+    cal.inc();
 
     Ok(Kernels {
         overhead,
@@ -347,7 +348,7 @@ fn kernel_time(
     sets: usize,
     calls: usize,
     reps: usize,
-) -> Result<(f64, f64, f64), CliError> {
+) -> Result<(f64, f64, f64), CalibrateError> {
     let in_refs: Vec<&TensorType> = case.inputs.iter().collect();
     let outputs = fsdpc_ir::ops::infer(&case.op, &in_refs)
         .map_err(|e| fail(&format!("kernel {}", case.family), e))?;
@@ -416,7 +417,7 @@ fn kernel_time(
 
 /// Per-call seconds of the AdamW update over `n` elements on every rank at
 /// once, and the bytes the cost model counts for it (params x (3 + 2 x 2)).
-fn optimizer_time(ranks: usize, n: usize, sets: usize) -> Result<(f64, f64), CliError> {
+fn optimizer_time(ranks: usize, n: usize, sets: usize) -> Result<(f64, f64), CalibrateError> {
     let times = lockstep(ranks, 8, |_| {
         let mut bufs: Vec<[Vec<f32>; 4]> = (0..sets)
             .map(|_| {
@@ -471,18 +472,20 @@ const DATA_CASES: [(&str, &str, &str); 2] = [
 /// Per-call seconds of the runtime's synthetic data source writing input
 /// `input` of `spec`'s model (each rank its own samples, every rank at
 /// once), and the bytes it writes.
-fn data_time(ranks: usize, spec: &str, input: &str) -> Result<(f64, f64), CliError> {
+fn data_time(
+    ranks: usize,
+    graph: &fsdpc_ir::Graph,
+    spec: &str,
+    input: &str,
+) -> Result<(f64, f64), CalibrateError> {
     let what = || format!("data source for {input} of {spec}");
-    let m = fsdpc_frontends::load(spec, &fsdpc_frontends::LoadOptions::default())
-        .map_err(|e| fail(&what(), e))?;
-    let graph = &m.program.graph;
-    let ty = fsdpc_runtime::data::analyse(graph)
+    let ty = crate::data::analyse(graph)
         .into_iter()
         .find(|d| d.name == input)
         .map(|d| d.ty)
         .ok_or_else(|| fail(&what(), "the model has no such input"))?;
-    let source = fsdpc_runtime::data::open(&fsdpc_runtime::DataSpec::Synthetic, graph, 1)
-        .map_err(|e| fail(&what(), e))?;
+    let source =
+        crate::data::open(&crate::DataSpec::Synthetic, graph, 1).map_err(|e| fail(&what(), e))?;
     let bytes = ty.bytes() as usize;
     let b = ty.shape.0.first().copied().unwrap_or(1) as u64;
     let times = lockstep(ranks, 8, |rank| {
@@ -492,7 +495,7 @@ fn data_time(ranks: usize, spec: &str, input: &str) -> Result<(f64, f64), CliErr
         Ok(Box::new(move || {
             step += 1;
             let view = TensorMut::new(&ty, out.bytes_mut()).map_err(|e| e.0)?;
-            let batch = fsdpc_runtime::Batch {
+            let batch = crate::Batch {
                 step,
                 first_sample: rank as u64 * b,
             };
@@ -505,7 +508,7 @@ fn data_time(ranks: usize, spec: &str, input: &str) -> Result<(f64, f64), CliErr
 
 /// Bytes moved per second by a 64 MiB copy (read plus write) on every rank
 /// at once.
-fn copy_rate(ranks: usize) -> Result<f64, CliError> {
+fn copy_rate(ranks: usize) -> Result<f64, CalibrateError> {
     let n = 16 << 20;
     let times = lockstep(ranks, 5, |_| {
         let src = vec![1f32; n];

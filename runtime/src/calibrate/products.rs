@@ -9,10 +9,10 @@
 //! cost model its per-shape figures.
 
 use super::harness::{fail, lockstep, median, rotation_sets};
+use super::CalibrateError;
 use super::Calibration;
-use crate::cli::CliError;
+use crate::cpu::kernels::matmul::{gemm_f32, Mat};
 use fsdpc_plan::cluster::{matmul_shape_key, wide_skinny_key, SKINNY_BASE_DIM, SKINNY_DIM};
-use fsdpc_runtime::cpu::kernels::matmul::{gemm_f32, Mat};
 use gemm::Parallelism;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -91,14 +91,14 @@ pub(super) fn steps() -> usize {
 }
 
 /// Times every product on every rank at once and adds their table.
-pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
+pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CalibrateError> {
     let _ = writeln!(
         cal.table,
         "matrix products (gemm_f32, one thread per rank):"
     );
     let mut points = Vec::new();
     for (m, k, n) in SHAPES {
-        cal.bar.set_message(format!("matrix product {m}x{k}x{n}"));
+        cal.message(format!("matrix product {m}x{k}x{n}"));
         let (flops, rate) = matmul_rate(cal.ranks, m, k, n)?;
         let _ = writeln!(
             cal.table,
@@ -106,7 +106,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
             rate / 1e9
         );
         points.push((flops, rate));
-        cal.bar.inc(1);
+        cal.inc();
     }
     // Skinny products (a small batch through a wide layer): the smallest
     // dimension 16 as rows, inner size or columns, at each size.
@@ -116,7 +116,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
     );
     let mut skinny = Vec::new();
     for s in SKINNY_SIZES {
-        cal.bar.set_message(format!("skinny matrix products, {s}"));
+        cal.message(format!("skinny matrix products, {s}"));
         let mut rates = Vec::new();
         let mut flops = 0.0;
         for (m, k, n) in [(16, s, s), (s, 16, s), (s, s, 16)] {
@@ -136,7 +136,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
                 .join(", ")
         );
         skinny.push((flops, rate));
-        cal.bar.inc(1);
+        cal.inc();
     }
     // Curves by call shape and operand layout (`matmul_shape_key`): the
     // square shapes above with a smallest dimension over SKINNY_DIM, and
@@ -149,7 +149,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
     let mut matmul_curves: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for (family, list, wide) in curve_families() {
         for (trans_a, trans_b) in LAYOUTS {
-            cal.bar.set_message(format!("matrix products, {family}"));
+            cal.message(format!("matrix products, {family}"));
             let (m0, k0, n0) = list[0];
             let mut key = matmul_shape_key(m0 as u64, k0 as u64, n0 as u64, trans_a, trans_b);
             if wide {
@@ -166,7 +166,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
             }
             let _ = writeln!(cal.table, "  {key:<12} {}", shown.join(", "));
             matmul_curves.insert(key, curve);
-            cal.bar.inc(1);
+            cal.inc();
         }
     }
     // One peak over every product measured; every curve relative to it.
@@ -202,7 +202,7 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Products, CliError> {
 }
 
 /// (FLOPs, FLOP/s per rank) of one product `m x k` by `k x n` on every rank.
-fn matmul_rate(ranks: usize, m: usize, k: usize, n: usize) -> Result<(f64, f64), CliError> {
+fn matmul_rate(ranks: usize, m: usize, k: usize, n: usize) -> Result<(f64, f64), CalibrateError> {
     matmul_rate_of(ranks, (m, k, n), false, false)
 }
 
@@ -212,7 +212,7 @@ fn matmul_rate_of(
     (m, k, n): Shape,
     trans_a: bool,
     trans_b: bool,
-) -> Result<(f64, f64), CliError> {
+) -> Result<(f64, f64), CalibrateError> {
     let flops = 2.0 * (m * k * n) as f64;
     let reps = ((2e8 / flops) as usize).clamp(3, 200);
     // Operands rotate over sets spanning ROTATION_BYTES: in a training

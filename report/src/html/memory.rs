@@ -13,10 +13,10 @@
 //! order): the envelope, the peak included, survives.
 
 use super::svg::{byte_axis, esc, secs, time_axis, Scale};
-use crate::inspect::human_bytes;
-use crate::simulate::Timeline;
 use fsdpc_plan::memory::live_bytes;
+use fsdpc_plan::readable::human_bytes;
 use fsdpc_plan::{Buffer, BufferKind, Location, Plan};
+use fsdpc_planner::simulate::Timeline;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 

@@ -2,7 +2,7 @@
 //! mean of repetitions, aligned buffers, and operand sets that rotate so a
 //! repetition does not find its inputs in the caches.
 
-use crate::cli::CliError;
+use super::CalibrateError;
 use fsdpc_ir::DType;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -10,8 +10,8 @@ use std::time::Instant;
 /// What one rank thread repeats.
 pub(super) type Body = Box<dyn FnMut() -> Result<(), String>>;
 
-pub(super) fn fail(what: &str, e: impl std::fmt::Display) -> CliError {
-    CliError::Usage(format!("calibrate: {what}: {e}"))
+pub(super) fn fail(what: &str, e: impl std::fmt::Display) -> CalibrateError {
+    CalibrateError(format!("calibrate: {what}: {e}"))
 }
 
 /// Runs `run(rank)` on a thread of its own for each of `ranks` ranks, all

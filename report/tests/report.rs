@@ -11,12 +11,12 @@ mod common;
 
 use common::{plan, TINY_GPT};
 use fsdpc_plan::*;
-use fsdpc_planner::report::svg::Scale;
-use fsdpc_planner::report::timeline::{merge, overlap, predicted_lanes, Lane};
-use fsdpc_planner::report::{memory, render, ReportError, PLOT_X0, PLOT_X1};
 use fsdpc_planner::simulate::simulate;
-use fsdpc_planner::trace::{measured_trace, MeasuredSpan};
 use fsdpc_planner::*;
+use fsdpc_report::html::svg::Scale;
+use fsdpc_report::html::timeline::{merge, overlap, predicted_lanes, Lane};
+use fsdpc_report::html::{memory, render, ReportError, PLOT_X0, PLOT_X1};
+use fsdpc_report::trace::{measured_trace, MeasuredSpan};
 use serde_json::Value;
 
 const HOSTILE: &str = r#"h.<0>&"x"'</td>"#;
@@ -310,7 +310,7 @@ fn measured_trace_is_drawn_and_bad_ones_are_refused() {
     assert!(matches!(err, ReportError::Compare(_)), "{err}");
     assert!(err.to_string().contains("different plans"), "{err}");
     // A predicted trace where the measured one belongs.
-    let predicted = fsdpc_planner::trace::chrome_trace(&p);
+    let predicted = fsdpc_report::trace::chrome_trace(&p);
     assert!(matches!(
         render(&p, &c, Some(&predicted)),
         Err(ReportError::Compare(_))

@@ -14,8 +14,8 @@
 //! the runtime's allocator at the end of each instruction. `otherData`
 //! names the kind of trace and the plan it came from (`plan_identity`).
 
-use crate::simulate::simulate;
 use fsdpc_plan::{Collective, InstrOp, Plan};
+use fsdpc_planner::simulate::simulate;
 use serde_json::{json, Value};
 
 /// `otherData.fsdpc_trace` of a trace `chrome_trace` writes.
@@ -258,7 +258,7 @@ pub fn instr_bytes(plan: &Plan, op: &InstrOp) -> u64 {
     let buf = |b: &fsdpc_plan::BufferId| plan.buffers.get(b.index()).map_or(0, |b| b.bytes);
     match op {
         InstrOp::Kernel { node, .. } => match plan.training.graph.try_node(*node) {
-            Some(_) => crate::cost::node_bytes(&plan.training.graph, *node) as u64,
+            Some(_) => fsdpc_planner::cost::node_bytes(&plan.training.graph, *node) as u64,
             None => 0,
         },
         InstrOp::AllGather {
