@@ -38,7 +38,7 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool, knobs_fixed: bool
         params: m.program.graph.param_numel(),
         tokens_per_rank_step: m.tokens_per_rank_step(),
     };
-    let cluster = fsdpc_planner::preset(preset, world, world.min(8)).expect("preset");
+    let cluster = fsdpc_planner::preset(preset, world, None).expect("preset");
     let base = FsdpConfig::default();
     let fixed = Fixed {
         backward_prefetch: knobs_fixed,

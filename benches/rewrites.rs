@@ -49,8 +49,8 @@ fn main() {
     );
     for (model, world) in cases {
         for (preset, flat) in presets {
-            let per_node = if preset == "cpu-local" { world } else { 8 };
-            let mut cluster = match fsdpc_planner::preset(preset, world, per_node) {
+            // The preset's own node size.
+            let mut cluster = match fsdpc_planner::preset(preset, world, None) {
                 Ok(c) => c,
                 Err(e) => {
                     println!("{preset}: {e}");

@@ -28,7 +28,7 @@ use fsdpc_plan::Collective;
 use fsdpc_plan::ConfigError;
 use fsdpc_plan::{BufferKind, InstrOp, Strategy, Wire};
 use fsdpc_planner::{FsdpConfig, PlanError};
-use fsdpc_runtime::comm::wire as codec;
+use fsdpc_runtime::comm::codec;
 use fsdpc_runtime::{Buf, BufMut, CommConfig, Communicator, ExecMode, ShmWorld};
 use half::bf16;
 

@@ -18,18 +18,10 @@ pub fn group_shape(plan: &Plan, group: Group) -> (u32, bool) {
     (k.saturating_mul(m), m > 1)
 }
 
-/// How a group's ranks lie on nodes: `(ranks per node, nodes)`, from
-/// `ranks_per_node` and the layout of groups (a shard group is F
-/// consecutive ranks; the replicas of one shard are F ranks apart; a
-/// reshard group is consecutive inside a shard group).
+/// How a group's ranks lie on nodes: `(ranks per node, nodes)`
+/// (`Geometry::layout` of the plan's geometry).
 pub fn group_layout(plan: &Plan, group: Group) -> (u32, u32) {
-    layout_of(
-        group,
-        plan.cluster.world,
-        plan.config.shard_factor,
-        plan.cluster.ranks_per_node,
-        plan.reshard_group(),
-    )
+    plan.geometry().layout(group)
 }
 
 /// `group_layout` from the figures it reads: the world, F, the ranks per
@@ -41,33 +33,13 @@ pub fn layout_of(
     ranks_per_node: u32,
     reshard: Option<u32>,
 ) -> (u32, u32) {
-    let world = world.max(1);
-    let f = shard_factor.clamp(1, world);
-    let rpn = ranks_per_node.max(1);
-    // `n` consecutive ranks.
-    let consecutive = |n: u32| {
-        if n <= rpn {
-            (n, 1)
-        } else {
-            (rpn, n.div_ceil(rpn))
-        }
-    };
-    match group {
-        Group::Shard => consecutive(f),
-        Group::Replicate => {
-            let r = (world / f).max(1);
-            if f >= rpn {
-                // Every replica on its own node.
-                (1, r)
-            } else {
-                let k = (rpn / f).clamp(1, r);
-                (k, r.div_ceil(k))
-            }
-        }
-        Group::Reshard => consecutive(reshard.map_or(f, |n| n.clamp(1, f))),
-        Group::NodeLocal => (consecutive(f).0, 1),
-        Group::CrossNode => (1, consecutive(f).1),
+    Geometry {
+        world,
+        shard_factor,
+        reshard,
+        ranks_per_node,
     }
+    .layout(group)
 }
 
 /// Which algorithm a collective's time is for.

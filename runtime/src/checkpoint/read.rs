@@ -127,8 +127,7 @@ impl Checkpoint {
         rank: usize,
         units: &mut [(&mut [u8], Vec<&mut [u8]>)],
     ) -> Result<(), CheckpointError> {
-        let f = plan.config.shard_factor.max(1) as usize;
-        let pos = rank % f;
+        let pos = plan.geometry().shard_position(rank);
         let same = self.manifest.plan_hash == manifest::plan_hash(plan);
         for (u, (params, state)) in units.iter_mut().enumerate() {
             let unit = plan

@@ -17,9 +17,9 @@
 //! dtype afterwards by the executor, so it delivers the same values as one
 //! landing in a half buffer.
 
+pub mod codec;
 pub mod mpi;
 pub mod shm;
-pub mod wire;
 
 use crate::error::CommError;
 use fsdpc_ir::DType;

@@ -6,7 +6,7 @@
 //!
 //! This is the one place that hands out slices of rank memory.
 
-use super::prepare::Region;
+use super::resolve::Region;
 use crate::error::RuntimeError;
 use fsdpc_plan::{BufferId, Location, Plan};
 
@@ -51,7 +51,7 @@ unsafe impl Sync for Memory {}
 
 impl Memory {
     /// Every buffer at its offset in the arena of its location (checked by
-    /// `prepare`).
+    /// `resolve`).
     pub fn arena(plan: &Plan, arena: &mut Arena) -> Memory {
         let device = arena.words.as_mut_ptr() as *mut u8;
         let host = arena.host.as_mut_ptr() as *mut u8;
@@ -147,7 +147,7 @@ impl Memory {
     /// Reads region `r`.
     ///
     /// # Safety
-    /// `r` was checked by `prepare` to lie inside its buffer, and every buffer
+    /// `r` was checked by `resolve` to lie inside its buffer, and every buffer
     /// inside the arena. The caller guarantees that no other thread writes
     /// these bytes while the slice lives: the planner places buffers that are
     /// live at the same time at disjoint offsets and orders every `Free`
@@ -162,7 +162,7 @@ impl Memory {
     ///
     /// # Safety
     /// As for `view`, and additionally no other slice of these bytes (read or
-    /// write) lives at the same time; `prepare` rejects kernels whose outputs
+    /// write) lives at the same time; `resolve` rejects kernels whose outputs
     /// overlap their inputs or each other.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn view_mut(&self, r: Region) -> Result<&mut [u8], RuntimeError> {

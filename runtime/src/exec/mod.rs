@@ -1,7 +1,7 @@
 //! The executor: runs a plan's instruction list on every rank, honouring
 //! streams and events (`rank`), in the plan's arena or, in debug mode, with
 //! one allocation per buffer (`memory`), after resolving and checking the
-//! plan once (`prepare`).
+//! plan once (`resolve`).
 //!
 //! Memory: during a step a rank allocates nothing of its own beyond the
 //! plan's arena. Kernel scratch (attention tiles, normalisation rows,
@@ -17,12 +17,12 @@
 
 pub(crate) mod events;
 pub(crate) mod memory;
-pub(crate) mod prepare;
+pub(crate) mod quantized;
 pub(crate) mod rank;
+pub(crate) mod resolve;
 pub(crate) mod scaler;
 pub mod timeline;
 pub(crate) mod widen;
-pub(crate) mod wire;
 
 /// How a rank executes the plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]

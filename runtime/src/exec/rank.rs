@@ -3,7 +3,7 @@
 
 use super::events::Events;
 use super::memory::Memory;
-use super::prepare::{kind, Prepared, Step};
+use super::resolve::{kind, Resolved, Step};
 use super::timeline::{RankTimeline, Recorder};
 use super::widen;
 use crate::account::RankTag;
@@ -27,7 +27,7 @@ const VIEWS: usize = 8;
 pub struct RankEnv<'a> {
     pub rank: usize,
     pub world: &'a dyn World,
-    pub prep: &'a Prepared<'a>,
+    pub prep: &'a Resolved<'a>,
     pub backend: &'a dyn Backend,
     pub data: &'a dyn DataSource,
     pub seed: u64,
@@ -35,33 +35,6 @@ pub struct RankEnv<'a> {
     events: Events,
     /// With `--trace`: records the traced steps' spans (`timeline`).
     trace: Option<Recorder>,
-}
-
-/// The ranks of `rank`'s group of kind `g`, with shard factor `f`, `n`
-/// ranks per resharded group and `k` ranks per node (see `plan::Group`).
-pub fn group_ranks(
-    g: Group,
-    rank: usize,
-    world: usize,
-    f: usize,
-    n: usize,
-    k: usize,
-) -> Vec<usize> {
-    let base = (rank / f) * f;
-    let (p, k) = (rank % f, k.clamp(1, f));
-    match g {
-        Group::Shard => (base..base + f).collect(),
-        Group::Replicate => (0..world / f).map(|j| p + j * f).collect(),
-        Group::Reshard => {
-            let first = base + (p / n) * n;
-            (first..first + n).collect()
-        }
-        Group::NodeLocal => {
-            let first = base + (p / k) * k;
-            (first..first + k).collect()
-        }
-        Group::CrossNode => (0..f / k).map(|j| base + p % k + j * k).collect(),
-    }
 }
 
 /// A panic payload as text.
@@ -77,7 +50,7 @@ impl<'a> RankEnv<'a> {
     pub fn new(
         rank: usize,
         world: &'a dyn World,
-        prep: &'a Prepared<'a>,
+        prep: &'a Resolved<'a>,
         backend: &'a dyn Backend,
         data: &'a dyn DataSource,
         seed: u64,
@@ -110,12 +83,16 @@ impl<'a> RankEnv<'a> {
         if hier {
             groups.extend([Group::NodeLocal, Group::CrossNode]);
         }
-        let per_node = prep.plan.cluster.ranks_per_node.max(1) as usize;
+        // The members of each group on this world.
+        let geometry = fsdpc_plan::Geometry {
+            world: n as u32,
+            ..prep.plan.geometry()
+        };
         let mut comms = Vec::new();
         // The offload stream only copies: it runs no collective.
         for s in Stream::ALL.into_iter().filter(|&s| s != Stream::Offload) {
             for &g in &groups {
-                let ranks = group_ranks(g, rank, n, f, resharded.unwrap_or(f), per_node);
+                let ranks = g.members(rank, &geometry);
                 let c = world
                     .communicator(&ranks, &format!("{s:?}/{g:?}"), rank)
                     .map_err(|e| comm_err(rank, e))?;
@@ -165,7 +142,7 @@ impl<'a> RankEnv<'a> {
     /// a collective.
     ///
     /// # Safety
-    /// As for `Memory::view_mut`; `prepare` rejects collectives whose `src`
+    /// As for `Memory::view_mut`; `resolve` rejects collectives whose `src`
     /// and `dst` are the same buffer.
     unsafe fn send_recv<'m>(
         &self,
@@ -190,13 +167,13 @@ impl<'a> RankEnv<'a> {
     /// per segment, in bucket and segment order on every rank.
     ///
     /// # Safety
-    /// As for `Memory::view_mut`; `prepare` checked the parts' bounds, and
+    /// As for `Memory::view_mut`; `resolve` checked the parts' bounds, and
     /// the members' buffers are distinct live buffers.
     unsafe fn all_gather(
         &self,
         mem: &Memory,
         stream: Stream,
-        with: &[super::prepare::Bucketed],
+        with: &[super::resolve::Bucketed],
         own: (BufferId, BufferId, &[(usize, usize, usize)]),
         group: Group,
     ) -> Result<(), RuntimeError> {
@@ -253,7 +230,7 @@ impl<'a> RankEnv<'a> {
     /// positions b k .. b k + k, in order.
     ///
     /// # Safety
-    /// As for `all_gather`; `prepare` sized `staging`.
+    /// As for `all_gather`; `resolve` sized `staging`.
     unsafe fn hier_all_gather(
         &self,
         mem: &Memory,
@@ -302,7 +279,7 @@ impl<'a> RankEnv<'a> {
     /// (chunk b k + j for this rank at place j of node b).
     ///
     /// # Safety
-    /// As for `all_gather`; `prepare` sized `staging`.
+    /// As for `all_gather`; `resolve` sized `staging`.
     unsafe fn hier_reduce_scatter(
         &self,
         mem: &Memory,
@@ -359,7 +336,7 @@ impl<'a> RankEnv<'a> {
     fn exec(&self, mem: &Memory, i: usize, step: u64) -> Result<(), RuntimeError> {
         let stream = self.prep.plan.instructions[i].stream;
         let ce = |e: CommError| comm_err(self.rank, e);
-        // SAFETY (all `view`/`view_mut` below): regions come from `prepare`;
+        // SAFETY (all `view`/`view_mut` below): regions come from `resolve`;
         // the plan orders conflicting accesses (see `Memory::view`).
         unsafe {
             match &self.prep.steps[i] {
@@ -386,7 +363,7 @@ impl<'a> RankEnv<'a> {
                     parts,
                     wire,
                 } => {
-                    let g = super::wire::WireGather {
+                    let g = super::quantized::WireGather {
                         src: *src,
                         dst: *dst,
                         scratch: *scratch,
@@ -402,7 +379,7 @@ impl<'a> RankEnv<'a> {
                     scratch,
                     block,
                 } => {
-                    let r = super::wire::WireReduce {
+                    let r = super::quantized::WireReduce {
                         unit: *unit,
                         src: *src,
                         dst: *dst,
@@ -707,7 +684,7 @@ impl<'a> RankEnv<'a> {
             return self.optimizer_half(mem, step, f32s(params)?, grads, st);
         }
         // The gradient covers the trainable part of the shard, its first
-        // elements (`Unit::trainable_shard_numel`; sizes checked by `prepare`).
+        // elements (`Unit::trainable_shard_numel`; sizes checked by `resolve`).
         let g = f32s(grads)?;
         let p = f32s(params)?;
         let n = g.len().min(p.len());

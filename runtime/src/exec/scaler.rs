@@ -21,7 +21,7 @@ use fsdpc_plan::{BufferId, BufferKind, Group, InstrOp, Plan, Stream};
 pub enum ScalerStep<'p> {
     Seed {
         scale: BufferId,
-        dst: super::prepare::Region,
+        dst: super::resolve::Region,
         ty: &'p TensorType,
     },
     Unscale {
@@ -86,7 +86,7 @@ pub fn resolve<'p>(
             }
             ScalerStep::Seed {
                 scale: scale_of(*scale)?,
-                dst: super::prepare::region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
+                dst: super::resolve::region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
                 ty,
             }
         }

@@ -17,7 +17,7 @@
 //!   before its accounting window: its buffers are not the rank's memory
 //!   and the measured peak (`tests/memory.rs`) does not see them.
 
-use super::prepare::Prepared;
+use super::resolve::Resolved;
 use crate::account;
 use fsdpc_plan::Stream;
 use std::sync::{Mutex, MutexGuard};
@@ -62,7 +62,7 @@ pub(crate) struct Recorder {
     epoch: Instant,
     from_step: u64,
     tag: Option<usize>,
-    /// The stream index (into `Prepared::streams`) of every instruction.
+    /// The stream index (into `Resolved::streams`) of every instruction.
     stream_of: Vec<usize>,
     streams: Vec<(Stream, Mutex<Vec<Span>>)>,
 }
@@ -71,7 +71,7 @@ impl Recorder {
     /// A recorder for the steps `from_step..from_step + steps`, reserving
     /// room for every instruction of those steps.
     pub(crate) fn new(
-        prep: &Prepared,
+        prep: &Resolved,
         epoch: Instant,
         from_step: u64,
         steps: u64,

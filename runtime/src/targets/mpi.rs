@@ -12,7 +12,7 @@ use crate::cpu::{CpuBackend, CpuConfig};
 use crate::data::{self};
 use crate::error::RuntimeError;
 use crate::exec::memory::Arena;
-use crate::exec::prepare::prepare;
+use crate::exec::resolve::resolve;
 use crate::exec::ExecMode;
 use crate::train::params::{cut_params, unshard};
 use crate::train::rank::{RankCtx, Saver};
@@ -130,7 +130,7 @@ pub fn train_rank(
     let (opts, resume) = open_resume_ranks(plan, opts, losses_comm, rank)?;
     let opts = &opts;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
-    let prep = prepare(plan)?;
+    let prep = resolve(plan)?;
     let backend = CpuBackend::new(CpuConfig {
         threads: opts.threads_per_rank.max(1),
     });

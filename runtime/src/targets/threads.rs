@@ -12,8 +12,8 @@ use crate::cpu::{CpuBackend, CpuConfig};
 use crate::data::{self, DataSource};
 use crate::error::RuntimeError;
 use crate::exec::memory::Arena;
-use crate::exec::prepare::prepare;
 use crate::exec::rank::panic_text;
+use crate::exec::resolve::resolve;
 use crate::exec::ExecMode;
 use crate::train::params::assemble;
 use crate::train::rank::{Msg, RankCtx, RankOut, Saver};
@@ -151,7 +151,7 @@ fn execute(
     data: Arc<dyn DataSource>,
     events: &mpsc::Sender<Event>,
 ) -> Result<TrainReport, RuntimeError> {
-    let prep = prepare(plan)?;
+    let prep = resolve(plan)?;
     let world = plan.cluster.world as usize;
     if world == 0 {
         return Err(RuntimeError::plan("the cluster has no ranks"));

@@ -46,7 +46,7 @@ pub(crate) struct RankCtx<'a> {
     /// The rank's accounting tag, when the counting allocator is installed.
     pub(crate) tag: Option<usize>,
     pub(crate) world: &'a dyn World,
-    pub(crate) prep: &'a Prepared<'a>,
+    pub(crate) prep: &'a Resolved<'a>,
     pub(crate) backend: &'a CpuBackend,
     pub(crate) data: &'a dyn DataSource,
     pub(crate) opts: &'a TrainOptions,
@@ -375,7 +375,7 @@ impl RankCtx<'_> {
 
     fn init_shards(&self, mem: &Memory) -> Result<(), RuntimeError> {
         let plan = self.prep.plan;
-        let pos = (self.rank % plan.config.shard_factor as usize) as u64;
+        let pos = plan.geometry().shard_position(self.rank) as u64;
         for (u, b) in self.shard_buffers().into_iter().enumerate() {
             let Some(b) = b else { continue };
             // SAFETY: before the first step no stream runs.

@@ -141,7 +141,7 @@ impl Device {
         };
         // SAFETY: every launch is built by `ops` for the kernel it names,
         // its arguments in the kernel's order and types, its pointers inside
-        // regions `prepare` checked against the arena.
+        // regions `resolve` checked against the arena.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! device work (`Work`) with its addresses fixed: the arena is one
 //! allocation that never moves. A step is then one host thread walking the
 //! instruction list in list order (an order every plan's events allow:
-//! `prepare` and the debug executor rely on it too) and enqueueing each
+//! `resolve` and the debug executor rely on it too) and enqueueing each
 //! instruction on its stream's CUDA stream: `Record` is `cuEventRecord`,
 //! `Wait` is `cuStreamWaitEvent`, so the GPU sees exactly the plan's
 //! cross-stream order and streams run concurrently where the plan lets
@@ -26,8 +26,7 @@ use super::nccl::NcclComm;
 use super::ops::{self, dt_code, Action, Operand};
 use crate::data::{Batch, DataSource};
 use crate::error::RuntimeError;
-use crate::exec::prepare::{Prepared, Region, Step};
-use crate::exec::rank::group_ranks;
+use crate::exec::resolve::{Region, Resolved, Step};
 use crate::tensor::TensorMut;
 use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 use fsdpc_ir::{DType, Optimizer, TensorType};
@@ -131,7 +130,7 @@ pub struct GpuRank<'p> {
     staging: HashMap<usize, Vec<u8>>,
     /// Whether the next steps are timed (`set_timed`).
     timed: bool,
-    prep: &'p Prepared<'p>,
+    prep: &'p Resolved<'p>,
     rank: usize,
     world: usize,
     /// The device.
@@ -160,7 +159,7 @@ impl<'p> GpuRank<'p> {
     /// instruction for `set_timed`). Refuses what it does not support.
     pub fn new(
         dev: Device,
-        prep: &'p Prepared<'p>,
+        prep: &'p Resolved<'p>,
         rank: usize,
         world: usize,
         seed: u64,
@@ -701,10 +700,10 @@ struct Layout {
 }
 
 impl Layout {
-    fn buffer(&self, prep: &Prepared, b: BufferId) -> u64 {
+    fn buffer(&self, prep: &Resolved, b: BufferId) -> u64 {
         self.arena + prep.plan.buffers[b.index()].offset
     }
-    fn region(&self, prep: &Prepared, r: &Region) -> u64 {
+    fn region(&self, prep: &Resolved, r: &Region) -> u64 {
         self.buffer(prep, r.buffer) + r.offset as u64
     }
 }
@@ -729,7 +728,7 @@ impl CommIndex {
     /// Every communicator, in first-use order (the same on every rank).
     fn make(
         &self,
-        prep: &Prepared,
+        prep: &Resolved,
         rank: usize,
         world: usize,
         ids: &[Option<Id>; 4],
@@ -737,8 +736,10 @@ impl CommIndex {
         if self.keys.is_empty() {
             return Ok(Vec::new());
         }
-        let f = prep.plan.config.shard_factor as usize;
-        let n = prep.plan.reshard_group().map_or(f, |k| k as usize);
+        let geometry = fsdpc_plan::Geometry {
+            world: world as u32,
+            ..prep.plan.geometry()
+        };
         // One world communicator per stream, then the splits.
         let mut worlds: HashMap<Stream, NcclComm> = HashMap::new();
         for &(s, _) in &self.keys {
@@ -752,7 +753,7 @@ impl CommIndex {
         }
         let mut out = Vec::new();
         for &(s, g) in &self.keys {
-            let ranks = group_ranks(g, rank, world, f, n, f);
+            let ranks = g.members(rank, &geometry);
             let pos = ranks.iter().position(|&r| r == rank).unwrap_or(0);
             let w = &worlds[&s];
             out.push(w.split(ranks[0], rank, ranks.len(), pos)?);
@@ -764,7 +765,7 @@ impl CommIndex {
 /// The plan streams whose collectives need a world communicator (ids to
 /// hand out), given `nccl`.
 pub fn comm_streams(
-    prep: &Prepared,
+    prep: &Resolved,
     world: usize,
     nccl: NcclUse,
 ) -> Result<Vec<Stream>, RuntimeError> {
@@ -791,7 +792,7 @@ pub fn check_plan(
     world: usize,
     nccl: NcclUse,
 ) -> Result<Vec<Stream>, RuntimeError> {
-    let prep = crate::exec::prepare::prepare(plan)?;
+    let prep = crate::exec::resolve::resolve(plan)?;
     refuse_unsupported(&prep)?;
     comm_streams(&prep, world, nccl)
 }
@@ -799,18 +800,18 @@ pub fn check_plan(
 /// Refuses what the cuda target does not run (its capabilities: host
 /// buffers, other collective forms, quantized wire formats, the loss
 /// scaler), naming the instruction.
-pub fn refuse_unsupported(prep: &Prepared) -> Result<(), RuntimeError> {
+pub fn refuse_unsupported(prep: &Resolved) -> Result<(), RuntimeError> {
     crate::targets::cuda_capabilities().check(prep.plan)?;
     Ok(())
 }
 
-fn elems(prep: &Prepared, b: BufferId) -> (u64, DType) {
+fn elems(prep: &Resolved, b: BufferId) -> (u64, DType) {
     let buf = &prep.plan.buffers[b.index()];
     (buf.bytes / buf.dtype.size() as u64, buf.dtype)
 }
 
 /// Zeroes of the padding of unit `u`'s flat gradient buffer `b`.
-fn zero_uncovered(prep: &Prepared, u: usize, b: BufferId, l: &Layout, out: &mut Vec<Item>) {
+fn zero_uncovered(prep: &Resolved, u: usize, b: BufferId, l: &Layout, out: &mut Vec<Item>) {
     let buf = &prep.plan.buffers[b.index()];
     let es = buf.dtype.size() as u64;
     for &(s, e) in &prep.uncovered[u] {
@@ -848,7 +849,7 @@ fn convert(src: u64, sdt: DType, dst: u64, ddt: DType, n: u64, div: f32) -> Item
 /// Lowers instruction `i`; returns its work and the scratch it needs.
 #[allow(clippy::too_many_arguments)]
 fn lower_step(
-    prep: &Prepared,
+    prep: &Resolved,
     i: usize,
     s: &Step,
     l: &Layout,
@@ -860,13 +861,12 @@ fn lower_step(
 ) -> Result<(Work, u64), RuntimeError> {
     let plan = prep.plan;
     let stream = plan.instructions[i].stream;
-    let f = plan.config.shard_factor as usize;
-    let n_reshard = plan.reshard_group().map_or(f, |k| k as usize);
-    let group_size = |g: Group| group_ranks(g, rank, world, f, n_reshard, f).len();
-    let position = |g: Group| {
-        let r = group_ranks(g, rank, world, f, n_reshard, f);
-        r.iter().position(|&x| x == rank).unwrap_or(0)
+    let geometry = fsdpc_plan::Geometry {
+        world: world as u32,
+        ..plan.geometry()
     };
+    let group_size = |g: Group| g.members(rank, &geometry).len();
+    let position = |g: Group| g.position(rank, &geometry);
     let use_nccl = |g: Group| nccl == NcclUse::Always || group_size(g) > 1;
     let unsupported = |what: &str, reason: String| -> RuntimeError {
         CudaError::Unsupported {

@@ -5,7 +5,7 @@
 //! stream's world communicator comes from its own unique id (rank 0 makes
 //! them, the TCP rendezvous of `launch` hands them out); the shard,
 //! replicate and reshard groups are `ncclCommSplit`s of it, keyed by rank so
-//! a member's position is its place in `exec::rank::group_ranks`.
+//! a member's position is its place in `Group::members`.
 
 use super::error::CudaError;
 use cudarc::driver::CudaStream;

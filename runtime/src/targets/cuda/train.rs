@@ -216,7 +216,7 @@ pub fn overlap_of(compute: Vec<(f64, f64)>, unshard: Vec<(f64, f64)>) -> Overlap
 #[cfg(feature = "cuda")]
 mod imp {
     use super::*;
-    use crate::exec::prepare::prepare;
+    use crate::exec::resolve::resolve;
     use crate::targets::cuda::device::Device;
     use crate::targets::cuda::exec::{comm_streams, CommSetup, GpuRank, Id, NcclUse};
     use crate::targets::cuda::libs::{self, Library};
@@ -382,7 +382,7 @@ mod imp {
         }
         check_options(plan, opts)?;
         crate::targets::cuda_capabilities().check(plan)?;
-        let prep = prepare(plan)?;
+        let prep = resolve(plan)?;
         let dev = Device::open(cfg.device.unwrap_or(local))?;
         let device = dev.name.clone();
         let baseline = used(&dev)?;
@@ -408,7 +408,7 @@ mod imp {
             &setup,
             cfg.timed_steps > 0,
         )?;
-        let pos = (rank % plan.config.shard_factor as usize) as u64;
+        let pos = plan.geometry().shard_position(rank) as u64;
         init_shards(plan, &gpu, pos, opts.seed)?;
         let setup_used = used(&gpu.dev)?.saturating_sub(baseline);
         let mut log = StepLog::new(plan, world);

@@ -144,7 +144,7 @@ pub enum Step<'p> {
 
 /// A plan resolved for execution; shared read-only by all ranks.
 #[derive(Debug)]
-pub struct Prepared<'p> {
+pub struct Resolved<'p> {
     pub plan: &'p Plan,
     pub steps: Vec<Step<'p>>,
     /// Instruction indices of each stream, in list order.
@@ -225,12 +225,12 @@ fn join_buckets(plan: &Plan, steps: &mut [Step<'_>]) -> Result<(), RuntimeError>
 }
 
 /// Resolves `plan`.
-pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
+pub fn resolve(plan: &Plan) -> Result<Resolved<'_>, RuntimeError> {
     check_buffers(plan)?;
     let graph = &plan.training.graph;
     let mut steps = Vec::with_capacity(plan.instructions.len());
     for (i, ins) in plan.instructions.iter().enumerate() {
-        steps.push(resolve(plan, graph, i, &ins.op)?);
+        steps.push(step(plan, graph, i, &ins.op)?);
     }
     join_buckets(plan, &mut steps)?;
     let streams = Stream::ALL
@@ -259,7 +259,7 @@ pub fn prepare(plan: &Plan) -> Result<Prepared<'_>, RuntimeError> {
     }
     let loss =
         region(plan, plan.loss, 4).map_err(|e| RuntimeError::plan(format!("loss slot: {e}")))?;
-    Ok(Prepared {
+    Ok(Resolved {
         plan,
         steps,
         streams,
@@ -364,7 +364,7 @@ fn unit(plan: &Plan, i: usize, u: UnitId) -> Result<UnitId, RuntimeError> {
     }
 }
 
-fn resolve<'p>(
+fn step<'p>(
     plan: &'p Plan,
     graph: &'p Graph,
     i: usize,
@@ -830,14 +830,10 @@ pub fn hier_shape(plan: &Plan, i: usize) -> Result<(usize, usize), RuntimeError>
         })
 }
 
-/// Members of a group of kind `g` (see `plan::Group`): what the ranks make
-/// their communicators over (`group_ranks`).
+/// Members of a group of kind `g` (`Group::members`): what the ranks make
+/// their communicators over.
 fn group_size(plan: &Plan, g: Group) -> usize {
-    let world = plan.cluster.world.max(1) as usize;
-    let f = (plan.config.shard_factor.max(1) as usize).min(world);
-    let n = plan.reshard_group().map_or(f, |n| n as usize);
-    let k = plan.cluster.ranks_per_node.max(1) as usize;
-    super::rank::group_ranks(g, 0, world, f, n, k).len()
+    g.members(0, &plan.geometry()).len()
 }
 
 /// A rewritten collective's staging buffer: named, a `Staging` buffer of

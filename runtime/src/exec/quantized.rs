@@ -1,11 +1,11 @@
 //! The quantized collectives of a plan (`fsdpc_plan::wire`): the fp8
-//! and int8 all-gathers and the int8 reduce-scatter of `comm::wire`, run on
+//! and int8 all-gathers and the int8 reduce-scatter of `comm::codec`, run on
 //! the shard group's communicator with the instruction's buffers from the
 //! arena, the payloads in its `Wire` scratch buffer (nothing allocated).
 
 use super::memory::Memory;
 use super::rank::{comm_err, RankEnv};
-use crate::comm::{wire, Buf, BufMut};
+use crate::comm::{codec, Buf, BufMut};
 use crate::error::RuntimeError;
 use fsdpc_plan::{BufferId, Group, Stream, UnitId, Wire};
 
@@ -58,7 +58,7 @@ impl RankEnv<'_> {
     /// A quantized all-gather (see `plan::Wire`).
     ///
     /// # Safety
-    /// As for `Memory::view_mut`; `prepare` checked that the scratch is a
+    /// As for `Memory::view_mut`; `resolve` checked that the scratch is a
     /// buffer of its own.
     pub(super) unsafe fn wire_gather(
         &self,
@@ -69,7 +69,7 @@ impl RankEnv<'_> {
         let comm = self.comm(stream, Group::Shard);
         let scratch = mem.view_mut(mem.whole(g.scratch))?;
         let (shard, out) = (self.whole(mem, g.src)?, self.whole_mut(mem, g.dst)?);
-        wire::all_gather(comm, g.wire, shard, g.parts, out, scratch)
+        codec::all_gather(comm, g.wire, shard, g.parts, out, scratch)
             .map_err(|e| comm_err(self.rank, e))
     }
 
@@ -77,7 +77,7 @@ impl RankEnv<'_> {
     /// then rounded to the instruction's dtype as a native one is.
     ///
     /// # Safety
-    /// As for `Memory::view_mut`; `prepare` checked that the scratch is a
+    /// As for `Memory::view_mut`; `resolve` checked that the scratch is a
     /// buffer of its own.
     pub(super) unsafe fn wire_reduce_scatter(
         &self,
@@ -90,7 +90,7 @@ impl RankEnv<'_> {
         let comm = self.comm(stream, Group::Shard);
         let scratch = mem.view_mut(mem.whole(r.scratch))?;
         let (grads, out) = (self.whole(mem, r.src)?, self.whole_mut(mem, r.dst)?);
-        wire::reduce_scatter(comm, r.block, grads, out, scratch, self.grad_divisor())
+        codec::reduce_scatter(comm, r.block, grads, out, scratch, self.grad_divisor())
             .map_err(|e| comm_err(self.rank, e))?;
         self.round_reduced(mem, i, r.dst)
     }
