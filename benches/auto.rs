@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench --bench auto`
 
+#[allow(dead_code)] // only `figures` is used here
+mod common;
+
 use fsdpc_frontends::LoadOptions;
 use fsdpc_plan::ModelInfo;
 use fsdpc_planner::auto::{short, Fixed, Search, Space};
@@ -73,6 +76,11 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool, knobs_fixed: bool
 }
 
 fn main() {
+    common::figures(
+        "auto",
+        "the auto-planner's search",
+        "`fsdpc compile --auto` searches, timed with the model's loading: candidates, how many were compiled and pruned, and the chosen configuration with its simulated step and peak.",
+    );
     run("gpt2", "a100-80g-roce", 8, false, false);
     run("gpt3-175b", "a100-80g-roce", 512, false, true);
     run("gpt3-175b", "a100-80g-roce", 512, true, true);

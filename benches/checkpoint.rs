@@ -136,6 +136,11 @@ fn load(plan: &Plan, dir: &Path) -> (f64, f64) {
 }
 
 fn main() {
+    common::figures(
+        "checkpoint",
+        "checkpoint save, load and re-shard",
+        "A 12-layer GPT (hidden 768, vocab 32000) with AdamW state: the time and size of saving a sharded checkpoint at 2 ranks, loading it with blake3 verification, and re-sharding a 4-rank checkpoint into 2 ranks on load. Files go to `TMPDIR`.",
+    );
     let tmp = tempfile::tempdir().expect("temporary directory");
     let at2 = plan(2, 1);
     println!(

@@ -76,6 +76,11 @@ fn child(spec: &str) {
 }
 
 fn main() {
+    common::figures(
+        "memory",
+        "planned memory against the process",
+        "A 4-layer GPT trained on 1 and 2 CPU thread ranks (full_shard, AdamW), each in a fresh child process: the plan's bytes per rank, the counting allocator's measured peak per rank, and the process's peak resident set against its start-up baseline.",
+    );
     if let Ok(spec) = std::env::var("FSDPC_MEMORY_CHILD") {
         child(&spec);
         return;

@@ -68,6 +68,11 @@ fn row(name: &str, cfg: &FsdpConfig) {
 }
 
 fn main() {
+    common::figures(
+        "offload",
+        "CPU offload at scale",
+        "gpt3-175b at world 128 (`a100-80g-roce`, full_shard), f32 and bf16, with and without activation checkpointing: the device peak per rank without and with `--cpu-offload`, the bytes moved to the host, the bytes copied each way per step and the simulated step.",
+    );
     println!("gpt3-175b, world 128 (8 per node, a100-80g-roce), full_shard: per rank");
     println!(
         "  {:<16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",

@@ -129,6 +129,11 @@ fn mixed_precision() {
 }
 
 fn main() {
+    common::figures(
+        "plan",
+        "compiling GPT-3 175B",
+        "The planner's own speed and the plans it makes for gpt3-175b on `a100-80g-roce` (8 ranks per node): the time of a whole compile (model, autodiff, every pass, validation) at world 512, what `Plan::validate` alone costs, the instruction count at world 16 and 512, the per-rank peak and its breakdown at world 128 with and without activation checkpointing (none, `every:2`, all), and f32 against bf16.",
+    );
     // Time: best and median of 5 full compiles (model build + autodiff + plan).
     let mut times = Vec::new();
     let mut plan = None;

@@ -230,6 +230,11 @@ fn pct(predicted: f64, measured: f64) -> f64 {
 }
 
 fn main() {
+    common::figures(
+        "predict",
+        "predicted against measured",
+        "The cost model and the memory plan checked on this machine: each round calibrates it (as `fsdpc calibrate`), then compiles, simulates and trains 13 configurations (GPT and MLP, 0.5 M to 50 M parameters, 1 and 2 ranks, full_shard and no_shard, prefetch off, activation checkpointing, bf16), and prints the predicted and measured step and peak memory; the last table scores each configuration's median prediction against its median measurement over the rounds.",
+    );
     let env = |name: &str, default: u64| {
         std::env::var(name)
             .ok()

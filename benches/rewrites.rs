@@ -19,6 +19,11 @@ use fsdpc_planner::FsdpConfig;
 use std::time::Instant;
 
 fn main() {
+    common::figures(
+        "rewrites",
+        "collective rewrites per cluster",
+        "The egg rewrites of the collectives (`--rewrites`) per cluster preset, bf16, activation checkpointing of every block, full_shard: the simulated step with no rule and with every rule, and the rules that fired with the time each saves. `+flat` is the preset with `\"flat_collectives\": true` (a collective library whose rings are flat across nodes).",
+    );
     let presets = [
         ("a100-80g-roce", false),
         ("a100-80g-roce", true),

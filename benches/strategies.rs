@@ -121,6 +121,11 @@ fn table(world: u32, dtype: DType) {
 }
 
 fn main() {
+    common::figures(
+        "strategies",
+        "sharding strategies at scale",
+        "gpt3-175b at world 128 and 512 (`a100-80g-roce`, 8 ranks per node), f32 and bf16, from the memory plan and the cost model's traffic: for every `--strategy` and for `--reshard-after-forward 8`, the per-rank peak without and with activation checkpointing of every block, and the bytes a rank sends per step by collective and across nodes.",
+    );
     for dtype in [DType::F32, DType::Bf16] {
         for world in [128, 512] {
             table(world, dtype);

@@ -16,6 +16,11 @@ use fsdpc_runtime::{ExecMode, TrainOptions};
 const SPEC: &str = "gpt:layers=2,hidden=128,heads=4,seq=128,vocab=1024,batch=8";
 
 fn main() {
+    common::figures(
+        "train",
+        "training throughput on CPU thread ranks",
+        "A 2-layer GPT (hidden 128, vocab 1024, seq 128, batch 8 per rank, AdamW) on this machine's CPU thread ranks, one matrix-product thread per rank: tokens per second for full_shard and no_shard at 2 ranks, one rank, and bf16 and fp16 at 2 ranks, with the loss and the plan's peak per rank.",
+    );
     let steps: u64 = std::env::var("FSDPC_BENCH_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
