@@ -27,11 +27,13 @@ bash scripts/fetch-minilm.sh target/minilm || echo "MiniLM not fetched; tests/mi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The docs' commands, `fsdpc calibrate` among them (tests/docs.rs).
+export FSDPC_DOCS_SLOW=1
 cargo test --workspace
 # MPI process ranks against thread ranks (mpirun as root needs
 # --allow-run-as-root; the test passes it and --oversubscribe).
 cargo clippy --features mpi --all-targets -- -D warnings
-cargo test --features mpi --test mpi --test conformance
+cargo test --features mpi --test mpi --test conformance --test docs
 
 # The cuda backend (`--features cuda`, runtime/src/cuda/) builds and lints
 # without CUDA. Its kernels compile with NVRTC alone, so pip's NVRTC (in a
