@@ -10,7 +10,7 @@
 //!    mixed-precision policy (parameters, activations and gradients in
 //!    `param_dtype`, the loss in f32);
 //! 1. `units::assign_units`: FSDP units from the module tree (wrap policy);
-//!    then `checkpoint::apply`: activation checkpointing rewrites the program
+//!    then `recompute::apply`: activation checkpointing rewrites the program
 //!    (checkpointed units recompute their forward in backward), and units
 //!    are assigned again on the rewritten graph;
 //! 2. `flat::layout_units`: flat-parameter layout and shards;
@@ -38,7 +38,6 @@
 //! a violation is `PlanError::Invalid`, a bug in a pass, never a plan handed on.
 
 pub mod auto;
-pub mod checkpoint;
 pub mod clip;
 pub mod compare;
 pub mod config;
@@ -54,6 +53,7 @@ pub mod overlap;
 pub mod precision;
 pub mod presets;
 pub mod quantize;
+pub mod recompute;
 pub mod report;
 pub mod rewrite;
 pub mod scaler;
@@ -248,7 +248,7 @@ pub fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prepared, P
     let program = precision::apply(program, cfg)?;
     let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
     let checkpointed_units: Vec<UnitId> =
-        checkpoint::selected_units(&assign, &cfg.activation_checkpointing)?
+        recompute::selected_units(&assign, &cfg.activation_checkpointing)?
             .into_iter()
             .collect();
     let (program, assign) = checkpointed(program, assign, cfg)?;
@@ -382,7 +382,7 @@ fn checkpointed(
     if cfg.activation_checkpointing == CheckpointPolicy::None {
         return Ok((program, assign));
     }
-    let program = checkpoint::apply(program, &assign, cfg.activation_checkpointing.clone())?;
+    let program = recompute::apply(program, &assign, cfg.activation_checkpointing.clone())?;
     let assign = units::assign_units_with(&program.graph, &cfg.wrap, cfg.shared_params)?;
     Ok((program, assign))
 }
