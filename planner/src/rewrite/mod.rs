@@ -55,8 +55,7 @@ use fsdpc_ir::DType;
 use fsdpc_plan::cluster::{Cluster, CollectiveKind};
 use fsdpc_plan::{
     hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, Buffer, BufferId,
-    BufferKind, Collective, CollectiveAlgorithm, Group, InstrOp, Location, RewriteReport,
-    RuleFired,
+    BufferKind, Collective, CollectiveAlgorithm, Group, InstrOp, RewriteReport, RuleFired,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -563,20 +562,9 @@ impl Stagings {
         let id = match self.0.iter().find(|(s, _)| *s == stream) {
             Some(&(_, id)) => id,
             None => {
-                let id = BufferId(buffers.len() as u32);
-                buffers.push(Buffer {
-                    id,
-                    kind: BufferKind::Staging,
-                    unit: None,
-                    value: None,
-                    dtype: DType::Bool,
-                    bytes: 0,
-                    offset: 0,
-                    start: 0,
-                    end: None,
-                    stream: Some(stream),
-                    location: Location::Device,
-                });
+                let id = Buffer::add(buffers, BufferKind::Staging, DType::Bool, 0)
+                    .on_stream(stream)
+                    .id;
                 self.0.push((stream, id));
                 id
             }
