@@ -1,4 +1,4 @@
-//! Pass 3, schedule: lowers a training program to the rank-generic
+//! The schedule pass: lowers a training program to the rank-generic
 //! instruction list (see `plan::InstrOp`), with the buffers it touches (their
 //! arena offsets and lifetimes are left to the memory pass).
 //!
