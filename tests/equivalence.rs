@@ -169,7 +169,7 @@ fn recomputes(plan: &Plan) -> usize {
         .filter(|i| match i.op {
             InstrOp::Kernel { node, .. } => g
                 .try_node(node)
-                .is_some_and(fsdpc_planner::checkpoint::is_recompute),
+                .is_some_and(fsdpc_planner::recompute::is_recompute),
             _ => false,
         })
         .count()

@@ -1,5 +1,6 @@
 //! fsdpc-ir: tensor types, the dataflow graph, the op set with shape, gradient
-//! and cost rules, reverse-mode autodiff and training programs.
+//! and cost rules, reverse-mode autodiff and training programs; and, as the
+//! crate every other one depends on, the one atomic file write (`fs`).
 //!
 //! Architecture invariant: this crate depends on nothing else of fsdpc and
 //! knows nothing about sharding, devices or kernels.
@@ -9,6 +10,7 @@ mod builder;
 mod display;
 pub mod error;
 pub mod freeze;
+pub mod fs;
 pub mod graph;
 mod hexbytes;
 pub mod init;

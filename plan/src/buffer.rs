@@ -120,6 +120,53 @@ impl Location {
 }
 
 impl Buffer {
+    /// Appends a new buffer to `buffers` with the next id and returns it:
+    /// `bytes` of `dtype` holding `kind`, on the device, of no unit, value
+    /// or stream, at offset 0 with no `end` (memory planning sets its
+    /// offset and lifetime). The one way a pass makes a buffer; the
+    /// setters below give it the rest.
+    pub fn add(
+        buffers: &mut Vec<Buffer>,
+        kind: BufferKind,
+        dtype: DType,
+        bytes: u64,
+    ) -> &mut Buffer {
+        let id = BufferId(buffers.len() as u32);
+        buffers.push(Buffer {
+            id,
+            kind,
+            unit: None,
+            value: None,
+            dtype,
+            bytes,
+            offset: 0,
+            start: 0,
+            end: None,
+            stream: None,
+            location: Location::Device,
+        });
+        let last = buffers.len() - 1;
+        &mut buffers[last]
+    }
+
+    /// Sets the unit the buffer belongs to.
+    pub fn of_unit(&mut self, unit: Option<UnitId>) -> &mut Buffer {
+        self.unit = unit;
+        self
+    }
+
+    /// Sets the graph value the buffer holds.
+    pub fn holding(&mut self, value: Option<ValueId>) -> &mut Buffer {
+        self.value = value;
+        self
+    }
+
+    /// Sets the stream the buffer is scratch of.
+    pub fn on_stream(&mut self, stream: Stream) -> &mut Buffer {
+        self.stream = Some(stream);
+        self
+    }
+
     pub fn persistent(&self) -> bool {
         self.end.is_none()
     }

@@ -135,7 +135,7 @@ pub enum WrapPolicy {
 
 /// Which units re-run their forward in backward (activation checkpointing,
 /// PyTorch's `apply_activation_checkpointing` with a `check_fn`; see
-/// `checkpoint`). Only non-root units are ever checkpointed.
+/// the planner's `recompute` pass). Only non-root units are ever checkpointed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointPolicy {

@@ -20,6 +20,7 @@
 //! The planner never runs a kernel: these are sizes, stated from the types.
 
 use crate::cluster::GemmBlocking;
+use fsdpc_ir::ops::matmul::Geometry;
 use fsdpc_ir::{DType, Op, TensorType};
 
 /// Largest inner dimension of one call into the matrix-product library: the
@@ -193,70 +194,25 @@ pub fn gemm_heap(op: &Op, ins: &[&TensorType], blocking: Option<&GemmBlocking>) 
 }
 
 /// The call one `MatMul` kernel of these operand shapes makes, and how
-/// many times: once with the batch folded into the rows when `b` has no
-/// batch and `a` is not transposed, else once per element of the
-/// broadcast batch.
+/// many times (`Geometry::calls`): once with the batch folded into the
+/// rows when `b` has no batch and `a` is not transposed, else once per
+/// element of the broadcast batch.
 pub fn matmul_calls(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> (GemmCall, u64) {
-    let call = matmul_call(a, b, trans_a, trans_b);
-    let batch = |d: &[usize]| -> Vec<u64> {
-        let keep = d.len().saturating_sub(2);
-        d[..keep].iter().map(|&x| x as u64).collect()
-    };
-    let (ba, bb) = (batch(a), batch(b));
-    let folded = !trans_a && bb.iter().product::<u64>() == 1;
-    if folded {
-        return (call, 1);
-    }
-    let len = ba.len().max(bb.len());
-    let at = |v: &[u64], i: usize| -> u64 {
-        (i + v.len())
-            .checked_sub(len)
-            .and_then(|j| v.get(j))
-            .copied()
-            .unwrap_or(1)
-    };
-    let count = (0..len)
-        .map(|i| at(&ba, i).max(at(&bb, i)))
-        .product::<u64>();
-    (call, count.max(1))
+    let count = Geometry::of(a, b, trans_a, trans_b).map_or(1, |g| g.calls().1);
+    (matmul_call(a, b, trans_a, trans_b), count as u64)
 }
 
-/// The calls one `MatMul` kernel makes: one product with the batch folded
-/// into the rows when `b` has no batch and `a` is not transposed, else one
-/// per batch element (rank-1 operands are a row or a column vector).
+/// One call of the `MatMul` kernel (`Geometry::calls`; rank-1 operands
+/// are a row or a column vector, rank-0 ones make an empty call).
 fn matmul_call(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool) -> GemmCall {
-    let pa: Vec<u64> = match a {
-        [x] => vec![1, *x as u64],
-        _ => a.iter().map(|&x| x as u64).collect(),
-    };
-    let pb: Vec<u64> = match b {
-        [x] => vec![*x as u64, 1],
-        _ => b.iter().map(|&x| x as u64).collect(),
-    };
-    let call = |m, k, n| GemmCall {
+    let (m, k, n) = Geometry::of(a, b, trans_a, trans_b)
+        .map_or((0, 0, 0), |g| (g.calls().0 as u64, g.k as u64, g.n as u64));
+    GemmCall {
         m,
         k,
         n,
         trans_a,
         trans_b,
-    };
-    if pa.len() < 2 || pb.len() < 2 {
-        return call(0, 0, 0);
-    }
-    let (ra, rb) = (pa.len() - 2, pb.len() - 2);
-    let (m, k) = if trans_a {
-        (pa[ra + 1], pa[ra])
-    } else {
-        (pa[ra], pa[ra + 1])
-    };
-    let n = if trans_b { pb[rb] } else { pb[rb + 1] };
-    let a_batch: u64 = pa[..ra].iter().product();
-    let b_batch: u64 = pb[..rb].iter().product();
-    if !trans_a && b_batch == 1 {
-        // Folded when a's batch is the whole output batch (b has none).
-        call(a_batch * m, k, n)
-    } else {
-        call(m, k, n)
     }
 }
 

@@ -20,7 +20,7 @@
 use crate::error::PlanError;
 use crate::schedule::Schedule;
 use fsdpc_ir::DType;
-use fsdpc_plan::{Buffer, BufferKind, Group, Instr, InstrOp, Location, Stream};
+use fsdpc_plan::{Buffer, BufferKind, Group, Instr, InstrOp, Stream};
 
 /// Inserts the clipping instructions into `sched` for a total norm of at
 /// most `max_norm`; `sharded`: gradient shards differ between ranks (the
@@ -61,20 +61,7 @@ pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), 
             _ => None,
         })
         .collect();
-    let norm = fsdpc_plan::BufferId(sched.buffers.len() as u32);
-    sched.buffers.push(Buffer {
-        id: norm,
-        kind: BufferKind::GradNorm,
-        unit: None,
-        value: None,
-        dtype: DType::F32,
-        bytes: 4,
-        offset: 0,
-        start: 0,
-        end: None,
-        stream: None,
-        location: Location::Device,
-    });
+    let norm = Buffer::add(&mut sched.buffers, BufferKind::GradNorm, DType::F32, 4).id;
     let out = &mut sched.instructions;
     let compute = |op| Instr {
         stream: Stream::Compute,

@@ -1,6 +1,7 @@
-//! Pass 2, flat parameters: lays each unit's parameters end to end in one
-//! flat buffer, in two segments, each padded to a multiple of the sharding
-//! factor F: `[trainable parameters | pad | frozen parameters | pad]`
+//! The flat pass (flat parameters): lays each unit's parameters end to
+//! end in one flat buffer, in two segments, each padded to a multiple of
+//! the sharding factor F:
+//! `[trainable parameters | pad | frozen parameters | pad]`
 //! (within a segment, in `ParamId` order). Records each parameter's element
 //! offset and the frozen segment's length (`Unit::frozen_numel`).
 //!

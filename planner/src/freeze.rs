@@ -1,4 +1,4 @@
-//! Pass 0, frozen parameters (`--freeze PATTERN`, PyTorch's
+//! The freeze pass, frozen parameters (`--freeze PATTERN`, PyTorch's
 //! `requires_grad_(False)`): picks the parameters whose names match the
 //! config's glob patterns and freezes them in the training program
 //! (`fsdpc_ir::freeze`: no gradient, the backward nodes only they needed

@@ -22,8 +22,8 @@ use crate::error::PlanError;
 use crate::schedule::Schedule;
 use crate::units::UnitAssignment;
 use fsdpc_plan::{
-    Buffer, BufferId, BufferKind, EventId, Instr, InstrOp, Location, OffloadUnits, OffloadWhat,
-    Stream, UnitId,
+    Buffer, BufferId, BufferKind, EventId, Instr, InstrOp, OffloadUnits, OffloadWhat, Stream,
+    UnitId,
 };
 use std::collections::BTreeSet;
 
@@ -145,23 +145,11 @@ pub fn stage_state(s: &mut Schedule, offload: &UnitOffload) {
         let staged: Vec<BufferId> = host
             .iter()
             .map(|&h| {
-                let id = BufferId(s.buffers.len() as u32);
                 let b = &s.buffers[h.index()];
                 let (dtype, bytes) = (b.dtype, b.bytes);
-                s.buffers.push(Buffer {
-                    id,
-                    kind: BufferKind::StagedState,
-                    unit: Some(unit),
-                    value: None,
-                    dtype,
-                    bytes,
-                    offset: 0,
-                    start: 0,
-                    end: None,
-                    stream: None,
-                    location: Location::Device,
-                });
-                id
+                Buffer::add(&mut s.buffers, BufferKind::StagedState, dtype, bytes)
+                    .of_unit(Some(unit))
+                    .id
             })
             .collect();
         let mut event = || {

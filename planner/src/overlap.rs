@@ -1,4 +1,4 @@
-//! Pass 6, overlap: trades arena bytes for overlap where a memory fence
+//! The overlap pass: trades arena bytes for overlap where a memory fence
 //! stalls a stream.
 //!
 //! The memory pass packs the arena as tightly as it can, and where a buffer

@@ -1,7 +1,7 @@
 //! Mixed precision (PyTorch FSDP's `MixedPrecision(param_dtype,
 //! reduce_dtype, buffer_dtype)`): the policy's parsers and checks, and the
-//! pass that retypes a training program to it (`apply`, the first pass of
-//! `compile_unchecked`, before units are assigned).
+//! pass that retypes a training program to it (`apply`, the `precision`
+//! pass, after `freeze` and before units are assigned).
 //!
 //! Conventions (the schedule, the runtime and `Plan::validate` rely on them):
 //! - The master copy is f32 whatever the policy: `ShardParams`, optimizer

@@ -119,21 +119,9 @@ pub fn apply(s: &mut Schedule, units: &[Unit], f: u32, wires: Wires) {
 }
 
 fn new_scratch(buffers: &mut Vec<Buffer>, unit: UnitId, bytes: u64) -> BufferId {
-    let id = BufferId(buffers.len() as u32);
-    buffers.push(Buffer {
-        id,
-        kind: BufferKind::Wire,
-        unit: Some(unit),
-        value: None,
-        dtype: DType::Bool,
-        bytes,
-        offset: 0,
-        start: 0,
-        end: None,
-        stream: None,
-        location: Location::Device,
-    });
-    id
+    Buffer::add(buffers, BufferKind::Wire, DType::Bool, bytes)
+        .of_unit(Some(unit))
+        .id
 }
 
 /// Bytes a quantized collective's own encode and decode read and write

@@ -25,7 +25,7 @@ use crate::error::PlanError;
 use crate::schedule::Schedule;
 use fsdpc_ir::{DType, Op, Phase, TrainingProgram};
 use fsdpc_plan::{
-    Buffer, BufferId, BufferKind, EventId, Group, Instr, InstrOp, Location, LossScaler, Stream,
+    Buffer, BufferId, BufferKind, EventId, Group, Instr, InstrOp, LossScaler, Stream,
 };
 use std::collections::HashSet;
 
@@ -132,21 +132,7 @@ fn is_compute_wait(i: &Instr) -> bool {
 
 /// A persistent f32 buffer of `bytes` for the scaler's state.
 fn new_scalar(sched: &mut Schedule, kind: BufferKind, bytes: u64) -> BufferId {
-    let id = BufferId(sched.buffers.len() as u32);
-    sched.buffers.push(Buffer {
-        id,
-        kind,
-        unit: None,
-        value: None,
-        dtype: DType::F32,
-        bytes,
-        offset: 0,
-        start: 0,
-        end: None,
-        stream: None,
-        location: Location::Device,
-    });
-    id
+    Buffer::add(&mut sched.buffers, kind, DType::F32, bytes).id
 }
 
 /// Replaces the kernel of backward's seed constant by a `ScaleSeed`.

@@ -59,7 +59,7 @@ pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
             if let Some(n) = g.try_node(node) {
                 let flops = cost::node_flops(g, node);
                 tl.flops += flops;
-                if !crate::checkpoint::is_recompute(n) {
+                if !crate::recompute::is_recompute(n) {
                     tl.model_flops += flops;
                 }
             }

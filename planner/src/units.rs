@@ -1,4 +1,4 @@
-//! Pass 1, units: picks the FSDP units from the module tree with a wrap
+//! The units pass: picks the FSDP units from the module tree with a wrap
 //! policy, and decides which unit owns each parameter and each node.
 //!
 //! Unit 0 is always the root unit (the model's root module). It is kept even

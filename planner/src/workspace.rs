@@ -7,7 +7,7 @@ use crate::schedule::Schedule;
 use fsdpc_ir::{DType, Graph, TensorType};
 use fsdpc_plan::cluster::GemmBlocking;
 use fsdpc_plan::workspace::{gemm_heap, kernel_workspace, GEMM_SLAB_BYTES};
-use fsdpc_plan::{Buffer, BufferId, BufferKind, InstrOp, Location, Stream};
+use fsdpc_plan::{Buffer, BufferKind, InstrOp, Stream};
 
 /// Sets every kernel instruction's `workspace_bytes`, appends one
 /// `Workspace` buffer per stream whose kernels need any, and returns the
@@ -45,20 +45,7 @@ pub fn plan_workspaces(s: &mut Schedule, graph: &Graph, blocking: Option<&GemmBl
         if bytes == 0 {
             continue;
         }
-        let id = BufferId(s.buffers.len() as u32);
-        s.buffers.push(Buffer {
-            id,
-            kind: BufferKind::Workspace,
-            unit: None,
-            value: None,
-            dtype: DType::F32,
-            bytes,
-            offset: 0,
-            start: 0,
-            end: None,
-            stream: Some(stream),
-            location: Location::Device,
-        });
+        Buffer::add(&mut s.buffers, BufferKind::Workspace, DType::F32, bytes).on_stream(stream);
     }
     if pack == 0 {
         0

@@ -1,15 +1,15 @@
 //! Exporting trained parameters: a safetensors file holding every parameter
 //! as f32 under its original name (what `zero_to_fp32.py` and a full
-//! `StateDictType.FULL` state dict give FSDP users), written atomically — to a
-//! temporary file in the target's directory, then renamed over it.
+//! `StateDictType.FULL` state dict give FSDP users), written atomically
+//! (`fsdpc_ir::fs::write_atomic`: a temporary file in the target's
+//! directory, synced, renamed over it, the directory synced).
 
 use crate::error::RuntimeError;
 use fsdpc_plan::Plan;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One tensor to export: its name, shape and f32 values (row-major).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,7 +39,7 @@ pub fn save_safetensors(tensors: &[ExportTensor<'_>], path: &Path) -> Result<(),
         views.push((t.name, view));
     }
     let out = safetensors::serialize(views, None).map_err(|e| err(e.to_string()))?;
-    write_atomic(path, &out).map_err(|e| err(e.to_string()))
+    fsdpc_ir::fs::write_atomic(path, &out).map_err(|e| err(e.to_string()))
 }
 
 /// Writes the trained `params` (as `TrainReport::final_params` gives them) of
@@ -67,32 +67,6 @@ pub fn save_params(
         })
         .collect::<Result<Vec<_>, RuntimeError>>()?;
     save_safetensors(&tensors, path)
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory,
-/// renamed over `path` once complete, so a reader never sees half a file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = temp_path(path);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    let r = write();
-    if r.is_err() {
-        // The temporary file is ours; the original error is what matters.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
-}
-
-/// `dir/.name.tmp-PID` next to `path`.
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
 #[cfg(test)]

@@ -9,17 +9,18 @@
 //! A model whose tensors were all inline is written inline; one that kept
 //! data in external files gets its tensors alongside, in `<out>.data` (the
 //! exporter's layout, and the only one past protobuf's 2 GiB limit). Files
-//! are written atomically: a temporary file in the target's directory,
-//! renamed over the target.
+//! are written atomically (`fsdpc_ir::fs::write_atomic`: a temporary file
+//! in the target's directory, synced, renamed over the target, the
+//! directory synced).
 
 use super::proto;
 use super::recovered::{recovered_params, Recovered};
 use crate::error::FrontendError;
+use fsdpc_ir::fs::write_atomic;
 use onnx_protobuf::tensor_proto::{DataLocation, DataType};
 use onnx_protobuf::{Message, StringStringEntryProto, TensorProto};
 use protobuf::Enum;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What [`write_with_params`] wrote.
@@ -92,9 +93,9 @@ pub fn write_with_params(
         .write_to_bytes()
         .map_err(|e| bad(src, format!("cannot encode the model: {e}")))?;
     summary.external_data = data.finish(out)?;
-    write_atomic(out, &bytes).map_err(|source| FrontendError::Io {
+    write_atomic(out, &bytes).map_err(|e| FrontendError::Io {
         path: out.to_path_buf(),
-        source,
+        source: e.into(),
     })?;
     Ok(summary)
 }
@@ -310,30 +311,10 @@ impl DataFile {
             return Ok(None);
         };
         let path = out.with_file_name(name);
-        write_atomic(&path, &buf).map_err(|source| FrontendError::Io {
+        write_atomic(&path, &buf).map_err(|e| FrontendError::Io {
             path: path.clone(),
-            source,
+            source: e.into(),
         })?;
         Ok(Some(path))
     }
-}
-
-/// Writes `bytes` to a temporary file next to `path`, then renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    let r = write();
-    if r.is_err() {
-        // The temporary file is ours; the original error is what matters.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
 }

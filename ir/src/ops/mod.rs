@@ -18,7 +18,7 @@ mod elementwise;
 mod gather;
 mod grad_kernels;
 mod loss;
-mod matmul;
+pub mod matmul;
 mod norm;
 mod reduce;
 mod shape;

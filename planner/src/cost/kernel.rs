@@ -10,6 +10,7 @@
 //! capped at the memory bandwidth once the bytes exceed the cache
 //! (`Hardware::kernel_bandwidth_for`).
 
+use fsdpc_ir::ops::matmul::Geometry;
 use fsdpc_ir::Graph;
 use fsdpc_plan::cluster::Cluster;
 
@@ -89,8 +90,8 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
 }
 
 /// The smallest of rows, inner size and columns of the matrix product at
-/// `node` (after its transposes; leading batch dimensions aside); 0 when
-/// the node is not a product of two matrices.
+/// `node` (its `Geometry`: after its transposes, leading batch dimensions
+/// aside); 0 when the node is not a product of two matrices.
 pub fn matmul_min_dim(graph: &Graph, node: fsdpc_ir::NodeId) -> usize {
     let fsdpc_ir::Op::MatMul { trans_a, trans_b } = graph.node(node).op else {
         return 0;
@@ -99,19 +100,8 @@ pub fn matmul_min_dim(graph: &Graph, node: fsdpc_ir::NodeId) -> usize {
     let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
         return 0;
     };
-    let last2 = |v: &fsdpc_ir::ValueId| {
-        let d = graph.value_type(*v).shape.dims();
-        match d.len() {
-            0 => (1, 1),
-            1 => (1, d[0]),
-            n => (d[n - 2], d[n - 1]),
-        }
-    };
-    let (ar, ac) = last2(a);
-    let (br, bc) = last2(b);
-    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
-    let n = if trans_b { br } else { bc };
-    m.min(k).min(n)
+    let dims = |v: &fsdpc_ir::ValueId| graph.value_type(*v).shape.dims();
+    Geometry::of(dims(a), dims(b), trans_a, trans_b).map_or(0, |g| g.m.min(g.k).min(g.n))
 }
 
 /// The efficiency of the matrix product at `node` (`flops` in all): the

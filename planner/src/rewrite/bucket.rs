@@ -3,8 +3,17 @@
 //! back, their grouping by egg with the members' ready times as the cost,
 //! and the rewritten instruction list.
 
-use super::*;
-use fsdpc_plan::{bucketable_gather, Instr, Stream};
+use super::lang::{unrewritten, Coll, Data, Payloads};
+use super::rules::Rule;
+use super::{ITER_LIMIT, NODE_LIMIT, RUN_LIMIT, TIME_LIMIT};
+use crate::cost::ring_collective_time;
+use crate::error::PlanError;
+use crate::schedule::Schedule;
+use egg::{CostFunction, EGraph, Extractor, Id, RecExpr, Runner, StopReason};
+use fsdpc_ir::DType;
+use fsdpc_plan::cluster::{Cluster, CollectiveKind};
+use fsdpc_plan::{bucketable_gather, Buffer, Instr, InstrOp, Stream};
+use std::collections::HashMap;
 
 /// The extraction cost of a run: `sum_s`, the sum over its members of
 /// the time from the run's start at which each member's parameters

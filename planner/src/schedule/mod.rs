@@ -1,4 +1,4 @@
-//! Pass 3, schedule: lowers a training program to the rank-generic
+//! The schedule pass: lowers a training program to the rank-generic
 //! instruction list (see `plan::InstrOp`), with the buffers it touches (their
 //! arena offsets and lifetimes are left to the memory pass).
 //!
@@ -277,21 +277,10 @@ impl<'a> Lowering<'a> {
         dtype: DType,
         bytes: u64,
     ) -> BufferId {
-        let id = BufferId(self.buffers.len() as u32);
-        self.buffers.push(Buffer {
-            id,
-            kind,
-            unit,
-            value,
-            dtype,
-            bytes,
-            offset: 0,
-            start: 0,
-            end: None,
-            stream: None,
-            location: Location::Device,
-        });
-        id
+        Buffer::add(&mut self.buffers, kind, dtype, bytes)
+            .of_unit(unit)
+            .holding(value)
+            .id
     }
 
     fn new_event(&mut self) -> EventId {

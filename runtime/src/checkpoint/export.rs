@@ -7,6 +7,7 @@
 use super::manifest::ParamLayout;
 use super::read::{Checkpoint, Part};
 use super::CheckpointError;
+use fsdpc_ir::fs::{write_atomic_with, AtomicWriteError};
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -28,29 +29,17 @@ impl Checkpoint {
     }
 
     /// Writes every parameter (f32, original names and shapes) to the
-    /// safetensors file `out`, streaming: a temporary file next to it, synced
-    /// and renamed over `out` once complete. Returns the parameter count.
+    /// safetensors file `out`, streaming, atomically (`fsdpc_ir::fs`: a
+    /// temporary file next to it, synced and renamed over `out` once
+    /// complete, the directory synced). Returns the parameter count.
     pub fn export_safetensors(&self, out: &Path) -> Result<usize, CheckpointError> {
         let header = self.header(out)?;
-        let name = out
-            .file_name()
-            .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-        let r = self.write_body(&tmp, &header);
-        let r = r.and_then(|n| {
-            std::fs::rename(&tmp, out).map_err(|e| CheckpointError::io(out, e))?;
-            let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
-            let parent = parent.unwrap_or(Path::new("."));
-            std::fs::File::open(parent)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| CheckpointError::io(parent, e))?;
-            Ok(n)
-        });
-        if r.is_err() {
-            // The temporary file is ours; the first error is what matters.
-            let _ = std::fs::remove_file(&tmp);
-        }
-        r
+        write_atomic_with(out, |tmp| self.write_body(tmp, &header)).map_err(|e| match e {
+            AtomicWriteError::Write(e) => e,
+            AtomicWriteError::Sync { temp, source } => CheckpointError::io(&temp, source),
+            AtomicWriteError::Rename(source) => CheckpointError::io(out, source),
+            AtomicWriteError::SyncDir { dir, source } => CheckpointError::io(&dir, source),
+        })
     }
 
     /// The safetensors header: an 8-byte little-endian length, then JSON
@@ -90,7 +79,7 @@ impl Checkpoint {
         Ok(h)
     }
 
-    /// Writes `header` and then every parameter's bytes to `tmp`, synced.
+    /// Writes `header` and then every parameter's bytes to `tmp`.
     fn write_body(&self, tmp: &Path, header: &[u8]) -> Result<usize, CheckpointError> {
         let io = |e: std::io::Error| CheckpointError::io(tmp, e);
         let file = std::fs::File::create(tmp).map_err(io)?;
@@ -104,8 +93,7 @@ impl Checkpoint {
             w.write_all(&buf).map_err(io)?;
             n += 1;
         }
-        let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-        file.sync_all().map_err(io)?;
+        w.into_inner().map_err(|e| io(e.into_error()))?;
         Ok(n)
     }
 }

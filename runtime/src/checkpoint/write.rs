@@ -1,15 +1,16 @@
 //! Writing a checkpoint. Each file goes to a temporary name, is synced,
-//! renamed into place and its directory synced. A step directory is complete
-//! once its manifest exists; the manifest is written after every rank file
-//! and the `latest` pointer after the manifest, so a run killed at any point
-//! leaves the previous checkpoint as `latest`, whole. Older checkpoints are
-//! pruned only after the new one is `latest`; two are kept.
+//! renamed into place and its directory synced (`fsdpc_ir::fs`). A step
+//! directory is complete once its manifest exists; the manifest is written
+//! after every rank file and the `latest` pointer after the manifest, so a
+//! run killed at any point leaves the previous checkpoint as `latest`,
+//! whole. Older checkpoints are pruned only after the new one is `latest`;
+//! two are kept.
 
 use super::manifest::{self, FileEntry, Manifest, LATEST, MANIFEST};
 use super::{Checkpoint, CheckpointError};
+use fsdpc_ir::fs::{write_atomic_with, AtomicWriteError};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use std::io::Write;
 use std::path::Path;
 
 /// Complete checkpoints kept in a directory.
@@ -55,20 +56,16 @@ pub fn save_rank(
     }
     // Streamed from the rank's buffers to a temporary file (the crate
     // writes through a 1 MiB buffer): no copy of the state in memory.
-    let tmp = temp_path(&path);
-    let written = safetensors::serialize_to_file(views, None, &tmp)
-        .map_err(|e| fmt(e.to_string()))
-        .and_then(|()| sync_and_hash(&tmp));
-    let (bytes, blake3) = match written {
-        Ok(v) => v,
-        Err(e) => {
-            // The temporary file is ours; the write error is what matters.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&tmp, &path).map_err(|e| CheckpointError::io(&path, e))?;
-    sync_parent(&path)?;
+    let (bytes, blake3) = write_atomic_with(&path, |tmp| {
+        safetensors::serialize_to_file(views, None, tmp).map_err(|e| fmt(e.to_string()))?;
+        size_and_hash(tmp)
+    })
+    .map_err(|e| match e {
+        AtomicWriteError::Write(e) => e,
+        AtomicWriteError::Sync { temp, source } => CheckpointError::io(&temp, source),
+        AtomicWriteError::Rename(source) => CheckpointError::io(&path, source),
+        AtomicWriteError::SyncDir { dir, source } => CheckpointError::io(&dir, source),
+    })?;
     Ok(FileEntry {
         name: manifest::rank_file(pos),
         position: pos as u32,
@@ -77,12 +74,11 @@ pub fn save_rank(
     })
 }
 
-/// Syncs the file at `path` to disk and returns its size and blake3 (hex),
-/// read through a map (no heap copy).
-fn sync_and_hash(path: &Path) -> Result<(u64, String), CheckpointError> {
+/// The size of the file at `path` and its blake3 (hex), read through a map
+/// (no heap copy).
+fn size_and_hash(path: &Path) -> Result<(u64, String), CheckpointError> {
     let io = |e: std::io::Error| CheckpointError::io(path, e);
     let f = std::fs::File::open(path).map_err(io)?;
-    f.sync_all().map_err(io)?;
     let len = f.metadata().map_err(io)?.len();
     // SAFETY: the file is this rank's own temporary file, not yet renamed
     // into place: nothing else writes it while the map lives.
@@ -123,40 +119,15 @@ fn prune(dir: &Path, newest: u64) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// Writes `bytes` to `path`: a temporary file in the same directory, synced,
-/// renamed over `path`, then the directory synced, so a crash leaves either
-/// the old file or the new one, never part of one.
+/// Writes `bytes` to `path` atomically (`fsdpc_ir::fs::write_atomic`): a
+/// crash leaves either the old file or the new one, never part of one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = temp_path(path);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    if let Err(e) = write() {
-        // The temporary file is ours; the write error is what matters.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(CheckpointError::io(path, e));
-    }
-    sync_parent(path)
-}
-
-/// `dir/.name.tmp-PID` next to `path`.
-fn temp_path(path: &Path) -> std::path::PathBuf {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
-}
-
-/// Syncs the directory holding `path`, so a rename into it is durable.
-fn sync_parent(path: &Path) -> Result<(), CheckpointError> {
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let parent = parent.unwrap_or(Path::new("."));
-    std::fs::File::open(parent)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| CheckpointError::io(parent, e))
+    fsdpc_ir::fs::write_atomic(path, bytes).map_err(|e| match e {
+        AtomicWriteError::SyncDir { dir, source } => CheckpointError::io(&dir, source),
+        AtomicWriteError::Write(source)
+        | AtomicWriteError::Sync { source, .. }
+        | AtomicWriteError::Rename(source) => CheckpointError::io(path, source),
+    })
 }
 
 /// Readies `dir` for a run's checkpoints. A directory holding a checkpoint

@@ -3,11 +3,13 @@
 //! Leading (batch) dimensions broadcast; a rank-1 operand is a row (`a`) or
 //! column (`b`) vector whose unit axis is dropped from the output, as numpy
 //! does. When `b` has no batch dimensions and `a` is not transposed, the batch
-//! folds into the rows of a single product.
+//! folds into the rows of a single product (the geometry is
+//! `fsdpc_ir::ops::matmul::Geometry`'s, which the planner sizes with).
 
 use super::layout::Blocks;
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
+use fsdpc_ir::ops::matmul::Geometry;
 use gemm::Parallelism;
 
 /// A logical `rows x cols` matrix stored row-major, or transposed (stored as
@@ -106,57 +108,32 @@ pub fn gemm_f32(
 /// Largest inner dimension of one gemm call (`fsdpc_plan::workspace::K_PANEL`).
 const K_PANEL: usize = fsdpc_plan::workspace::K_PANEL as usize;
 
-/// Shapes of one matmul after promoting rank-1 operands.
+/// The geometry of one matmul (rank-1 operands promoted) and its output
+/// batch.
 struct Dims {
-    batch_a: Vec<usize>,
-    batch_b: Vec<usize>,
+    g: Geometry,
     batch_out: Vec<usize>,
-    m: usize,
-    k: usize,
-    n: usize,
 }
 
 fn dims(a: &[usize], b: &[usize], trans_a: bool, trans_b: bool, out: &[usize]) -> KResult<Dims> {
-    let pa: Vec<usize> = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let pb: Vec<usize> = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
-    if pa.len() < 2 || pb.len() < 2 {
+    let Some(g) = Geometry::of(a, b, trans_a, trans_b) else {
         crate::kbail!("matmul needs operands of rank >= 1, got {a:?} and {b:?}");
-    }
-    let (ra, rb) = (pa.len() - 2, pb.len() - 2);
-    let (m, ka) = if trans_a {
-        (pa[ra + 1], pa[ra])
-    } else {
-        (pa[ra], pa[ra + 1])
     };
-    let (kb, n) = if trans_b {
-        (pb[rb + 1], pb[rb])
-    } else {
-        (pb[rb], pb[rb + 1])
-    };
-    if ka != kb {
+    if g.k != g.k_b {
         crate::kbail!("matmul: inner dimensions differ ({a:?} x {b:?})");
     }
-    let batch_out = super::layout::broadcast_shape(&pa[..ra], &pb[..rb])?;
-    let numel: usize = batch_out.iter().product::<usize>() * m * n;
+    let Ok(batch_out) = g.batch() else {
+        crate::kbail!(
+            "shapes {:?} and {:?} do not broadcast",
+            g.batch_a,
+            g.batch_b
+        );
+    };
+    let numel: usize = batch_out.iter().product::<usize>() * g.m * g.n;
     if numel != out.iter().product::<usize>() {
         crate::kbail!("matmul: output {out:?} does not match {a:?} x {b:?}");
     }
-    Ok(Dims {
-        batch_a: pa[..ra].to_vec(),
-        batch_b: pb[..rb].to_vec(),
-        batch_out,
-        m,
-        k: ka,
-        n,
-    })
+    Ok(Dims { g, batch_out })
 }
 
 /// `MatMul`.
@@ -168,12 +145,11 @@ pub fn matmul(
     b: &TensorRef,
     y: &mut TensorMut,
 ) -> KResult<()> {
-    let d = dims(a.dims(), b.dims(), trans_a, trans_b, y.dims())?;
+    let Dims { g, batch_out } = dims(a.dims(), b.dims(), trans_a, trans_b, y.dims())?;
     let (av, bv, out) = (a.f32()?, b.f32()?, y.f32_mut()?);
-    let (m, k, n) = (d.m, d.k, d.n);
-    let batch: usize = d.batch_out.iter().product();
-    let a_batch: usize = d.batch_a.iter().product();
-    if !trans_a && d.batch_b.iter().product::<usize>() == 1 && a_batch == batch {
+    let (m, k, n) = (g.m, g.k, g.n);
+    let batch: usize = batch_out.iter().product();
+    if g.folds() {
         let am = Mat {
             data: av,
             rows: batch * m,
@@ -188,7 +164,7 @@ pub fn matmul(
         };
         return gemm_f32(par, out, am, bm, 1.0, false);
     }
-    let blocks = Blocks::new(&d.batch_out, [&d.batch_a, &d.batch_b])?;
+    let blocks = Blocks::new(&batch_out, [&g.batch_a, &g.batch_b])?;
     let [sa, sb] = blocks.inner_strides;
     let mut res = Ok(());
     blocks.for_each(|[oa, ob], oo| {

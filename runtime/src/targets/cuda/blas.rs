@@ -11,6 +11,7 @@ use super::ops::Operand;
 use cudarc::cublas::result as cb;
 use cudarc::cublas::sys;
 use cudarc::driver::CudaStream;
+use fsdpc_ir::ops::matmul::Geometry;
 use fsdpc_ir::DType;
 use std::ffi::c_void;
 
@@ -52,38 +53,18 @@ pub fn plan_matmul(
     trans_b: bool,
 ) -> Result<Vec<Gemm>, String> {
     let (ad, bd) = (&a.ty.shape.0, &b.ty.shape.0);
-    let pa: Vec<usize> = if ad.len() == 1 {
-        vec![1, ad[0]]
-    } else {
-        ad.clone()
-    };
-    let pb: Vec<usize> = if bd.len() == 1 {
-        vec![bd[0], 1]
-    } else {
-        bd.clone()
-    };
-    if pa.len() < 2 || pb.len() < 2 {
+    let Some(g) = Geometry::of(ad, bd, trans_a, trans_b) else {
         return Err(format!(
             "matmul needs operands of rank >= 1, got {ad:?} and {bd:?}"
         ));
-    }
+    };
     if a.ty.dtype != b.ty.dtype || !a.ty.dtype.is_float() {
         return Err(format!(
             "matmul of {} and {}: the operands must share one float dtype",
             a.ty, b.ty
         ));
     }
-    let (ra, rb) = (pa.len() - 2, pb.len() - 2);
-    let (m, ka) = if trans_a {
-        (pa[ra + 1], pa[ra])
-    } else {
-        (pa[ra], pa[ra + 1])
-    };
-    let (kb, n) = if trans_b {
-        (pb[rb + 1], pb[rb])
-    } else {
-        (pb[rb], pb[rb + 1])
-    };
+    let (m, ka, kb, n) = (g.m, g.k, g.k_b, g.n);
     if ka != kb {
         return Err(format!(
             "matmul: inner dimensions {ka} and {kb} differ ({} x {})",
@@ -92,27 +73,14 @@ pub fn plan_matmul(
     }
     let k = ka;
     // The output batch: a's and b's batches broadcast together.
-    let (ba, bb) = (&pa[..ra], &pb[..rb]);
-    let nb = ba.len().max(bb.len());
-    let pad = |x: &[usize]| -> Vec<usize> {
-        std::iter::repeat_n(1, nb - x.len())
-            .chain(x.iter().copied())
-            .collect()
+    let (ba, bb) = (&g.batch_a, &g.batch_b);
+    let Ok(batch) = g.batch() else {
+        return Err(format!(
+            "matmul: batch dimensions {ba:?} and {bb:?} do not broadcast"
+        ));
     };
-    let (fa, fb) = (pad(ba), pad(bb));
-    let mut batch = Vec::with_capacity(nb);
-    for (&x, &z) in fa.iter().zip(&fb) {
-        batch.push(match (x, z) {
-            (x, z) if x == z => x,
-            (1, z) => z,
-            (x, 1) => x,
-            _ => {
-                return Err(format!(
-                    "matmul: batch dimensions {ba:?} and {bb:?} do not broadcast"
-                ))
-            }
-        });
-    }
+    let (fa, fb) = g.padded_batches();
+    let nb = batch.len();
     let count: u64 = batch.iter().map(|&x| x as u64).product();
     if y.numel() != count * (m * n) as u64 {
         return Err(format!(

@@ -1,5 +1,5 @@
-//! Pass 1b, activation checkpointing: rewrites the training program so that a
-//! checkpointed unit re-runs its forward in backward (PyTorch's
+//! Recomputation (activation checkpointing): rewrites the training program
+//! so that a checkpointed unit re-runs its forward in backward (PyTorch's
 //! `apply_activation_checkpointing`), and everything after it (schedule,
 //! memory plan, verifier, runtime) sees an ordinary program.
 //!

@@ -20,7 +20,7 @@ fn cfg(policy: CheckpointPolicy) -> FsdpConfig {
 fn rewrite(spec: &str) -> (fsdpc_ir::TrainingProgram, fsdpc_ir::TrainingProgram) {
     let (p, _) = program(spec);
     let assign = units::assign_units(&p.graph, &WrapPolicy::Blocks).unwrap();
-    let out = checkpoint::apply(p.clone(), &assign, CheckpointPolicy::Units).unwrap();
+    let out = recompute::apply(p.clone(), &assign, CheckpointPolicy::Units).unwrap();
     (p, out)
 }
 
@@ -62,7 +62,7 @@ fn clones_are_backward_copies_placed_just_in_time() {
     assert_eq!(after.validate(), Ok(()));
     let clones: Vec<NodeId> = g
         .node_ids()
-        .filter(|&n| checkpoint::is_recompute(g.node(n)))
+        .filter(|&n| recompute::is_recompute(g.node(n)))
         .collect();
     assert!(!clones.is_empty());
     assert_eq!(
@@ -114,7 +114,7 @@ fn clones_are_backward_copies_placed_just_in_time() {
             "unit {u} recomputes in one run"
         );
         let next = g.node(NodeId(last.0 + 1));
-        assert!(!checkpoint::is_recompute(next) && next.phase == Phase::Backward);
+        assert!(!recompute::is_recompute(next) && next.phase == Phase::Backward);
         let reads: Vec<NodeId> = g
             .inputs(NodeId(last.0 + 1))
             .iter()
@@ -143,7 +143,7 @@ fn checkpointing_is_idempotent_and_keeps_grads_and_loss() {
         );
     }
     let assign = units::assign_units(&after.graph, &WrapPolicy::Blocks).unwrap();
-    let again = checkpoint::apply(after.clone(), &assign, CheckpointPolicy::Units).unwrap();
+    let again = recompute::apply(after.clone(), &assign, CheckpointPolicy::Units).unwrap();
     assert_eq!(again.graph.node_count(), after.graph.node_count());
     assert_eq!(again.loss, after.loss);
 }
@@ -152,7 +152,7 @@ fn checkpointing_is_idempotent_and_keeps_grads_and_loss() {
 fn no_policy_leaves_the_program_alone() {
     let (p, _) = program(TINY_GPT);
     let assign = units::assign_units(&p.graph, &WrapPolicy::Blocks).unwrap();
-    let out = checkpoint::apply(p.clone(), &assign, CheckpointPolicy::None).unwrap();
+    let out = recompute::apply(p.clone(), &assign, CheckpointPolicy::None).unwrap();
     assert_eq!(out.graph.node_count(), p.graph.node_count());
 }
 

@@ -19,7 +19,7 @@ fn cfg(policy: CheckpointPolicy) -> FsdpConfig {
 fn selected(policy: CheckpointPolicy) -> Result<Vec<u32>, PlanError> {
     let (p, _) = program(GPT4);
     let assign = units::assign_units(&p.graph, &WrapPolicy::Blocks).unwrap();
-    Ok(checkpoint::selected_units(&assign, &policy)?
+    Ok(recompute::selected_units(&assign, &policy)?
         .into_iter()
         .map(|u| u.0)
         .collect())
@@ -131,7 +131,7 @@ fn the_plan_records_the_selected_units() {
         .training
         .graph
         .node_ids()
-        .filter(|&n| checkpoint::is_recompute(p.training.graph.node(n)))
+        .filter(|&n| recompute::is_recompute(p.training.graph.node(n)))
         .filter_map(|n| {
             let module = &p.training.graph.modules[p.training.graph.node(n).module.0 as usize];
             p.units
