@@ -47,11 +47,14 @@ fn plan(spec: &str, ranks: u32, cfg: &FsdpConfig) -> Plan {
 fn config(mixed: bool, ag: Wire, rs: Wire) -> FsdpConfig {
     let d = if mixed { DType::Bf16 } else { DType::F32 };
     FsdpConfig {
-        param_dtype: d,
-        reduce_dtype: d,
-        buffer_dtype: d,
-        allgather_wire: ag,
-        reduce_scatter_wire: rs,
+        settings: fsdpc_plan::Settings {
+            param_dtype: d,
+            reduce_dtype: d,
+            buffer_dtype: d,
+            allgather_wire: ag,
+            reduce_scatter_wire: rs,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }

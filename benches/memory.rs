@@ -44,7 +44,10 @@ fn child(spec: &str) {
         .unwrap_or(3)
         .max(2);
     let cfg = FsdpConfig {
-        strategy: Strategy::FullShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::FullShard,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let plan = common::compile(model, "cpu-local", world, world, &cfg).expect("plan");

@@ -36,7 +36,10 @@ fn copied(plan: &Plan, to: Location) -> u64 {
 fn row(name: &str, cfg: &FsdpConfig) {
     let plain = common::compile("gpt3-175b", "a100-80g-roce", 128, 8, cfg);
     let offload = FsdpConfig {
-        cpu_offload: true,
+        settings: fsdpc_plan::Settings {
+            cpu_offload: true,
+            ..cfg.settings.clone()
+        },
         ..cfg.clone()
     };
     let off = common::compile("gpt3-175b", "a100-80g-roce", 128, 8, &offload);
@@ -89,12 +92,15 @@ fn main() {
     for dtype in [DType::F32, DType::Bf16] {
         for ac in [false, true] {
             let cfg = FsdpConfig {
-                param_dtype: dtype,
-                reduce_dtype: dtype,
-                activation_checkpointing: if ac {
-                    CheckpointPolicy::Units
-                } else {
-                    CheckpointPolicy::None
+                settings: fsdpc_plan::Settings {
+                    param_dtype: dtype,
+                    reduce_dtype: dtype,
+                    activation_checkpointing: if ac {
+                        CheckpointPolicy::Units
+                    } else {
+                        CheckpointPolicy::None
+                    },
+                    ..fsdpc_plan::Settings::default()
                 },
                 check_fits: false,
                 ..FsdpConfig::default()

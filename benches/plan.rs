@@ -14,7 +14,10 @@ use std::time::Instant;
 
 fn compile(model: &str, world: u32, strategy: Strategy, check_fits: bool) -> Result<Plan, String> {
     let cfg = FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            ..fsdpc_plan::Settings::default()
+        },
         check_fits,
         ..FsdpConfig::default()
     };
@@ -40,7 +43,10 @@ fn best_median(times: &mut [f64]) -> (f64, f64) {
 /// --activation-checkpointing`: 5 compiles, and validation alone of each.
 fn validation_cost() {
     let cfg = FsdpConfig {
-        activation_checkpointing: CheckpointPolicy::Units,
+        settings: fsdpc_plan::Settings {
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let (mut compile_s, mut validate_s) = (Vec::new(), Vec::new());
@@ -66,7 +72,10 @@ fn validation_cost() {
 fn checkpoint_selection() {
     for policy in ["none", "every:2", "all"] {
         let cfg = FsdpConfig {
-            activation_checkpointing: CheckpointPolicy::parse(policy).expect("a policy"),
+            settings: fsdpc_plan::Settings {
+                activation_checkpointing: CheckpointPolicy::parse(policy).expect("a policy"),
+                ..fsdpc_plan::Settings::default()
+            },
             check_fits: false,
             ..FsdpConfig::default()
         };
@@ -89,10 +98,13 @@ fn mixed_precision() {
     for world in [128u32, 512] {
         for (name, d) in [("f32", DType::F32), ("bf16", DType::Bf16)] {
             let cfg = FsdpConfig {
+                settings: fsdpc_plan::Settings {
+                    param_dtype: d,
+                    reduce_dtype: d,
+                    buffer_dtype: d,
+                    ..fsdpc_plan::Settings::default()
+                },
                 check_fits: false,
-                param_dtype: d,
-                reduce_dtype: d,
-                buffer_dtype: d,
                 ..FsdpConfig::default()
             };
             let p = compile_with("gpt3-175b", world, &cfg).expect("gpt3-175b compiles");
@@ -194,7 +206,10 @@ fn main() {
     }
     for world in [128, 512] {
         let cfg = FsdpConfig {
-            activation_checkpointing: CheckpointPolicy::Units,
+            settings: fsdpc_plan::Settings {
+                activation_checkpointing: CheckpointPolicy::Units,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         };
         match compile_with("gpt3-175b", world, &cfg) {

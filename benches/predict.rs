@@ -87,21 +87,24 @@ fn cases() -> Vec<Case> {
 
 fn config(case: &Case) -> FsdpConfig {
     FsdpConfig {
-        strategy: case.strategy,
-        forward_prefetch: case.prefetch,
-        backward_prefetch: if case.prefetch {
-            BackwardPrefetch::Pre
-        } else {
-            BackwardPrefetch::None
+        settings: fsdpc_plan::Settings {
+            strategy: case.strategy,
+            forward_prefetch: case.prefetch,
+            backward_prefetch: if case.prefetch {
+                BackwardPrefetch::Pre
+            } else {
+                BackwardPrefetch::None
+            },
+            activation_checkpointing: if case.checkpoint {
+                CheckpointPolicy::Units
+            } else {
+                CheckpointPolicy::None
+            },
+            param_dtype: case.dtype,
+            reduce_dtype: case.dtype,
+            buffer_dtype: case.dtype,
+            ..fsdpc_plan::Settings::default()
         },
-        activation_checkpointing: if case.checkpoint {
-            CheckpointPolicy::Units
-        } else {
-            CheckpointPolicy::None
-        },
-        param_dtype: case.dtype,
-        reduce_dtype: case.dtype,
-        buffer_dtype: case.dtype,
         ..FsdpConfig::default()
     }
 }

@@ -42,9 +42,12 @@ fn main() {
         ("gpt2", 64),
     ];
     let base = FsdpConfig {
-        param_dtype: DType::Bf16,
-        reduce_dtype: DType::Bf16,
-        activation_checkpointing: CheckpointPolicy::Units,
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..fsdpc_plan::Settings::default()
+        },
         check_fits: false,
         ..FsdpConfig::default()
     };

@@ -23,13 +23,19 @@ fn gib(b: u64) -> f64 {
 /// The settings compared: a name and the configuration.
 fn settings(dtype: DType) -> Vec<(&'static str, FsdpConfig)> {
     let base = FsdpConfig {
-        param_dtype: dtype,
-        reduce_dtype: dtype,
+        settings: fsdpc_plan::Settings {
+            param_dtype: dtype,
+            reduce_dtype: dtype,
+            ..fsdpc_plan::Settings::default()
+        },
         check_fits: false,
         ..FsdpConfig::default()
     };
     let with = |strategy: Strategy, reshard: Option<ReshardAfterForward>| FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            ..base.settings.clone()
+        },
         reshard_after_forward: reshard,
         ..base.clone()
     };
@@ -81,7 +87,10 @@ fn table(world: u32, dtype: DType) {
     for (name, cfg) in settings(dtype) {
         let plan = common::compile("gpt3-175b", "a100-80g-roce", world, 8, &cfg);
         let ckpt = FsdpConfig {
-            activation_checkpointing: CheckpointPolicy::Units,
+            settings: fsdpc_plan::Settings {
+                activation_checkpointing: CheckpointPolicy::Units,
+                ..cfg.settings.clone()
+            },
             ..cfg.clone()
         };
         let plan_ac = common::compile("gpt3-175b", "a100-80g-roce", world, 8, &ckpt);

@@ -33,10 +33,13 @@ fn main() {
         (2, Strategy::FullShard, DType::F16),
     ] {
         let cfg = FsdpConfig {
-            strategy,
-            param_dtype: dtype,
-            reduce_dtype: dtype,
-            buffer_dtype: dtype,
+            settings: fsdpc_plan::Settings {
+                strategy,
+                param_dtype: dtype,
+                reduce_dtype: dtype,
+                buffer_dtype: dtype,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         };
         let plan = common::compile(SPEC, "cpu-local", world, world, &cfg).expect("plan");

@@ -76,8 +76,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let cluster = fsdpc_planner::preset("h200-141g-ib", 1, 1)?;
     let cfg = FsdpConfig {
-        param_dtype: dtype,
-        reduce_dtype: dtype,
+        settings: fsdpc_plan::Settings {
+            param_dtype: dtype,
+            reduce_dtype: dtype,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let plan = compile(prog, model, &cluster, &cfg)?;

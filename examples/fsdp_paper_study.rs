@@ -118,14 +118,16 @@ pub struct Point {
 /// The study's configuration for `strategy` with the variations of a row.
 fn config(strategy: Strategy, prefetch: BackwardPrefetch, limit: u32) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        backward_prefetch: prefetch,
-        limit_all_gathers: limit,
-        activation_checkpointing: CheckpointPolicy::Units,
-        param_dtype: DType::Bf16,
-        reduce_dtype: DType::Bf16,
-        buffer_dtype: DType::Bf16,
-        // A configuration that does not fit is reported, not refused.
+        settings: fsdpc::plan::Settings {
+            strategy,
+            backward_prefetch: prefetch,
+            limit_all_gathers: limit,
+            activation_checkpointing: CheckpointPolicy::Units,
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            buffer_dtype: DType::Bf16,
+            ..fsdpc::plan::Settings::default()
+        }, // A configuration that does not fit is reported, not refused.
         check_fits: false,
         ..FsdpConfig::default()
     }

@@ -31,7 +31,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model,
         &cluster,
         &FsdpConfig {
-            strategy,
+            settings: fsdpc_plan::Settings {
+                strategy,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         },
     )?;

@@ -26,7 +26,10 @@ pub fn run() -> Result<String, Box<dyn Error>> {
     };
     let cluster = planner::preset("a100-80g-roce", 512, 8)?;
     let cfg = FsdpConfig {
-        activation_checkpointing: CheckpointPolicy::Units,
+        settings: fsdpc::plan::Settings {
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..fsdpc::plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     // Fails with PlanError::DoesNotFit (and what would fit) if a rank's peak

@@ -167,7 +167,10 @@ fn pruned_search_agrees_when_memory_is_tight() {
             .peak_bytes
     };
     let ddp = peak(FsdpConfig {
-        strategy: Strategy::NoShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::NoShard,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     });
     let sharded = peak(FsdpConfig::default());
@@ -187,7 +190,10 @@ fn fits_nowhere_names_the_smallest_world_that_fits() {
     let world = 2;
     let mut cluster = fsdpc_planner::preset("cpu-local", world, 1).expect("preset");
     let base = FsdpConfig {
-        activation_checkpointing: CheckpointPolicy::Units,
+        settings: fsdpc_plan::Settings {
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let fixed = Fixed {
@@ -204,11 +210,14 @@ fn fits_nowhere_names_the_smallest_world_that_fits() {
         fsdpc_planner::compile_unchecked(program.clone(), info.clone(), &c, cfg).expect("compiles")
     };
     let lean = |w: u32| FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            wrap: space.wraps.last().cloned().expect("a wrap"),
+            limit_all_gathers: 1,
+            backward_prefetch: BackwardPrefetch::None,
+            forward_prefetch: false,
+            ..base.settings.clone()
+        },
         shard_factor: Some(w),
-        wrap: space.wraps.last().cloned().expect("a wrap"),
-        limit_all_gathers: 1,
-        backward_prefetch: BackwardPrefetch::None,
-        forward_prefetch: false,
         check_fits: false,
         ..base.clone()
     };
@@ -240,7 +249,10 @@ fn fits_nowhere_names_the_smallest_world_that_fits() {
 fn fixed_flags_fix_their_dimensions() {
     let (program, _) = load("gpt-mini");
     let base = FsdpConfig {
-        strategy: Strategy::HybridShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::HybridShard,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let fixed = Fixed {
@@ -421,13 +433,16 @@ fn cli_auto_prints_the_table_and_writes_the_plan() {
     )
     .expect("space");
     let lean = FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            wrap: space.wraps.last().cloned().expect("a wrap"),
+            activation_checkpointing: CheckpointPolicy::Units,
+            cpu_offload: true,
+            limit_all_gathers: 1,
+            backward_prefetch: BackwardPrefetch::None,
+            forward_prefetch: false,
+            ..fsdpc_plan::Settings::default()
+        },
         shard_factor: Some(6),
-        wrap: space.wraps.last().cloned().expect("a wrap"),
-        activation_checkpointing: CheckpointPolicy::Units,
-        cpu_offload: true,
-        limit_all_gathers: 1,
-        backward_prefetch: BackwardPrefetch::None,
-        forward_prefetch: false,
         check_fits: false,
         ..FsdpConfig::default()
     };

@@ -156,7 +156,10 @@ fn hybrid_plan() -> Plan {
         &gpt(4),
         4,
         &fsdpc_planner::FsdpConfig {
-            strategy: Strategy::HybridShard,
+            settings: fsdpc_plan::Settings {
+                strategy: Strategy::HybridShard,
+                ..fsdpc_plan::Settings::default()
+            },
             shard_factor: Some(2),
             ..Default::default()
         },

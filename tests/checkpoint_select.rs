@@ -24,8 +24,11 @@ fn gpt4(batch: u32) -> String {
 
 fn planned(world: u32, strategy: Strategy, policy: CheckpointPolicy) -> Plan {
     let cfg = FsdpConfig {
-        strategy,
-        activation_checkpointing: policy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            activation_checkpointing: policy,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     plan_with(&gpt4(8 / world), world, &cfg)

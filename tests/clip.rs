@@ -25,8 +25,11 @@ fn mlp(batch: u32) -> String {
 
 fn cfg(strategy: Strategy, clip: Option<f64>) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        clip_grad_norm: clip,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            clip_grad_norm: clip,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }

@@ -16,7 +16,10 @@ const GPT: &str = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=256,batch=2";
 
 fn hybrid(shard_factor: u32) -> FsdpConfig {
     FsdpConfig {
-        strategy: Strategy::HybridShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::HybridShard,
+            ..fsdpc_plan::Settings::default()
+        },
         shard_factor: Some(shard_factor),
         ..FsdpConfig::default()
     }
@@ -206,8 +209,11 @@ fn skinny_products_use_their_own_curve() {
 #[test]
 fn half_products_pay_their_promotion_where_products_run_in_f32() {
     let cfg = FsdpConfig {
-        param_dtype: fsdpc_ir::DType::Bf16,
-        reduce_dtype: fsdpc_ir::DType::Bf16,
+        settings: fsdpc_plan::Settings {
+            param_dtype: fsdpc_ir::DType::Bf16,
+            reduce_dtype: fsdpc_ir::DType::Bf16,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let p = common::plan_with(GPT, 1, &cfg);
@@ -259,8 +265,11 @@ fn half_products_pay_their_promotion_where_products_run_in_f32() {
 #[test]
 fn converting_collectives_pay_the_cast_where_products_run_in_f32() {
     let bf16 = FsdpConfig {
-        param_dtype: fsdpc_ir::DType::Bf16,
-        reduce_dtype: fsdpc_ir::DType::Bf16,
+        settings: fsdpc_plan::Settings {
+            param_dtype: fsdpc_ir::DType::Bf16,
+            reduce_dtype: fsdpc_ir::DType::Bf16,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let comm = |ins: &fsdpc_plan::Instr| {

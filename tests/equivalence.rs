@@ -154,8 +154,11 @@ fn loss_falls_on_the_synthetic_task() {
 /// `spec` planned like `common::plan`, with activation checkpointing `policy`.
 fn plan_checkpointed(spec: &str, world: u32, strategy: Strategy, policy: CheckpointPolicy) -> Plan {
     let cfg = FsdpConfig {
-        strategy,
-        activation_checkpointing: policy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            activation_checkpointing: policy,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     common::plan_with(spec, world, &cfg)

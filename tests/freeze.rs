@@ -39,8 +39,11 @@ const FROZEN: [&str; 3] = [
 
 fn cfg(strategy: Strategy) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        freeze: FROZEN.iter().map(|s| s.to_string()).collect(),
+        settings: fsdpc_plan::Settings {
+            strategy,
+            freeze: FROZEN.iter().map(|s| s.to_string()).collect(),
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -291,7 +294,10 @@ fn lora_gpt_trains_only_its_adapters_like_one_unsharded_rank() {
         2 * (4 * (32 + 96) + 4 * (32 + 32))
     );
     let no_freeze = |strategy| FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let ref_plan = plan_with(&lora_gpt(8), 1, &no_freeze(Strategy::NoShard));

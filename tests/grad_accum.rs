@@ -34,10 +34,13 @@ fn mlp(batch: u32) -> String {
 
 fn cfg(strategy: Strategy, f: Option<u32>, k: u32, no_sync: bool) -> FsdpConfig {
     FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            grad_accum: k,
+            no_sync,
+            ..fsdpc_plan::Settings::default()
+        },
         shard_factor: f,
-        grad_accum: k,
-        no_sync,
         ..FsdpConfig::default()
     }
 }

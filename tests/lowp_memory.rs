@@ -71,11 +71,14 @@ fn check(world: u32, cfg: &FsdpConfig, what: &str) -> Plan {
 
 fn bf16(ag: Wire, rs: Wire) -> FsdpConfig {
     FsdpConfig {
-        param_dtype: DType::Bf16,
-        reduce_dtype: DType::Bf16,
-        buffer_dtype: DType::Bf16,
-        allgather_wire: ag,
-        reduce_scatter_wire: rs,
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            buffer_dtype: DType::Bf16,
+            allgather_wire: ag,
+            reduce_scatter_wire: rs,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -108,9 +111,12 @@ fn partial_offload_uses_the_memory_planned() {
         ("all", OffloadWhat::Optimizer),
     ] {
         let cfg = FsdpConfig {
-            cpu_offload: true,
+            settings: fsdpc_plan::Settings {
+                cpu_offload: true,
+                offload_what: what,
+                ..fsdpc_plan::Settings::default()
+            },
             offload_units: OffloadUnits::parse(which).expect("selection"),
-            offload_what: what,
             ..FsdpConfig::default()
         };
         let plan = check(2, &cfg, &format!("offload {which} {what:?}"));

@@ -21,8 +21,11 @@ const MLP: &str = "mlp:layers=3,in=2048,hidden=2048,classes=10,batch=64";
 
 fn cfg(strategy: Strategy, ckpt: CheckpointPolicy) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        activation_checkpointing: ckpt,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            activation_checkpointing: ckpt,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -172,8 +175,11 @@ fn gpt_other_strategies_world_4() {
 fn gpt_gradient_accumulation_world_2() {
     for no_sync in [false, true] {
         let c = FsdpConfig {
-            grad_accum: 2,
-            no_sync,
+            settings: fsdpc_plan::Settings {
+                grad_accum: 2,
+                no_sync,
+                ..(cfg(Strategy::FullShard, CheckpointPolicy::None)).settings
+            },
             ..cfg(Strategy::FullShard, CheckpointPolicy::None)
         };
         check(
@@ -197,9 +203,12 @@ fn calibrated_blocking_makes_the_plan_exact() {
         return;
     };
     let bf16 = FsdpConfig {
-        param_dtype: fsdpc_ir::DType::Bf16,
-        reduce_dtype: fsdpc_ir::DType::Bf16,
-        buffer_dtype: fsdpc_ir::DType::Bf16,
+        settings: fsdpc_plan::Settings {
+            param_dtype: fsdpc_ir::DType::Bf16,
+            reduce_dtype: fsdpc_ir::DType::Bf16,
+            buffer_dtype: fsdpc_ir::DType::Bf16,
+            ..(cfg(Strategy::FullShard, CheckpointPolicy::None)).settings
+        },
         ..cfg(Strategy::FullShard, CheckpointPolicy::None)
     };
     for (spec, c) in [

@@ -34,9 +34,12 @@ fn mlp(batch: u32) -> String {
 
 fn cfg(strategy: Strategy, f: Option<u32>, offload: bool) -> FsdpConfig {
     FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            cpu_offload: offload,
+            ..fsdpc_plan::Settings::default()
+        },
         shard_factor: f,
-        cpu_offload: offload,
         ..FsdpConfig::default()
     }
 }
@@ -111,16 +114,22 @@ fn offload_combines_with_every_other_control() {
     use fsdpc_ir::DType;
     let base = cfg(Strategy::FullShard, None, false);
     let half = |d: DType| FsdpConfig {
-        param_dtype: d,
-        reduce_dtype: d,
-        buffer_dtype: d,
+        settings: fsdpc_plan::Settings {
+            param_dtype: d,
+            reduce_dtype: d,
+            buffer_dtype: d,
+            ..base.settings.clone()
+        },
         ..base.clone()
     };
     let combos: Vec<(&str, FsdpConfig)> = vec![
         (
             "clip 0.5",
             FsdpConfig {
-                clip_grad_norm: Some(0.5),
+                settings: fsdpc_plan::Settings {
+                    clip_grad_norm: Some(0.5),
+                    ..base.settings.clone()
+                },
                 ..base.clone()
             },
         ),
@@ -129,22 +138,31 @@ fn offload_combines_with_every_other_control() {
         (
             "grad_accum 2",
             FsdpConfig {
-                grad_accum: 2,
+                settings: fsdpc_plan::Settings {
+                    grad_accum: 2,
+                    ..base.settings.clone()
+                },
                 ..base.clone()
             },
         ),
         (
             "grad_accum 2 no_sync",
             FsdpConfig {
-                grad_accum: 2,
-                no_sync: true,
+                settings: fsdpc_plan::Settings {
+                    grad_accum: 2,
+                    no_sync: true,
+                    ..base.settings.clone()
+                },
                 ..base.clone()
             },
         ),
         (
             "shard_grad_op",
             FsdpConfig {
-                strategy: Strategy::ShardGradOp,
+                settings: fsdpc_plan::Settings {
+                    strategy: Strategy::ShardGradOp,
+                    ..base.settings.clone()
+                },
                 ..base.clone()
             },
         ),
@@ -152,7 +170,10 @@ fn offload_combines_with_every_other_control() {
     for (name, c) in combos {
         let plain = train(&plan_with(&gpt(4), 2, &c), 6, ExecMode::Arena);
         let off_cfg = FsdpConfig {
-            cpu_offload: true,
+            settings: fsdpc_plan::Settings {
+                cpu_offload: true,
+                ..c.settings.clone()
+            },
             ..c
         };
         let r = train(&plan_with(&gpt(4), 2, &off_cfg), 6, ExecMode::Arena);

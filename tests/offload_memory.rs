@@ -38,9 +38,12 @@ fn plan(world: u32, cfg: &FsdpConfig) -> Plan {
 /// Trains an offloaded plan and checks measured <= planned <= measured + 2%.
 fn check(world: u32, strategy: Strategy, shard_factor: Option<u32>) {
     let cfg = FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            cpu_offload: true,
+            ..fsdpc_plan::Settings::default()
+        },
         shard_factor,
-        cpu_offload: true,
         ..FsdpConfig::default()
     };
     let plan = plan(world, &cfg);

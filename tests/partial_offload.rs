@@ -32,9 +32,12 @@ fn gpt(layers: u32, batch: u32) -> String {
 
 fn offload(which: &str, what: OffloadWhat, base: &FsdpConfig) -> FsdpConfig {
     FsdpConfig {
-        cpu_offload: true,
+        settings: fsdpc_plan::Settings {
+            cpu_offload: true,
+            offload_what: what,
+            ..base.settings.clone()
+        },
         offload_units: OffloadUnits::parse(which).expect("selection parses"),
-        offload_what: what,
         ..base.clone()
     }
 }
@@ -55,7 +58,10 @@ fn every_mix_is_bit_identical_to_no_offload() {
             &gpt(2, 8),
             1,
             &FsdpConfig {
-                strategy: Strategy::NoShard,
+                settings: fsdpc_plan::Settings {
+                    strategy: Strategy::NoShard,
+                    ..base.settings.clone()
+                },
                 ..base.clone()
             },
         ),
@@ -98,17 +104,26 @@ fn mixes_combine_with_clipping_bf16_and_accumulation() {
     let base = FsdpConfig::default();
     let combos = [
         FsdpConfig {
-            clip_grad_norm: Some(0.5),
+            settings: fsdpc_plan::Settings {
+                clip_grad_norm: Some(0.5),
+                ..base.settings.clone()
+            },
             ..base.clone()
         },
         FsdpConfig {
-            param_dtype: DType::Bf16,
-            reduce_dtype: DType::Bf16,
-            buffer_dtype: DType::Bf16,
+            settings: fsdpc_plan::Settings {
+                param_dtype: DType::Bf16,
+                reduce_dtype: DType::Bf16,
+                buffer_dtype: DType::Bf16,
+                ..base.settings.clone()
+            },
             ..base.clone()
         },
         FsdpConfig {
-            grad_accum: 2,
+            settings: fsdpc_plan::Settings {
+                grad_accum: 2,
+                ..base.settings.clone()
+            },
             ..base.clone()
         },
     ];
@@ -191,7 +206,10 @@ fn bad_selections_are_refused() {
     for which in ["paths:transformer.h.9", "kind:T5Block", "every:0"] {
         let cfg = match OffloadUnits::parse(which) {
             Ok(units) => FsdpConfig {
-                cpu_offload: true,
+                settings: fsdpc_plan::Settings {
+                    cpu_offload: true,
+                    ..base.settings.clone()
+                },
                 offload_units: units,
                 ..base.clone()
             },

@@ -39,10 +39,13 @@ fn gpt(batch: u32) -> String {
 
 fn policy(d: DType, strategy: Strategy) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        param_dtype: d,
-        reduce_dtype: d,
-        buffer_dtype: d,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            param_dtype: d,
+            reduce_dtype: d,
+            buffer_dtype: d,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -306,7 +309,10 @@ fn bf16_plan_gathers_and_holds_half_the_bytes_and_keeps_f32_masters() {
 #[test]
 fn policies_the_planner_cannot_honour_are_refused() {
     let cfg = FsdpConfig {
-        reduce_dtype: DType::Bf16,
+        settings: fsdpc_plan::Settings {
+            reduce_dtype: DType::Bf16,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let m = fsdpc_frontends::load(&gpt(2), &Default::default()).expect("model");
@@ -321,7 +327,10 @@ fn policies_the_planner_cannot_honour_are_refused() {
         other => panic!("expected a BadConfig error, got {other:?}"),
     }
     let cfg = FsdpConfig {
-        param_dtype: DType::I64,
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::I64,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     match fsdpc_planner::compile(m.program, info, &cluster, &cfg) {

@@ -23,10 +23,13 @@ const GPT: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
 
 fn plan(world: u32, strategy: Strategy, d: DType) -> Plan {
     let cfg = FsdpConfig {
-        strategy,
-        param_dtype: d,
-        reduce_dtype: d,
-        buffer_dtype: d,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            param_dtype: d,
+            reduce_dtype: d,
+            buffer_dtype: d,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let m = fsdpc_frontends::load(GPT, &LoadOptions::default()).expect("model loads");

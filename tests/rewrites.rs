@@ -79,8 +79,11 @@ fn hierarchical_collectives_train_as_the_ring_does() {
         let cluster = two_level(world, per_node);
         for dtype in [DType::F32, DType::Bf16] {
             let cfg = FsdpConfig {
-                param_dtype: dtype,
-                reduce_dtype: dtype,
+                settings: fsdpc_plan::Settings {
+                    param_dtype: dtype,
+                    reduce_dtype: dtype,
+                    ..fsdpc_plan::Settings::default()
+                },
                 ..FsdpConfig::default()
             };
             let model = gpt(8 / world.min(8));
@@ -127,8 +130,11 @@ fn cast_before_gather_is_bit_identical() {
     for world in [2u32, 4] {
         let cluster = fsdpc_planner::preset("a100-80g-roce", world, world).expect("preset");
         let cfg = FsdpConfig {
-            param_dtype: DType::Bf16,
-            reduce_dtype: DType::Bf16,
+            settings: fsdpc_plan::Settings {
+                param_dtype: DType::Bf16,
+                reduce_dtype: DType::Bf16,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         };
         let model = gpt(8 / world);
@@ -179,7 +185,10 @@ fn all_reduce_as_reduce_scatter_and_all_gather_is_bit_identical() {
             fit(CollectiveKind::AllReduce, 2e9),
         ];
         let cfg = FsdpConfig {
-            strategy: Strategy::NoShard,
+            settings: fsdpc_plan::Settings {
+                strategy: Strategy::NoShard,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         };
         let model = gpt(8 / world);
@@ -239,12 +248,15 @@ fn bucketed_all_gathers_are_bit_identical() {
     for (world, depth, f) in [(2u32, 1u32, 2u32), (4, 2, 4), (4, 3, 4), (4, 2, 2)] {
         let cluster = fsdpc_planner::preset("a100-80g-roce", world, world).expect("preset");
         let cfg = FsdpConfig {
-            prefetch_depth: depth,
-            limit_all_gathers: depth + 1,
-            strategy: if f < world {
-                Strategy::HybridShard
-            } else {
-                Strategy::FullShard
+            settings: fsdpc_plan::Settings {
+                prefetch_depth: depth,
+                limit_all_gathers: depth + 1,
+                strategy: if f < world {
+                    Strategy::HybridShard
+                } else {
+                    Strategy::FullShard
+                },
+                ..fsdpc_plan::Settings::default()
             },
             shard_factor: (f < world).then_some(f),
             ..FsdpConfig::default()
@@ -301,8 +313,11 @@ fn tampered_buckets_are_refused() {
 #[test]
 fn the_cluster_decides_which_rules_fire() {
     let cfg = FsdpConfig {
-        param_dtype: DType::Bf16,
-        reduce_dtype: DType::Bf16,
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let model = gpt(2);

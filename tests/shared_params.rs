@@ -25,15 +25,18 @@ fn gpt(batch: u32) -> String {
 
 fn cfg(strategy: Strategy, shared: SharedParams) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        wrap: WrapPolicy::Paths {
-            paths: vec![
-                "transformer.wte".into(),
-                "transformer.h.0".into(),
-                "transformer.h.1".into(),
-            ],
+        settings: fsdpc_plan::Settings {
+            strategy,
+            wrap: WrapPolicy::Paths {
+                paths: vec![
+                    "transformer.wte".into(),
+                    "transformer.h.0".into(),
+                    "transformer.h.1".into(),
+                ],
+            },
+            shared_params: shared,
+            ..fsdpc_plan::Settings::default()
         },
-        shared_params: shared,
         ..FsdpConfig::default()
     }
 }
@@ -220,14 +223,17 @@ fn onnx_gpt2_tied_initializer_is_owned_by_the_embedding_unit() {
             name: m.name,
         };
         let cfg = FsdpConfig {
-            wrap: WrapPolicy::Paths {
-                paths: vec![
-                    "model.transformer.wte".into(),
-                    "model.transformer.h.0".into(),
-                    "model.transformer.h.1".into(),
-                ],
+            settings: fsdpc_plan::Settings {
+                wrap: WrapPolicy::Paths {
+                    paths: vec![
+                        "model.transformer.wte".into(),
+                        "model.transformer.h.0".into(),
+                        "model.transformer.h.1".into(),
+                    ],
+                },
+                shared_params: shared,
+                ..fsdpc_plan::Settings::default()
             },
-            shared_params: shared,
             ..FsdpConfig::default()
         };
         fsdpc_planner::compile(m.program, info, &cluster, &cfg).expect("plan compiles")

@@ -47,7 +47,10 @@ fn setting(name: &'static str, world: u32, strategy: Strategy, f: Option<u32>) -
         name,
         world,
         cfg: FsdpConfig {
-            strategy,
+            settings: fsdpc_plan::Settings {
+                strategy,
+                ..fsdpc_plan::Settings::default()
+            },
             shard_factor: f,
             ..FsdpConfig::default()
         },
@@ -113,7 +116,10 @@ fn settings() -> Vec<Setting> {
 /// the groups that must be bit-identical.
 fn check_family(spec: impl Fn(u32) -> String) {
     let reference_cfg = FsdpConfig {
-        strategy: Strategy::NoShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::NoShard,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let reference = train(
@@ -190,7 +196,10 @@ fn gpt4(world: u32, cfg: FsdpConfig) -> Plan {
 
 fn cfg(strategy: Strategy, f: Option<u32>) -> FsdpConfig {
     FsdpConfig {
-        strategy,
+        settings: fsdpc_plan::Settings {
+            strategy,
+            ..fsdpc_plan::Settings::default()
+        },
         shard_factor: f,
         ..FsdpConfig::default()
     }
@@ -372,8 +381,11 @@ fn combined_controls_equal_one_rank() {
             &gpt(8),
             1,
             &FsdpConfig {
-                strategy: Strategy::NoShard,
-                clip_grad_norm: Some(CLIP),
+                settings: fsdpc_plan::Settings {
+                    strategy: Strategy::NoShard,
+                    clip_grad_norm: Some(CLIP),
+                    ..fsdpc_plan::Settings::default()
+                },
                 ..FsdpConfig::default()
             },
         ),
@@ -384,22 +396,28 @@ fn combined_controls_equal_one_rank() {
         (
             "full_shard F=4, reshard 2, no forward prefetch, K=2, clip, every:2",
             FsdpConfig {
+                settings: fsdpc_plan::Settings {
+                    forward_prefetch: false,
+                    grad_accum: 2,
+                    clip_grad_norm: Some(CLIP),
+                    activation_checkpointing: CheckpointPolicy::Every(2),
+                    ..(cfg(Strategy::FullShard, None)).settings
+                },
                 reshard_after_forward: Some(ReshardAfterForward::To(2)),
-                forward_prefetch: false,
-                grad_accum: 2,
-                clip_grad_norm: Some(CLIP),
-                activation_checkpointing: CheckpointPolicy::Every(2),
                 ..cfg(Strategy::FullShard, None)
             },
         ),
         (
             "hybrid_shard_zero2 2x2, K=2 no_sync, clip, depth 2",
             FsdpConfig {
-                grad_accum: 2,
-                no_sync: true,
-                clip_grad_norm: Some(CLIP),
-                prefetch_depth: 2,
-                limit_all_gathers: 3,
+                settings: fsdpc_plan::Settings {
+                    grad_accum: 2,
+                    no_sync: true,
+                    clip_grad_norm: Some(CLIP),
+                    prefetch_depth: 2,
+                    limit_all_gathers: 3,
+                    ..(cfg(Strategy::HybridShardZero2, Some(2))).settings
+                },
                 ..cfg(Strategy::HybridShardZero2, Some(2))
             },
         ),

@@ -124,7 +124,10 @@ fn settings_the_target_cannot_run_are_refused_naming_the_flag() {
 #[test]
 fn a_plan_with_host_buffers_is_refused_at_its_first_copy() {
     let cfg = FsdpConfig {
-        cpu_offload: true,
+        settings: fsdpc_plan::Settings {
+            cpu_offload: true,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let plan = compile(&cfg, "cpu-local", 2, 2).expect("offload compiles for threads");

@@ -442,11 +442,14 @@ const GPT: &str = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64";
 
 fn bf16_with(ag: &str, rs: &str, block: u32) -> FsdpConfig {
     FsdpConfig {
-        param_dtype: DType::Bf16,
-        reduce_dtype: DType::Bf16,
-        buffer_dtype: DType::Bf16,
-        allgather_wire: Wire::parse(ag, block).expect("wire"),
-        reduce_scatter_wire: Wire::parse(rs, block).expect("wire"),
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            buffer_dtype: DType::Bf16,
+            allgather_wire: Wire::parse(ag, block).expect("wire"),
+            reduce_scatter_wire: Wire::parse(rs, block).expect("wire"),
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -565,7 +568,10 @@ fn bad_wire_configurations_are_refused() {
     refused(bf16_with("int8", "native", 0), "allgather_wire");
     refused(
         FsdpConfig {
-            strategy: Strategy::NoShard,
+            settings: fsdpc_plan::Settings {
+                strategy: Strategy::NoShard,
+                ..(bf16_with("fp8", "native", 64)).settings
+            },
             ..bf16_with("fp8", "native", 64)
         },
         "allgather_wire",

@@ -154,48 +154,42 @@ pub enum CheckpointPolicy {
     Kind(String),
 }
 
+/// What a user chooses that a plan records as chosen: the settings the
+/// planner's configuration holds beside what it resolves (`FsdpConfig`)
+/// and a plan's configuration flattens (`PlanConfig`), listed once so
+/// nothing asked for is dropped on the way.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PlanConfig {
+pub struct Settings {
     pub strategy: Strategy,
-    /// F: the number of ranks one flat parameter is sharded over.
-    pub shard_factor: u32,
     pub wrap: WrapPolicy,
     pub backward_prefetch: BackwardPrefetch,
-    /// At most this many units' gathered parameters alive at once.
+    /// At most this many units' gathered parameters alive at once
+    /// (PyTorch's `limit_all_gathers`; at least 1).
     pub limit_all_gathers: u32,
+    /// The dtype parameters are gathered and computed in.
     pub param_dtype: DType,
+    /// The dtype gradients are reduced in: f32 or `param_dtype`.
     pub reduce_dtype: DType,
-    /// The dtype constants are cast to (absent in plans written before
-    /// mixed precision existed: f32).
+    /// The dtype constants (PyTorch's buffers) are cast to (absent in plans
+    /// written before mixed precision existed: f32).
     #[serde(default = "crate::serde_default::f32")]
     pub buffer_dtype: DType,
-    /// The dynamic loss scaler of an fp16 policy (absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_scaler: Option<LossScaler>,
-    /// Absent in plans written before checkpointing existed: `none`.
+    /// Which units recompute their forward in backward (absent: none).
     #[serde(default)]
     pub activation_checkpointing: CheckpointPolicy,
-    /// The units `activation_checkpointing` selected, in unit order (absent
-    /// when none is).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub checkpointed_units: Vec<UnitId>,
     /// Clip gradients to this total L2 norm before the optimizer step
-    /// (PyTorch's `clip_grad_norm_(max_norm)`); absent: no clipping.
+    /// (PyTorch's `clip_grad_norm_(max_norm)`; absent: no clipping).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm: Option<f64>,
-    /// The `--freeze` patterns (absent: every parameter trainable); the
-    /// parameters they froze have `requires_grad: false`.
+    /// The `--freeze` glob patterns (absent: every parameter trainable);
+    /// the parameters they match train not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<String>,
     /// Where parameters shared across units are owned (absent: the root).
     #[serde(default)]
     pub shared_params: SharedParams,
-    /// What non-root units do after forward (absent in older plans: what the
-    /// strategy does by default).
-    #[serde(default = "reshard_full")]
-    pub reshard_after_forward: ReshardAfterForward,
     /// Whether a forward gather is issued before compute reaches its unit
-    /// (absent in older plans: yes).
+    /// (absent: yes).
     #[serde(default = "yes")]
     pub forward_prefetch: bool,
     /// How many windows ahead a gather is issued (absent: 1).
@@ -211,19 +205,10 @@ pub struct PlanConfig {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_sync: bool,
     /// Parameter and gradient shards and optimizer state in host memory,
-    /// copied on the offload stream; the optimizer runs on the host
-    /// (PyTorch's `CPUOffload(offload_params=True)`; absent: no).
+    /// copied on the offload stream (PyTorch's
+    /// `CPUOffload(offload_params=True)`; absent: no).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cpu_offload: bool,
-    /// Set when `fsdpc compile --auto` chose this configuration (absent:
-    /// the user chose it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auto: Option<AutoRecord>,
-    /// With `cpu_offload`: the units offloaded, in unit order (absent in
-    /// plans written before partial offload: every unit; see
-    /// `Plan::unit_offload`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub offloaded_units: Vec<UnitId>,
     /// With `cpu_offload`: what the offloaded units keep in host memory
     /// (absent: `params`, shards and optimizer state; see `offload`).
     #[serde(default, skip_serializing_if = "OffloadWhat::is_params")]
@@ -234,10 +219,75 @@ pub struct PlanConfig {
     /// How gradient reduce-scatters travel (`wire`; absent: native).
     #[serde(default, skip_serializing_if = "Wire::is_native")]
     pub reduce_scatter_wire: Wire,
+}
+
+impl Default for Settings {
+    /// PyTorch FSDP's defaults: full sharding, one unit per block,
+    /// backward prefetch before, two gathers in flight, f32 throughout.
+    fn default() -> Settings {
+        Settings {
+            strategy: Strategy::FullShard,
+            wrap: WrapPolicy::Blocks,
+            backward_prefetch: BackwardPrefetch::Pre,
+            limit_all_gathers: 2,
+            param_dtype: DType::F32,
+            reduce_dtype: DType::F32,
+            buffer_dtype: DType::F32,
+            activation_checkpointing: CheckpointPolicy::None,
+            clip_grad_norm: None,
+            freeze: Vec::new(),
+            shared_params: SharedParams::Root,
+            forward_prefetch: true,
+            prefetch_depth: 1,
+            grad_accum: 1,
+            no_sync: false,
+            cpu_offload: false,
+            offload_what: OffloadWhat::Params,
+            allgather_wire: Wire::Native,
+            reduce_scatter_wire: Wire::Native,
+        }
+    }
+}
+
+/// What a plan was compiled with: the user's settings and what the planner
+/// resolved from them. Its settings read through it (`plan.config.grad_accum`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanConfig {
+    #[serde(flatten)]
+    pub settings: Settings,
+    /// F: the number of ranks one flat parameter is sharded over.
+    pub shard_factor: u32,
+    /// What non-root units do after forward (absent in older plans: what the
+    /// strategy does by default).
+    #[serde(default = "reshard_full")]
+    pub reshard_after_forward: ReshardAfterForward,
+    /// The dynamic loss scaler of an fp16 policy (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScaler>,
+    /// The units `activation_checkpointing` selected, in unit order (absent
+    /// when none is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpointed_units: Vec<UnitId>,
+    /// With `cpu_offload`: the units offloaded, in unit order (absent in
+    /// plans written before partial offload: every unit; see
+    /// `Plan::unit_offload`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offloaded_units: Vec<UnitId>,
+    /// Set when `fsdpc compile --auto` chose this configuration (absent:
+    /// the user chose it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoRecord>,
     /// The target the plan was made for (`threads`, `mpi`, `cuda`; absent:
     /// `threads`, whose capabilities are every plan's).
     #[serde(default = "threads", skip_serializing_if = "is_threads")]
     pub target: String,
+}
+
+impl std::ops::Deref for PlanConfig {
+    type Target = Settings;
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
 }
 
 fn threads() -> String {

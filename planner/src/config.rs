@@ -1,17 +1,18 @@
 //! The FSDP configuration a user chooses, and parsers for the CLI's strings.
 
 use crate::error::PlanError;
-use fsdpc_ir::DType;
 use fsdpc_plan::target::Capabilities;
-use fsdpc_plan::{
-    BackwardPrefetch, CheckpointPolicy, ReshardAfterForward, SharedParams, Strategy, WrapPolicy,
-};
+use fsdpc_plan::{ReshardAfterForward, Settings, Strategy};
 use serde::{Deserialize, Serialize};
 
-/// How to shard a training program.
+/// How to shard a training program: the user's settings (`Settings`, which
+/// a plan records as they are and which read through the configuration:
+/// `cfg.grad_accum`) and what the planner resolves from them or needs
+/// besides.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FsdpConfig {
-    pub strategy: Strategy,
+    #[serde(flatten)]
+    pub settings: Settings,
     /// F, the ranks one flat parameter is sharded over (`--shard-factor`);
     /// `None`: the strategy's default (the world; one node for the hybrid
     /// strategies; 1 for no_shard). Must divide the world.
@@ -27,79 +28,14 @@ pub struct FsdpConfig {
     /// always keeps its parameters). Every `To(n)` of a plan has one n.
     #[serde(default)]
     pub reshard_units: Vec<(String, ReshardAfterForward)>,
-    /// Issue each forward gather before compute reaches its unit (`true`)
-    /// or at first use (`false`).
-    #[serde(default = "yes")]
-    pub forward_prefetch: bool,
-    /// How many windows ahead gathers are issued, forward and backward
-    /// (at least 1; the rate limiter still bounds how many are alive).
-    #[serde(default = "one")]
-    pub prefetch_depth: u32,
-    /// Micro-batches per optimizer step (`--grad-accum K`, at least 1).
-    #[serde(default = "one")]
-    pub grad_accum: u32,
-    /// With `grad_accum > 1`, accumulate unsharded gradients and reduce once
-    /// per step (`--no-sync`, PyTorch's `no_sync()`), instead of
-    /// reduce-scattering every micro-batch.
-    #[serde(default)]
-    pub no_sync: bool,
-    pub wrap: WrapPolicy,
-    pub backward_prefetch: BackwardPrefetch,
-    /// At most this many resharded units' gathered parameters alive at once
-    /// (PyTorch's `limit_all_gathers`). Must be at least 1.
-    pub limit_all_gathers: u32,
-    /// The dtype parameters are gathered and computed in (see `precision`).
-    pub param_dtype: DType,
-    /// The dtype gradients are reduced in: f32 or `param_dtype`.
-    pub reduce_dtype: DType,
-    /// The dtype the model's constants (PyTorch's buffers) are cast to.
-    #[serde(default = "crate::precision::f32")]
-    pub buffer_dtype: DType,
     /// The fp16 loss scaler's initial scale (`None`: 2^16, PyTorch's
     /// `ShardedGradScaler` default); only with an fp16 policy.
     #[serde(default)]
     pub init_loss_scale: Option<f64>,
-    /// Which units recompute their forward activations in backward instead
-    /// of keeping them (trades compute for activation memory).
-    #[serde(default)]
-    pub activation_checkpointing: CheckpointPolicy,
-    /// Clip gradients to this total L2 norm over all shards before each
-    /// optimizer step (PyTorch's `FSDP.clip_grad_norm_(max_norm)`); `None`:
-    /// no clipping. Must be finite and positive.
-    #[serde(default)]
-    pub clip_grad_norm: Option<f64>,
-    /// Freeze the parameters whose names match any of these glob patterns
-    /// (`transformer.h.0.*`, `*.wte.weight`; see `freeze`): no gradient,
-    /// no gradient memory, no reduction, no optimizer state for them.
-    #[serde(default)]
-    pub freeze: Vec<String>,
-    /// Where parameters read by several units live (`--shared-params`; see
-    /// `units`).
-    #[serde(default)]
-    pub shared_params: SharedParams,
-    /// Keep parameter and gradient shards and optimizer state in host
-    /// memory, copied to and from the device on the offload stream; the
-    /// optimizer runs on the host (`--cpu-offload`, PyTorch's
-    /// `CPUOffload(offload_params=True)`; see `schedule::offload`).
-    /// Needs a sharded strategy.
-    #[serde(default)]
-    pub cpu_offload: bool,
     /// With `cpu_offload`: which units offload (`--cpu-offload WHICH`;
     /// default all).
     #[serde(default)]
     pub offload_units: fsdpc_plan::OffloadUnits,
-    /// With `cpu_offload`: what they keep on the host (`--offload-what`;
-    /// default params: shards and optimizer state; see `offload`).
-    #[serde(default)]
-    pub offload_what: fsdpc_plan::OffloadWhat,
-    /// How parameter all-gathers travel (`--allgather-wire`: native, fp8
-    /// e4m3 with a per-unit scale, int8 blocks; see `wire`).
-    #[serde(default)]
-    pub allgather_wire: fsdpc_plan::Wire,
-    /// How gradient reduce-scatters travel (`--reduce-scatter-wire`:
-    /// native or int8 blocks).
-    #[serde(default)]
-    pub reduce_scatter_wire: fsdpc_plan::Wire,
     /// The collective rewrite rules the `rewrite` pass may use
     /// (`--rewrites`; default all).
     #[serde(default)]
@@ -122,34 +58,29 @@ fn threads() -> Capabilities {
 impl Default for FsdpConfig {
     fn default() -> FsdpConfig {
         FsdpConfig {
-            strategy: Strategy::FullShard,
+            settings: Settings::default(),
             shard_factor: None,
             reshard_after_forward: None,
             reshard_units: Vec::new(),
-            forward_prefetch: true,
-            prefetch_depth: 1,
-            grad_accum: 1,
-            no_sync: false,
-            wrap: WrapPolicy::Blocks,
-            backward_prefetch: BackwardPrefetch::Pre,
-            limit_all_gathers: 2,
-            param_dtype: DType::F32,
-            reduce_dtype: DType::F32,
-            buffer_dtype: DType::F32,
             init_loss_scale: None,
-            activation_checkpointing: CheckpointPolicy::None,
-            clip_grad_norm: None,
-            freeze: Vec::new(),
-            shared_params: SharedParams::Root,
-            cpu_offload: false,
             offload_units: fsdpc_plan::OffloadUnits::All,
-            offload_what: fsdpc_plan::OffloadWhat::Params,
-            allgather_wire: fsdpc_plan::Wire::Native,
             rewrites: crate::rewrite::Rules::default(),
-            reduce_scatter_wire: fsdpc_plan::Wire::Native,
             check_fits: true,
             target: threads(),
         }
+    }
+}
+
+impl std::ops::Deref for FsdpConfig {
+    type Target = Settings;
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+impl std::ops::DerefMut for FsdpConfig {
+    fn deref_mut(&mut self) -> &mut Settings {
+        &mut self.settings
     }
 }
 
@@ -312,12 +243,4 @@ impl FsdpConfig {
             reduce_scatter: self.reduce_scatter_wire,
         }
     }
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn one() -> u32 {
-    1
 }

@@ -64,7 +64,10 @@ fn suggestion(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> String {
 /// The configurations `suggestion` tries, with how it names them.
 fn alternatives(cfg: &FsdpConfig) -> Vec<(String, FsdpConfig)> {
     let sharded = FsdpConfig {
-        strategy: Strategy::FullShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::FullShard,
+            ..cfg.settings.clone()
+        },
         check_fits: false,
         ..cfg.clone()
     };
@@ -74,7 +77,10 @@ fn alternatives(cfg: &FsdpConfig) -> Vec<(String, FsdpConfig)> {
     }
     if cfg.activation_checkpointing == CheckpointPolicy::None {
         let ckpt = FsdpConfig {
-            activation_checkpointing: CheckpointPolicy::Units,
+            settings: fsdpc_plan::Settings {
+                activation_checkpointing: CheckpointPolicy::Units,
+                ..sharded.settings.clone()
+            },
             ..sharded
         };
         out.push((

@@ -18,12 +18,15 @@ const GPT: &str = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
 /// embedding (the root mixes).
 fn frozen_cfg(strategy: Strategy) -> FsdpConfig {
     FsdpConfig {
-        strategy,
-        freeze: vec![
-            "transformer.h.0.*".into(),
-            "transformer.h.1.attn.*".into(),
-            "*.wpe.weight".into(),
-        ],
+        settings: fsdpc_plan::Settings {
+            strategy,
+            freeze: vec![
+                "transformer.h.0.*".into(),
+                "transformer.h.1.attn.*".into(),
+                "*.wpe.weight".into(),
+            ],
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -214,7 +217,10 @@ fn validation_catches_a_gradient_buffer_covering_frozen_elements() {
 #[test]
 fn a_pattern_matching_nothing_names_parameters() {
     let cfg = FsdpConfig {
-        freeze: vec!["transformer.h.9.*".into()],
+        settings: fsdpc_plan::Settings {
+            freeze: vec!["transformer.h.9.*".into()],
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let e = plan(GPT, 2, &cfg).expect_err("matches nothing");
@@ -223,7 +229,10 @@ fn a_pattern_matching_nothing_names_parameters() {
     assert!(text.contains("transformer.h.9.*"), "{text}");
     assert!(text.contains("transformer.wte.weight"), "{text}");
     let bad = FsdpConfig {
-        freeze: vec!["a[".into()],
+        settings: fsdpc_plan::Settings {
+            freeze: vec!["a[".into()],
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     assert!(matches!(

@@ -33,7 +33,10 @@ fn plan(backward_prefetch: BackwardPrefetch) -> Plan {
     let (program, info) = common::program(GPT);
     let cluster = fsdpc_planner::preset("a100-80g-roce", 16, 8).expect("preset");
     let cfg = FsdpConfig {
-        backward_prefetch,
+        settings: fsdpc_plan::Settings {
+            backward_prefetch,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     compile(program, info, &cluster, &cfg).expect("the GPT plans at world 16")
@@ -183,9 +186,12 @@ fn plan_depth(forward_prefetch: bool, prefetch_depth: u32, limit_all_gathers: u3
     let (program, info) = common::program(GPT);
     let cluster = fsdpc_planner::preset("a100-80g-roce", 16, 8).expect("preset");
     let cfg = FsdpConfig {
-        forward_prefetch,
-        prefetch_depth,
-        limit_all_gathers,
+        settings: fsdpc_plan::Settings {
+            forward_prefetch,
+            prefetch_depth,
+            limit_all_gathers,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     compile(program, info, &cluster, &cfg).expect("the GPT plans at world 16")

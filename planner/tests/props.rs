@@ -43,11 +43,14 @@ fn config() -> impl proptest::strategy::Strategy<Value = FsdpConfig> {
         .prop_map(
             |(strategy, wrap, backward_prefetch, limit_all_gathers, activation_checkpointing)| {
                 FsdpConfig {
-                    strategy,
-                    wrap,
-                    backward_prefetch,
-                    limit_all_gathers,
-                    activation_checkpointing,
+                    settings: fsdpc_plan::Settings {
+                        strategy,
+                        wrap,
+                        backward_prefetch,
+                        limit_all_gathers,
+                        activation_checkpointing,
+                        ..fsdpc_plan::Settings::default()
+                    },
                     ..FsdpConfig::default()
                 }
             },
@@ -108,16 +111,19 @@ fn controls(world: u32) -> impl proptest::strategy::Strategy<Value = FsdpConfig>
                     f
                 };
                 FsdpConfig {
-                    strategy,
+                    settings: fsdpc_plan::Settings {
+                        strategy,
+                        forward_prefetch,
+                        prefetch_depth,
+                        limit_all_gathers: limit,
+                        grad_accum,
+                        no_sync: no_sync && grad_accum > 1,
+                        clip_grad_norm: clip.then_some(1.0),
+                        ..fsdpc_plan::Settings::default()
+                    },
                     shard_factor,
                     reshard_after_forward: [None, Some(R::Full), Some(R::Keep), Some(R::To(n))]
                         [reshard_kind],
-                    forward_prefetch,
-                    prefetch_depth,
-                    limit_all_gathers: limit,
-                    grad_accum,
-                    no_sync: no_sync && grad_accum > 1,
-                    clip_grad_norm: clip.then_some(1.0),
                     ..FsdpConfig::default()
                 }
             },

@@ -12,7 +12,10 @@ const DROPOUT_GPT: &str = "gpt:layers=3,hidden=64,heads=4,seq=16,vocab=128,batch
 
 fn cfg(policy: CheckpointPolicy) -> FsdpConfig {
     FsdpConfig {
-        activation_checkpointing: policy,
+        settings: fsdpc_plan::Settings {
+            activation_checkpointing: policy,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }

@@ -11,7 +11,10 @@ const GPT4: &str = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128,batch=2";
 
 fn cfg(policy: CheckpointPolicy) -> FsdpConfig {
     FsdpConfig {
-        activation_checkpointing: policy,
+        settings: fsdpc_plan::Settings {
+            activation_checkpointing: policy,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }

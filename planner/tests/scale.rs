@@ -69,7 +69,10 @@ fn no_shard_gpt3_does_not_fit_and_says_what_would() {
     let (p, info) = program("gpt3-175b");
     let cluster = fsdpc_planner::preset("a100-80g-roce", 128, 8).unwrap();
     let cfg = FsdpConfig {
-        strategy: Strategy::NoShard,
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::NoShard,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     match compile(p, info, &cluster, &cfg) {
@@ -89,7 +92,10 @@ fn no_shard_gpt3_does_not_fit_and_says_what_would() {
             );
             let (p, info) = program("gpt3-175b");
             let suggested = FsdpConfig {
-                activation_checkpointing: CheckpointPolicy::Units,
+                settings: fsdpc_plan::Settings {
+                    activation_checkpointing: CheckpointPolicy::Units,
+                    ..fsdpc_plan::Settings::default()
+                },
                 ..FsdpConfig::default()
             };
             compile(p, info, &cluster, &suggested).expect("the suggestion fits");
@@ -144,7 +150,10 @@ fn gpt3_175b_checkpointed_plans_validate_and_fit() {
             ..FsdpConfig::default()
         };
         let ckpt = FsdpConfig {
-            activation_checkpointing: CheckpointPolicy::Units,
+            settings: fsdpc_plan::Settings {
+                activation_checkpointing: CheckpointPolicy::Units,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         };
         let (before, _) = gpt3(world, &plain);

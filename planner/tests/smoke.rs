@@ -10,7 +10,10 @@ fn zoo_models_plan_under_both_strategies() {
         for strategy in [Strategy::FullShard, Strategy::NoShard] {
             for world in [1, 2, 4] {
                 let cfg = FsdpConfig {
-                    strategy,
+                    settings: fsdpc_plan::Settings {
+                        strategy,
+                        ..fsdpc_plan::Settings::default()
+                    },
                     ..FsdpConfig::default()
                 };
                 let plan = plan(spec, world, &cfg).unwrap();

@@ -7,7 +7,10 @@ use fsdpc_planner::*;
 
 fn units_of(spec: &str, wrap: WrapPolicy) -> Vec<Unit> {
     let cfg = FsdpConfig {
-        wrap,
+        settings: fsdpc_plan::Settings {
+            wrap,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     plan(spec, 2, &cfg).unwrap().units

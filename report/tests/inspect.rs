@@ -14,7 +14,10 @@ const GPT: &str = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
 
 fn cfg(policy: CheckpointPolicy) -> FsdpConfig {
     FsdpConfig {
-        activation_checkpointing: policy,
+        settings: fsdpc_plan::Settings {
+            activation_checkpointing: policy,
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     }
 }
@@ -51,12 +54,15 @@ fn inspect_of_every_2() {
 #[test]
 fn inspect_shows_trainable_and_frozen_elements() {
     let frozen = FsdpConfig {
-        strategy: Strategy::FullShard,
-        freeze: vec![
-            "transformer.h.0.*".into(),
-            "transformer.h.1.attn.*".into(),
-            "*.wpe.weight".into(),
-        ],
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::FullShard,
+            freeze: vec![
+                "transformer.h.0.*".into(),
+                "transformer.h.1.attn.*".into(),
+                "*.wpe.weight".into(),
+            ],
+            ..fsdpc_plan::Settings::default()
+        },
         ..FsdpConfig::default()
     };
     let p = plan(GPT, 4, &frozen).expect("plan");

@@ -102,11 +102,17 @@ fn curve_maximum_is_the_planned_peak() {
     let cfgs = [
         FsdpConfig::default(),
         FsdpConfig {
-            strategy: Strategy::NoShard,
+            settings: fsdpc_plan::Settings {
+                strategy: Strategy::NoShard,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         },
         FsdpConfig {
-            cpu_offload: true,
+            settings: fsdpc_plan::Settings {
+                cpu_offload: true,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         },
     ];
@@ -218,8 +224,11 @@ fn exposed_waits_add_up_and_overlap_is_inside_compute_and_communication() {
     let p = tiny(
         2,
         FsdpConfig {
-            forward_prefetch: false,
-            backward_prefetch: BackwardPrefetch::None,
+            settings: fsdpc_plan::Settings {
+                forward_prefetch: false,
+                backward_prefetch: BackwardPrefetch::None,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         },
     );

@@ -143,54 +143,30 @@ fn prepare(
     let model = fsdpc_frontends::load(model, &opts)?;
     import.warn_merged(&model.program.graph);
     let cluster = resolve_cluster(cluster, Some(world), f.ranks_per_node)?;
-    let cfg = FsdpConfig {
-        strategy: Strategy::parse(&f.strategy)?,
-        shard_factor: f.shard_factor,
-        reshard_after_forward: f
-            .reshard_after_forward
-            .iter()
-            .rfind(|v| !v.contains('='))
-            .map(|v| ReshardAfterForward::parse(v))
-            .transpose()?,
-        reshard_units: f
-            .reshard_after_forward
-            .iter()
-            .filter_map(|v| v.split_once('='))
-            .map(|(path, v)| Ok((path.trim().to_string(), ReshardAfterForward::parse(v)?)))
-            .collect::<Result<_, fsdpc_planner::PlanError>>()?,
-        forward_prefetch: f.forward_prefetch,
-        prefetch_depth: f.prefetch_depth,
-        grad_accum: f.grad_accum,
-        no_sync: f.no_sync,
-        wrap: WrapPolicy::parse(&f.wrap)?,
-        backward_prefetch: BackwardPrefetch::parse(&f.backward_prefetch)?,
-        limit_all_gathers: f.limit_all_gathers,
-        activation_checkpointing: match &f.activation_checkpointing {
+    let cfg = FsdpConfig { settings: fsdpc_plan::Settings { strategy: Strategy::parse(&f.strategy)?, forward_prefetch: f.forward_prefetch, prefetch_depth: f.prefetch_depth, grad_accum: f.grad_accum, no_sync: f.no_sync, wrap: WrapPolicy::parse(&f.wrap)?, backward_prefetch: BackwardPrefetch::parse(&f.backward_prefetch)?, limit_all_gathers: f.limit_all_gathers, activation_checkpointing: match &f.activation_checkpointing {
             Some(which) => CheckpointPolicy::parse(which)?,
             None => CheckpointPolicy::None,
-        },
-        clip_grad_norm: f.clip_grad_norm,
-        freeze: fsdpc_planner::freeze::split_patterns(&f.freeze),
-        shared_params: fsdpc_plan::SharedParams::parse(&f.shared_params)?,
-        cpu_offload: f.cpu_offload.is_some(),
-        offload_units: match &f.cpu_offload {
-            Some(which) => fsdpc_plan::OffloadUnits::parse(which)?,
-            None => fsdpc_plan::OffloadUnits::All,
-        },
-        offload_what: match (&f.offload_what, &f.cpu_offload) {
+        }, clip_grad_norm: f.clip_grad_norm, freeze: fsdpc_planner::freeze::split_patterns(&f.freeze), shared_params: fsdpc_plan::SharedParams::parse(&f.shared_params)?, cpu_offload: f.cpu_offload.is_some(), offload_what: match (&f.offload_what, &f.cpu_offload) {
             (Some(what), Some(_)) => fsdpc_plan::OffloadWhat::parse(what)?,
             (Some(_), None) => return Err(CliError::Usage(
                 "--offload-what says what --cpu-offload moves to the host: give --cpu-offload too"
                     .into(),
             )),
             (None, _) => fsdpc_plan::OffloadWhat::Params,
-        },
-        allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?,
-        reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?,
-        rewrites: fsdpc_planner::rewrite::Rules::parse(&f.rewrites)?,
-        check_fits: !f.no_fit_check,
-        ..FsdpConfig::default()
-    };
+        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
+            .reshard_after_forward
+            .iter()
+            .rfind(|v| !v.contains('='))
+            .map(|v| ReshardAfterForward::parse(v))
+            .transpose()?, reshard_units: f
+            .reshard_after_forward
+            .iter()
+            .filter_map(|v| v.split_once('='))
+            .map(|(path, v)| Ok((path.trim().to_string(), ReshardAfterForward::parse(v)?)))
+            .collect::<Result<_, fsdpc_planner::PlanError>>()?, offload_units: match &f.cpu_offload {
+            Some(which) => fsdpc_plan::OffloadUnits::parse(which)?,
+            None => fsdpc_plan::OffloadUnits::All,
+        }, rewrites: fsdpc_planner::rewrite::Rules::parse(&f.rewrites)?, check_fits: !f.no_fit_check, ..FsdpConfig::default() };
     let cfg = with_precision(cfg, f)?;
     let info = ModelInfo {
         tokens_per_rank_step: model.tokens_per_rank_step(),
@@ -306,20 +282,8 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
 fn config_of(plan: &Plan, base: &FsdpConfig) -> FsdpConfig {
     let c = &plan.config;
     FsdpConfig {
-        strategy: c.strategy,
+        settings: c.settings.clone(),
         shard_factor: Some(c.shard_factor),
-        wrap: c.wrap.clone(),
-        backward_prefetch: c.backward_prefetch,
-        limit_all_gathers: c.limit_all_gathers,
-        param_dtype: c.param_dtype,
-        reduce_dtype: c.reduce_dtype,
-        activation_checkpointing: c.activation_checkpointing.clone(),
-        forward_prefetch: c.forward_prefetch,
-        prefetch_depth: c.prefetch_depth,
-        cpu_offload: c.cpu_offload,
-        offload_what: c.offload_what,
-        allgather_wire: c.allgather_wire,
-        reduce_scatter_wire: c.reduce_scatter_wire,
         ..base.clone()
     }
 }

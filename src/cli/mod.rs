@@ -1,5 +1,6 @@
-//! The `fsdpc` command line: `compile`, `inspect`, `simulate`, `train`,
-//! `trace`, `export`.
+//! The `fsdpc` command line: `compile`, `inspect`, `train`, `trace`,
+//! `simulate`, `cluster`, `calibrate`, `compare`, `report`, `export`, one
+//! file each (`cluster` lives beside `simulate`).
 //!
 //! Each subcommand is a thin layer: parse flags into the library's config
 //! structs, call the pipeline, print. Errors become one readable line and a

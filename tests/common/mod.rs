@@ -16,8 +16,11 @@ pub fn plan(spec: &str, world: u32, strategy: Strategy, wrap: WrapPolicy) -> Pla
         spec,
         world,
         &FsdpConfig {
-            strategy,
-            wrap,
+            settings: fsdpc_plan::Settings {
+                strategy,
+                wrap,
+                ..fsdpc_plan::Settings::default()
+            },
             ..FsdpConfig::default()
         },
     )

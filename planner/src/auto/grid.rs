@@ -120,9 +120,12 @@ impl Search<'_> {
             out.push((
                 "a lower precision (--auto-precision bf16)",
                 FsdpConfig {
-                    param_dtype: DType::Bf16,
-                    reduce_dtype: DType::F32,
-                    buffer_dtype: DType::F32,
+                    settings: fsdpc_plan::Settings {
+                        param_dtype: DType::Bf16,
+                        reduce_dtype: DType::F32,
+                        buffer_dtype: DType::F32,
+                        ..lean.settings.clone()
+                    },
                     ..lean.clone()
                 },
             ));
@@ -131,7 +134,10 @@ impl Search<'_> {
             out.push((
                 "CPU offload (--cpu-offload)",
                 FsdpConfig {
-                    cpu_offload: true,
+                    settings: fsdpc_plan::Settings {
+                        cpu_offload: true,
+                        ..lean.settings.clone()
+                    },
                     ..lean
                 },
             ));

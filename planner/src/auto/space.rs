@@ -370,23 +370,26 @@ pub fn short(cfg: &FsdpConfig) -> String {
 
 pub(super) fn apply(base: &FsdpConfig, c: &Class, k: Knobs) -> FsdpConfig {
     FsdpConfig {
-        param_dtype: c.precision.0,
-        reduce_dtype: c.precision.1,
-        // bf16 compute keeps f32 constants unless the user chose otherwise.
-        buffer_dtype: if c.precision.0 == base.param_dtype {
-            base.buffer_dtype
-        } else {
-            DType::F32
+        settings: fsdpc_plan::Settings {
+            param_dtype: c.precision.0,
+            reduce_dtype: c.precision.1,
+            // bf16 compute keeps f32 constants unless the user chose otherwise.
+            buffer_dtype: if c.precision.0 == base.param_dtype {
+                base.buffer_dtype
+            } else {
+                DType::F32
+            },
+            wrap: c.wrap.clone(),
+            strategy: c.sharding.0,
+            activation_checkpointing: c.ckpt.clone(),
+            cpu_offload: c.offload,
+            backward_prefetch: k.bwd,
+            forward_prefetch: k.fwd,
+            prefetch_depth: k.depth,
+            limit_all_gathers: k.limit,
+            ..base.settings.clone()
         },
-        wrap: c.wrap.clone(),
-        strategy: c.sharding.0,
         shard_factor: Some(c.sharding.1),
-        activation_checkpointing: c.ckpt.clone(),
-        cpu_offload: c.offload,
-        backward_prefetch: k.bwd,
-        forward_prefetch: k.fwd,
-        prefetch_depth: k.depth,
-        limit_all_gathers: k.limit,
         check_fits: false,
         ..base.clone()
     }
@@ -430,7 +433,10 @@ impl Space {
                 .iter()
                 .map(|w| {
                     short(&FsdpConfig {
-                        wrap: w.clone(),
+                        settings: fsdpc_plan::Settings {
+                            wrap: w.clone(),
+                            ..fsdpc_plan::Settings::default()
+                        },
                         ..FsdpConfig::default()
                     })
                 })
