@@ -13,8 +13,10 @@
 //!   device work: the dispatch in `ops/mod.rs`, one file per op family as
 //!   in `cpu/kernels/`), `attention` and `blas` (the launches of fused
 //!   attention and the cuBLAS calls of matrix products, which `ops` calls),
-//!   `nccl` (communicators), `exec` (a step's instructions on the
-//!   streams), `single` (one node's kernel on host tensors, for tests).
+//!   `nccl` (communicators), `exec/` (a GPU rank: `rank` its set-up,
+//!   `lower/` each instruction's device work, `comms` its communicators,
+//!   `replay` a step's instructions on the streams), `single` (one node's
+//!   kernel on host tensors, for tests).
 
 pub mod error;
 pub mod geometry;
