@@ -8,7 +8,7 @@
 
 use super::comms::{CommIndex, CommSetup};
 use super::lower::{lower_step, Layout};
-use super::{refuse_unsupported, Item, Work, BLAS_WORKSPACE, ERR_BYTES};
+use super::{refuse_unsupported, Item, NcclUse, Work, BLAS_WORKSPACE, ERR_BYTES};
 use crate::error::RuntimeError;
 use crate::exec::resolve::Resolved;
 use crate::targets::cuda::blas::Blas;
@@ -16,11 +16,14 @@ use crate::targets::cuda::device::{Device, DeviceAlloc};
 use crate::targets::cuda::error::CudaError;
 use crate::targets::cuda::nccl::NcclComm;
 use crate::targets::cuda::ops::Action;
-use cudarc::driver::{result, sys, CudaEvent, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use fsdpc_ir::DType;
 use fsdpc_plan::{BufferId, Stream};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// An instruction's two timing events (before, after).
+type Timing = (CudaEvent, CudaEvent);
 
 /// A GPU rank ready to run steps.
 //
@@ -31,7 +34,7 @@ pub struct GpuRank<'p> {
     pub(super) comms: Vec<NcclComm>,
     loss_comm: Option<NcclComm>,
     pub(super) blas: Vec<Option<Blas>>,
-    pub(super) timing: Option<Vec<(CudaEvent, CudaEvent)>>,
+    pub(super) timing: Option<Vec<Timing>>,
     pub(super) start: Option<CudaEvent>,
     pub(super) events: Vec<CudaEvent>,
     /// CUDA stream per plan stream (by `Stream::index`), where it has work.
@@ -66,55 +69,14 @@ impl<'p> GpuRank<'p> {
         let plan = prep.plan;
         refuse_unsupported(prep)?;
         let ctx = dev.ctx.clone();
-        let mut streams = vec![None; 4];
-        for (s, list) in &prep.streams {
-            if !list.is_empty() {
-                streams[s.index()] = Some(ctx.new_stream().map_err(CudaError::from)?);
-            }
-        }
+        let streams = new_streams(&ctx, prep)?;
         let events = (0..plan.events)
             .map(|_| ctx.new_event(None))
             .collect::<Result<Vec<_>, _>>()
             .map_err(CudaError::from)?;
-        // Pass 1 at address 0: the scratch each stream needs.
-        let zero = Layout { arena: 0 };
-        let mut need = [0u64; 4];
-        let mut gemm_streams = [false; 4];
-        for (i, s) in prep.steps.iter().enumerate() {
-            let si = plan.instructions[i].stream.index();
-            let (items, scratch) = lower_step(
-                prep,
-                i,
-                s,
-                &zero,
-                rank,
-                world,
-                seed,
-                &mut CommIndex::default(),
-                comm.nccl,
-            )?;
-            need[si] = need[si].max(scratch);
-            gemm_streams[si] |= has_gemm(&items);
-        }
-        // The loss report's send and receive slots.
-        let ci = Stream::Compute.index();
-        need[ci] = need[ci].max(256 + 4 * world as u64);
-        let arena = round(plan.memory.arena_bytes);
-        let mut total = arena;
-        let mut scratch = [0u64; 4];
-        for si in 0..4 {
-            scratch[si] = total;
-            if streams[si].is_some() {
-                total += ERR_BYTES + round(need[si]);
-            }
-        }
-        let mut blas_ws = [0u64; 4];
-        for si in 0..4 {
-            if gemm_streams[si] {
-                blas_ws[si] = total;
-                total += BLAS_WORKSPACE;
-            }
-        }
+        let (need, gemm_streams) = scratch_needs(prep, rank, world, seed, comm.nccl)?;
+        let (mut scratch, blas_ws, total) =
+            carve(plan.memory.arena_bytes, &need, &streams, &gemm_streams);
         let alloc = DeviceAlloc::new(&ctx, total as usize)?;
         // SAFETY: the whole allocation, before any work uses it.
         unsafe { result::memset_d8_sync(alloc.ptr, 0, total as usize) }.map_err(CudaError::from)?;
@@ -122,16 +84,7 @@ impl<'p> GpuRank<'p> {
         for s in &mut scratch {
             *s += alloc.ptr;
         }
-        let mut blas = Vec::new();
-        for si in 0..4 {
-            blas.push(match (&streams[si], gemm_streams[si]) {
-                (Some(st), true) => Some(Blas::new(
-                    st,
-                    (alloc.ptr + blas_ws[si], BLAS_WORKSPACE as usize),
-                )?),
-                _ => None,
-            });
-        }
+        let blas = blas_handles(&streams, &gemm_streams, alloc.ptr, &blas_ws)?;
         // Pass 2: the real addresses, and the communicators.
         let mut index = CommIndex::default();
         let mut work = Vec::with_capacity(prep.steps.len());
@@ -148,35 +101,8 @@ impl<'p> GpuRank<'p> {
             Some(id) if world > 1 => Some(NcclComm::init(id, world, rank)?),
             _ => None,
         };
-        let staging = work
-            .iter()
-            .enumerate()
-            .filter_map(|(i, w)| match w {
-                Work::Load { ty, .. } => Some((i, vec![0u8; ty.bytes() as usize])),
-                _ => None,
-            })
-            .collect();
-        let timing = if timing {
-            let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let mut v = Vec::new();
-            for _ in 0..work.len() {
-                v.push((
-                    ctx.new_event(flags).map_err(CudaError::from)?,
-                    ctx.new_event(flags).map_err(CudaError::from)?,
-                ));
-            }
-            Some(v)
-        } else {
-            None
-        };
-        let start = if timing.is_some() {
-            Some(
-                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(CudaError::from)?,
-            )
-        } else {
-            None
-        };
+        let staging = staging_for(&work);
+        let (timing, start) = timing_events(&ctx, work.len(), timing)?;
         Ok(GpuRank {
             dev,
             prep,
@@ -291,6 +217,147 @@ impl<'p> GpuRank<'p> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect())
     }
+}
+
+/// A CUDA stream for each plan stream that has instructions.
+fn new_streams(
+    ctx: &Arc<CudaContext>,
+    prep: &Resolved,
+) -> Result<Vec<Option<Arc<CudaStream>>>, RuntimeError> {
+    let mut streams = vec![None; 4];
+    for (s, list) in &prep.streams {
+        if !list.is_empty() {
+            streams[s.index()] = Some(ctx.new_stream().map_err(CudaError::from)?);
+        }
+    }
+    Ok(streams)
+}
+
+/// Pass 1 at address 0: the scratch each stream needs (the compute
+/// stream's holds the loss report's slots too), and the streams that run
+/// matrix products.
+fn scratch_needs(
+    prep: &Resolved,
+    rank: usize,
+    world: usize,
+    seed: u64,
+    nccl: NcclUse,
+) -> Result<([u64; 4], [bool; 4]), RuntimeError> {
+    let plan = prep.plan;
+    let zero = Layout { arena: 0 };
+    let mut need = [0u64; 4];
+    let mut gemm_streams = [false; 4];
+    for (i, s) in prep.steps.iter().enumerate() {
+        let si = plan.instructions[i].stream.index();
+        let (items, scratch) = lower_step(
+            prep,
+            i,
+            s,
+            &zero,
+            rank,
+            world,
+            seed,
+            &mut CommIndex::default(),
+            nccl,
+        )?;
+        need[si] = need[si].max(scratch);
+        gemm_streams[si] |= has_gemm(&items);
+    }
+    // The loss report's send and receive slots.
+    let ci = Stream::Compute.index();
+    need[ci] = need[ci].max(256 + 4 * world as u64);
+    Ok((need, gemm_streams))
+}
+
+/// The allocation's layout after the arena: where each stream's scratch
+/// and each cuBLAS workspace start (offsets from its start), and its
+/// bytes.
+fn carve(
+    arena_bytes: u64,
+    need: &[u64; 4],
+    streams: &[Option<Arc<CudaStream>>],
+    gemm_streams: &[bool; 4],
+) -> ([u64; 4], [u64; 4], u64) {
+    let arena = round(arena_bytes);
+    let mut total = arena;
+    let mut scratch = [0u64; 4];
+    for si in 0..4 {
+        scratch[si] = total;
+        if streams[si].is_some() {
+            total += ERR_BYTES + round(need[si]);
+        }
+    }
+    let mut blas_ws = [0u64; 4];
+    for si in 0..4 {
+        if gemm_streams[si] {
+            blas_ws[si] = total;
+            total += BLAS_WORKSPACE;
+        }
+    }
+    (scratch, blas_ws, total)
+}
+
+/// A cuBLAS handle for each stream that runs matrix products, its
+/// workspace at `base + blas_ws[stream]`.
+fn blas_handles(
+    streams: &[Option<Arc<CudaStream>>],
+    gemm_streams: &[bool; 4],
+    base: u64,
+    blas_ws: &[u64; 4],
+) -> Result<Vec<Option<Blas>>, RuntimeError> {
+    let mut blas = Vec::new();
+    for si in 0..4 {
+        blas.push(match (&streams[si], gemm_streams[si]) {
+            (Some(st), true) => Some(Blas::new(
+                st,
+                (base + blas_ws[si], BLAS_WORKSPACE as usize),
+            )?),
+            _ => None,
+        });
+    }
+    Ok(blas)
+}
+
+/// A host staging buffer for each input load, by instruction.
+fn staging_for(work: &[Work]) -> HashMap<usize, Vec<u8>> {
+    work.iter()
+        .enumerate()
+        .filter_map(|(i, w)| match w {
+            Work::Load { ty, .. } => Some((i, vec![0u8; ty.bytes() as usize])),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With `timing`, two timing events for each of `n` instructions and the
+/// step's start event.
+fn timing_events(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+    timing: bool,
+) -> Result<(Option<Vec<Timing>>, Option<CudaEvent>), RuntimeError> {
+    let timing = if timing {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push((
+                ctx.new_event(flags).map_err(CudaError::from)?,
+                ctx.new_event(flags).map_err(CudaError::from)?,
+            ));
+        }
+        Some(v)
+    } else {
+        None
+    };
+    let start = if timing.is_some() {
+        Some(
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(CudaError::from)?,
+        )
+    } else {
+        None
+    };
+    Ok((timing, start))
 }
 
 fn round(x: u64) -> u64 {
