@@ -9,10 +9,14 @@
 //!   the kernels take; `train`: the training loop of one GPU rank (without
 //!   the feature it says the backend was not compiled in);
 //! - with the feature: `nvrtc` (compiling the kernels), `device` (context,
-//!   loaded kernels, launches, the allocation), `ops` (a graph node's
-//!   device work), `attention` and `blas` (their launches and cuBLAS
-//!   calls), `nccl` (communicators), `exec` (a step's instructions on the
-//!   streams), `single` (one node's kernel on host tensors, for tests).
+//!   loaded kernels, launches, the allocation), `ops/` (a graph node's
+//!   device work: the dispatch in `ops/mod.rs`, one file per op family as
+//!   in `cpu/kernels/`), `attention` and `blas` (the launches of fused
+//!   attention and the cuBLAS calls of matrix products, which `ops` calls),
+//!   `nccl` (communicators), `exec/` (a GPU rank: `rank` its set-up,
+//!   `lower/` each instruction's device work, `comms` its communicators,
+//!   `replay` a step's instructions on the streams), `single` (one node's
+//!   kernel on host tensors, for tests).
 
 pub mod error;
 pub mod geometry;
