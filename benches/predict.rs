@@ -21,7 +21,7 @@
 //! (default 20); the first 3 are warm-up, the measured step time is the
 //! median of the rest (`StepReport::step_time`; the fastest is printed
 //! too, unscored: on a loaded machine it is the least disturbed). Peak memory is measured
-//! by the counting allocator installed here (as tests/memory.rs does).
+//! by the counting allocator installed here (as tests/it/memory.rs does).
 //!
 //! Run: `cargo bench --bench predict` (a few minutes; prints the load
 //! average next to the figures: measure on a quiet machine).

@@ -467,7 +467,7 @@ README_HEAD = """# Real PyTorch ONNX exports
 Made by `scripts/export-fixtures.sh` (which runs `scripts/export_fixtures.py`
 in a throwaway virtualenv) with torch {torch}, transformers {transformers},
 onnx {onnx}, onnxscript {onnxscript} and onnxruntime {onnxruntime}; read by
-`tests/onnx_fixtures.rs`. Every model is tiny (2 layers, hidden 32, vocabulary
+`tests/it/onnx_fixtures.rs`. Every model is tiny (2 layers, hidden 32, vocabulary
 {vocab}, batch {batch}, sequence {seq}; seed {seed}) and computes its loss in
 the graph from `labels`, as `model(input_ids=..., labels=...).loss` does. The
 batch and sequence axes of every input are symbolic (`batch`, `seq`); the

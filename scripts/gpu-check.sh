@@ -73,20 +73,19 @@ ls -l "$site/nvidia/cu13/lib" | grep -E "nvrtc|cublas" || true
 if [ -n "$bundle" ]; then
     step "prebuilt binaries in $bundle"
     ls -l "$bundle"
-    tests_cuda=$bundle/cuda
-    tests_ptx=$bundle/cuda_ptx
-    tests_conformance=$bundle/conformance
+    tests_runtime=$bundle/it-runtime
+    tests_root=$bundle/it
     bench=$bundle/cuda_gpt
     cli=$bundle/fsdpc
 else
     step "build (release, --features cuda)"
     command -v cargo >/dev/null || { echo "no cargo: build a bundle elsewhere (scripts/gpu-bundle.sh) and pass --bundle"; exit 1; }
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-    json=$(timeout 420 cargo test --release -p fsdpc-runtime --features cuda --test cuda_ptx --no-run --message-format=json;
-        timeout 420 cargo test --release --features cuda --test cuda --test conformance --no-run --message-format=json)
-    tests_cuda=$(echo "$json" | grep -o '"executable":"[^"]*/cuda-[^"]*"' | head -1 | cut -d'"' -f4)
-    tests_ptx=$(echo "$json" | grep -o '"executable":"[^"]*/cuda_ptx-[^"]*"' | head -1 | cut -d'"' -f4)
-    tests_conformance=$(echo "$json" | grep -o '"executable":"[^"]*/conformance-[^"]*"' | head -1 | cut -d'"' -f4)
+    # Two binaries named `it`: the runtime's (NVRTC) and the root's (GPU
+    # tests, the conformance suite).
+    it_exe() { grep -o '"executable":"[^"]*/it-[^"]*"' | tail -1 | cut -d'"' -f4; }
+    tests_runtime=$(timeout 420 cargo test --release -p fsdpc-runtime --features cuda --test it --no-run --message-format=json | it_exe)
+    tests_root=$(timeout 420 cargo test --release --features cuda --test it --no-run --message-format=json | it_exe)
     timeout 300 cargo build --release --features cuda --example cuda_gpt
     timeout 300 cargo build --release --features cuda --bin fsdpc
     bench=$CARGO_TARGET_DIR/release/examples/cuda_gpt
@@ -95,13 +94,13 @@ fi
 
 # On this machine a missing GPU or library is a failure, not a skip.
 export FSDPC_REQUIRE_GPU=1
-run "kernels compile with this NVRTC (sm_80, sm_90)" 120 "$tests_ptx" --nocapture
+run "kernels compile with this NVRTC (sm_80, sm_90)" 120 "$tests_runtime" --nocapture cuda_ptx::
 run "GPU tests: kernels vs CPU, world-1 training vs CPU, NCCL at world 1" 240 \
-    "$tests_cuda" --nocapture --test-threads=1
+    "$tests_root" --nocapture --test-threads=1 cuda::
 run "fsdpc train --target cuda" 120 \
     "$cli" train gpt:layers=2,hidden=128,heads=4,seq=64,vocab=256,batch=4 --steps 5 --target cuda
 run "conformance suite on the cuda target" 180 \
-    env FSDPC_BIN="$cli" "$tests_conformance" --nocapture cuda
+    env FSDPC_BIN="$cli" "$tests_root" --nocapture conformance::cuda
 if [ "$quick" = 1 ]; then
     run "benchmark (GPT 4 layers, hidden 2048, seq 2048, bf16)" 240 "$bench" --layers 4 --steps 5
 else

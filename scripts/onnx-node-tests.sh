@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches the ONNX project's backend node tests (test_*/model.onnx and
 # test_data_set_0/{input,output}_*.pb) into DIR (default target/onnx-node-tests)
-# for tests/onnx_conformance.rs. The onnx 1.22.0 wheel ships them; nothing is
+# for tests/it/onnx_conformance.rs. The onnx 1.22.0 wheel ships them; nothing is
 # fetched when DIR already holds them. Needs python3 with pip.
 set -euo pipefail
 out=${1:-"$(dirname "$0")/../target/onnx-node-tests"}

@@ -7,39 +7,39 @@ cd "$(dirname "$0")/.."
 # Toolchain components (present on most machines; cheap when they are).
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
-# MPI for the process-rank backend (`--features mpi`, tests/mpi.rs): the
+# MPI for the process-rank backend (`--features mpi`, tests/it/mpi.rs): the
 # library, mpirun, and libclang for rsmpi's bindings. Installed as root when
 # missing.
 if ! command -v mpirun >/dev/null 2>&1 || ! dpkg -s libopenmpi-dev libclang-dev >/dev/null 2>&1; then
     apt-get update && apt-get install -y libopenmpi-dev openmpi-bin clang libclang-dev
 fi
 
-# Headless Chromium for tests/report.rs (opens the HTML report, screenshots it).
+# Headless Chromium for tests/it/report.rs (opens the HTML report, screenshots it).
 command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
 
-# The ONNX backend node tests that tests/onnx_conformance.rs runs.
+# The ONNX backend node tests that tests/it/onnx_conformance.rs runs.
 export FSDPC_ONNX_NODE_TESTS="${FSDPC_ONNX_NODE_TESTS:-$PWD/target/onnx-node-tests}"
 bash scripts/onnx-node-tests.sh "$FSDPC_ONNX_NODE_TESTS"
 
-# The MiniLM-L3 encoder that tests/minilm.rs imports and plans (it skips,
+# The MiniLM-L3 encoder that tests/it/minilm.rs imports and plans (it skips,
 # saying why, when the download fails).
-bash scripts/fetch-minilm.sh target/minilm || echo "MiniLM not fetched; tests/minilm.rs will skip"
+bash scripts/fetch-minilm.sh target/minilm || echo "MiniLM not fetched; tests/it/minilm.rs will skip"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-# The docs' commands, `fsdpc calibrate` among them (tests/docs.rs).
+# The docs' commands, `fsdpc calibrate` among them (tests/it/docs.rs).
 export FSDPC_DOCS_SLOW=1
 cargo test --workspace
 # MPI process ranks against thread ranks (mpirun as root needs
 # --allow-run-as-root; the test passes it and --oversubscribe).
 cargo clippy --features mpi --all-targets -- -D warnings
-cargo test --features mpi --test mpi --test conformance --test docs
+cargo test --features mpi --test it -- mpi:: conformance:: docs::
 
 # The cuda backend (`--features cuda`, runtime/src/cuda/) builds and lints
 # without CUDA. Its kernels compile with NVRTC alone, so pip's NVRTC (in a
 # throwaway venv under target/) compiles every kernel file for sm_80 and
-# sm_90 here (runtime/tests/cuda_ptx.rs fails under CI when NVRTC is
-# missing); its GPU tests (tests/cuda.rs, the conformance suite's cuda
+# sm_90 here (runtime/tests/it/cuda_ptx.rs fails under CI when NVRTC is
+# missing); its GPU tests (tests/it/cuda.rs, the conformance suite's cuda
 # part) skip without a GPU, and `fsdpc train --target cuda` must say in one
 # line what is missing.
 cuda_venv=target/cuda-venv
@@ -49,12 +49,11 @@ FSDPC_CUDA_LIB_DIR=$("$cuda_venv/bin/python" -c 'import nvidia, os; print(os.pat
 export FSDPC_CUDA_LIB_DIR
 cargo clippy --workspace --features cuda --all-targets -- -D warnings
 cargo test --features cuda -p fsdpc-runtime --lib targets::cuda::
-cargo test --features cuda -p fsdpc-runtime --test cuda_ptx --test cuda_emulate
-cargo test --features cuda --test cuda --test targets --test conformance
-cargo test --features cuda --test cli cuda_backend
+cargo test --features cuda -p fsdpc-runtime --test it -- cuda_ptx:: cuda_emulate::
+cargo test --features cuda --test it -- cuda:: targets:: conformance:: cli::cuda_backend
 
 # Fuzz the ONNX import for a minute, seeded with the committed corpus
-# (fuzz/corpus/onnx; frontends/tests/fuzz_corpus.rs replays it in every
+# (fuzz/corpus/onnx; frontends/tests/it/fuzz_corpus.rs replays it in every
 # `cargo test`). cargo-fuzz needs nightly flags: RUSTC_BOOTSTRAP=1 allows them
 # on stable, and --sanitizer none needs no sanitizer runtime. New inputs go to
 # target/fuzz-corpus, not to the committed corpus; a crash fails this script.

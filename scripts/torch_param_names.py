@@ -1,6 +1,6 @@
 """Records the parameter names and shapes PyTorch reports for the models of
 tests/fixtures/onnx/ in tests/fixtures/torch/param_names.json, which
-tests/onnx_names.rs compares fsdpc's imported parameters with: per model,
+tests/it/onnx_names.rs compares fsdpc's imported parameters with: per model,
 `params` (`named_parameters()` of the exported module: a tied weight once,
 under its first name) and `tied` (every other name of a tied weight, as
 `state_dict()` also lists it, with its first name). An exporter may keep a

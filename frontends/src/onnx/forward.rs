@@ -1,6 +1,6 @@
 //! Forward-only import: an ONNX graph as it is, every graph output an output
 //! of the IR graph and no loss added. Used to run the ONNX backend node tests
-//! (`tests/onnx_conformance.rs`) and to check an export's forward pass.
+//! (`tests/it/onnx_conformance.rs`) and to check an export's forward pass.
 //!
 //! The caller may give values of graph inputs: their types fix the inputs'
 //! shapes (binding symbolic and unknown dimensions), and a converter that

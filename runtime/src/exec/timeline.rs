@@ -15,7 +15,7 @@
 //!   traced steps) is reserved before the steps, so recording never
 //!   allocates. The recorder is allocated on the rank's untagged thread,
 //!   before its accounting window: its buffers are not the rank's memory
-//!   and the measured peak (`tests/memory.rs`) does not see them.
+//!   and the measured peak (`tests/it/memory.rs`) does not see them.
 
 use super::resolve::Resolved;
 use crate::account;

@@ -1,6 +1,6 @@
 //! One graph node's kernel outside a plan, on host tensors: inputs copied
 //! in, the node's lowered work issued on one stream, outputs copied back.
-//! What the CPU-vs-GPU kernel tests (`runtime/tests/cuda.rs`) compare with
+//! What the CPU-vs-GPU kernel tests (`tests/it/cuda.rs`) compare with
 //! `CpuBackend::run` on the same inputs.
 
 use super::blas::Blas;

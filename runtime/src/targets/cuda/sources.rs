@@ -2,7 +2,7 @@
 //! `cpu/kernels/`), compiled at run time by NVRTC. Each is compiled on its
 //! own with the shared prelude `kernels/common.cuh` prepended; they include
 //! no header, so NVRTC alone compiles them (CI compiles every one for
-//! sm_80 and sm_90 without a GPU: `runtime/tests/cuda_ptx.rs`).
+//! sm_80 and sm_90 without a GPU: `runtime/tests/it/cuda_ptx.rs`).
 
 /// The prelude every file starts with.
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");

@@ -1,0 +1,489 @@
+//! The auto-planner (`fsdpc compile --auto`): on small spaces the pruned
+//! search chooses what an exhaustive grid chooses and no bound exceeds what
+//! a compile gives; a model that fits nowhere names the smallest world,
+//! which a compile there confirms; the chosen plan validates and trains like
+//! one unsharded rank; the CLI prints the table and writes the plan.
+
+use crate::common;
+
+use crate::common::{max_loss_rel_diff, max_param_diff, train};
+use fsdpc_frontends::LoadOptions;
+use fsdpc_ir::DType;
+use fsdpc_plan::{BackwardPrefetch, CheckpointPolicy, ModelInfo, Plan, Strategy};
+use fsdpc_planner::auto::{AutoError, AutoResult, Fixed, Search, Space, Verdict};
+use fsdpc_planner::FsdpConfig;
+use fsdpc_runtime::ExecMode;
+use std::process::{Command, Output};
+
+const FOUR_LAYERS: &str = "gpt:layers=4,hidden=32,heads=2,seq=16,vocab=64,batch=2";
+
+fn load(spec: &str) -> (fsdpc_ir::TrainingProgram, ModelInfo) {
+    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    let info = ModelInfo {
+        name: m.name.clone(),
+        params: m.program.graph.param_numel(),
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+    };
+    (m.program, info)
+}
+
+/// The default space at `world` with fewer schedule knobs (8 variants per
+/// class), so the exhaustive grid stays fast.
+fn small_space(program: &fsdpc_ir::TrainingProgram, world: u32, bf16: bool) -> Space {
+    let base = FsdpConfig::default();
+    let mut s = Space::around(&base, program, world, &Fixed::default(), bf16).expect("space");
+    s.backward_prefetch = vec![BackwardPrefetch::Pre, BackwardPrefetch::None];
+    s.forward_prefetch = vec![true];
+    s.prefetch_depth = vec![1, 2];
+    s.limit_all_gathers = vec![2, 1];
+    s
+}
+
+/// Pruned and exhaustive searches of one space: same chosen candidate,
+/// same step time; every bound at most what the compile gave.
+fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, bf16: bool) {
+    let (program, info) = load(spec);
+    let mut cluster = fsdpc_planner::preset(preset, world, world.min(8)).expect("preset");
+    let space = small_space(&program, world, bf16);
+    let base = FsdpConfig::default();
+    if let Some(c) = capacity {
+        cluster.memory_bytes = c;
+    }
+    let search = Search::new(&program, &info, &cluster, &base, &space);
+    let label = format!("{spec} on {preset} at world {world}, capacity {capacity:?}");
+    let grid = search.exhaustive().expect("grid finds a plan");
+    let pruned = search.run().expect("search finds a plan");
+    assert_eq!(grid.weighed.len(), space.len(), "{label}");
+    assert_eq!(pruned.weighed.len(), space.len(), "{label}");
+    let chosen = |r: &AutoResult| {
+        r.weighed
+            .iter()
+            .find(|w| w.verdict == Verdict::Chosen)
+            .map(|w| (w.candidate.index, w.candidate.config.clone()))
+            .expect("one chosen")
+    };
+    assert_eq!(chosen(&grid), chosen(&pruned), "{label}");
+    assert_eq!(
+        grid.plan.estimates.step_time_s, pruned.plan.estimates.step_time_s,
+        "{label}"
+    );
+    let without_record = |p: &Plan| fsdpc_plan::PlanConfig {
+        auto: None,
+        ..p.config.clone()
+    };
+    assert_eq!(
+        without_record(&grid.plan),
+        without_record(&pruned.plan),
+        "{label}"
+    );
+    assert_eq!(pruned.plan.validate(), Ok(()), "{label}");
+    // Bounds hold: each pruned-search bound is at most what the grid's
+    // compile of the same candidate gave.
+    let (mut by_memory, mut screened_over) = (0, 0);
+    for (g, p) in grid.weighed.iter().zip(&pruned.weighed) {
+        assert_eq!(g.candidate.index, p.candidate.index);
+        let (Some(step), Some(peak)) = (g.step_time_s, g.peak_bytes) else {
+            continue;
+        };
+        assert!(
+            p.bound_s <= step * (1.0 + 1e-12),
+            "{label}: {} time bound {} > step {step}",
+            p.candidate.short(),
+            p.bound_s
+        );
+        assert!(
+            p.bound_bytes <= peak,
+            "{label}: {} memory bound {} > peak {peak}",
+            p.candidate.short(),
+            p.bound_bytes
+        );
+        if matches!(p.verdict, Verdict::MemoryBound { .. }) {
+            by_memory += 1;
+            assert!(peak > cluster.memory_bytes, "{label}: pruned one that fits");
+        }
+        // A screened candidate's peak is the compiled one, exactly.
+        if let (None, Some(screened)) = (p.step_time_s, p.peak_bytes) {
+            assert_eq!(
+                screened,
+                peak,
+                "{label}: {} screened peak",
+                p.candidate.short()
+            );
+            if matches!(p.verdict, Verdict::OverMemory { .. }) {
+                screened_over += 1;
+            }
+        }
+    }
+    let r = &pruned.record;
+    assert_eq!(
+        r.compiled + r.pruned_by_memory + r.pruned_by_time + screened_over,
+        space.len() as u64,
+        "{label}: every candidate compiled, pruned or screened over memory"
+    );
+    assert_eq!(r.pruned_by_memory, by_memory, "{label}");
+    // With a gap the chosen step is within it of the fastest, for no more
+    // compiles than the exact search.
+    for gap in [0.005, 0.05] {
+        let near = Search::new(&program, &info, &cluster, &base, &space)
+            .with_gap(gap)
+            .run()
+            .expect("search with a gap finds a plan");
+        let fastest = grid.plan.estimates.step_time_s;
+        assert!(
+            near.plan.estimates.step_time_s <= fastest * (1.0 + gap),
+            "{label}, gap {gap}: {} > {fastest} x (1 + gap)",
+            near.plan.estimates.step_time_s
+        );
+        assert!(near.record.compiled <= r.compiled, "{label}, gap {gap}");
+        assert_eq!(near.record.gap, gap);
+    }
+    assert!(r.compiled < space.len() as u64, "{label}: something pruned");
+    eprintln!(
+        "{label}: {} candidates, {} compiled, {} pruned by memory, {} by time; chosen {}",
+        r.candidates,
+        r.compiled,
+        r.pruned_by_memory,
+        r.pruned_by_time,
+        chosen(&pruned).1.strategy.name()
+    );
+}
+
+#[test]
+fn pruned_search_finds_the_exhaustive_grids_best() {
+    check_same_best("gpt-mini", "cpu-local", 4, None, false);
+    check_same_best(FOUR_LAYERS, "a100-80g-roce", 8, None, true);
+}
+
+#[test]
+fn pruned_search_agrees_when_memory_is_tight() {
+    let (program, info) = load(FOUR_LAYERS);
+    // Capacity between the leanest and the no_shard peak, so memory
+    // bounds, over-memory candidates and fitting ones all occur.
+    let cluster = fsdpc_planner::preset("cpu-local", 4, 4).expect("preset");
+    let peak = |cfg: FsdpConfig| {
+        fsdpc_planner::compile_unchecked(program.clone(), info.clone(), &cluster, &cfg)
+            .expect("compiles")
+            .memory
+            .peak_bytes
+    };
+    let ddp = peak(FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::NoShard,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..FsdpConfig::default()
+    });
+    let sharded = peak(FsdpConfig::default());
+    assert!(sharded < ddp);
+    check_same_best(
+        FOUR_LAYERS,
+        "cpu-local",
+        4,
+        Some((sharded + ddp) / 2),
+        false,
+    );
+}
+
+#[test]
+fn fits_nowhere_names_the_smallest_world_that_fits() {
+    let (program, info) = load(FOUR_LAYERS);
+    let world = 2;
+    let mut cluster = fsdpc_planner::preset("cpu-local", world, 1).expect("preset");
+    let base = FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..FsdpConfig::default()
+    };
+    let fixed = Fixed {
+        checkpointing: true,
+        cpu_offload: true,
+        ..Fixed::default()
+    };
+    let space = Space::around(&base, &program, world, &fixed, false).expect("space");
+    // Capacity: what the leanest plan needs at world 6, so world 2 is too
+    // small.
+    let shape = cluster.clone();
+    let at = |w: u32, cfg: &FsdpConfig| -> Plan {
+        let c = shape.with_world(w).expect("world");
+        fsdpc_planner::compile_unchecked(program.clone(), info.clone(), &c, cfg).expect("compiles")
+    };
+    let lean = |w: u32| FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            wrap: space.wraps.last().cloned().expect("a wrap"),
+            limit_all_gathers: 1,
+            backward_prefetch: BackwardPrefetch::None,
+            forward_prefetch: false,
+            ..base.settings.clone()
+        },
+        shard_factor: Some(w),
+        check_fits: false,
+        ..base.clone()
+    };
+    cluster.memory_bytes = at(6, &lean(6)).memory.peak_bytes;
+    let search = Search::new(&program, &info, &cluster, &base, &space);
+    let err = search.run().expect_err("nothing fits at world 2");
+    let text = err.to_string();
+    eprintln!("{text}");
+    let AutoError::FitsNowhere {
+        smallest_world: Some(w),
+        over_by,
+        capacity_bytes,
+        ..
+    } = err
+    else {
+        panic!("expected FitsNowhere with a world: {text}");
+    };
+    assert!(over_by > 0 && capacity_bytes == cluster.memory_bytes);
+    assert!(w > world && w <= 6, "smallest world {w}");
+    assert!(text.contains(&format!("world {w}")), "{text}");
+    assert!(text.contains("CPU offload"), "{text}");
+    // Checked by compiling: the leanest configuration fits at w, not at
+    // w - 1.
+    assert!(at(w, &lean(w)).memory.peak_bytes <= cluster.memory_bytes);
+    assert!(at(w - 1, &lean(w - 1)).memory.peak_bytes > cluster.memory_bytes);
+}
+
+#[test]
+fn fixed_flags_fix_their_dimensions() {
+    let (program, _) = load("gpt-mini");
+    let base = FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            strategy: Strategy::HybridShard,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..FsdpConfig::default()
+    };
+    let fixed = Fixed {
+        strategy: Some(Strategy::HybridShard),
+        precision: true,
+        prefetch_depth: true,
+        ..Fixed::default()
+    };
+    let s = Space::around(&base, &program, 8, &fixed, true).expect("space");
+    assert_eq!(
+        s.shardings,
+        vec![(Strategy::HybridShard, 2), (Strategy::HybridShard, 4)]
+    );
+    assert_eq!(s.precisions, vec![(DType::F32, DType::F32)]);
+    assert_eq!(s.prefetch_depth, vec![1]);
+    assert_eq!(s.checkpointing.len(), 3);
+    let bad = Fixed {
+        shard_factor: Some(3),
+        ..Fixed::default()
+    };
+    let e = Space::around(&base, &program, 8, &bad, false).expect_err("3 does not divide 8");
+    assert!(e.to_string().contains("1, 2, 4, 8"), "{e}");
+}
+
+#[test]
+fn chosen_plan_trains_like_one_rank() {
+    // The same global batch: 2 ranks of batch 2, one rank of batch 4.
+    let spec = |batch: u32| format!("gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64,batch={batch}");
+    let (program, info) = load(&spec(2));
+    let cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
+    let space = small_space(&program, 2, false);
+    let base = FsdpConfig::default();
+    let r = Search::new(&program, &info, &cluster, &base, &space)
+        .run()
+        .expect("a plan");
+    assert_eq!(r.plan.validate(), Ok(()));
+    let record = r.plan.config.auto.as_ref().expect("auto record");
+    assert_eq!(record.compiled, r.record.compiled);
+    // The record survives the plan's JSON round trip.
+    let back = Plan::from_json(&r.plan.to_json_pretty().expect("json")).expect("loads");
+    assert_eq!(back.config.auto, r.plan.config.auto);
+    // Same wrap, so the parameters come in the same order.
+    let reference = common::plan(&spec(4), 1, Strategy::NoShard, r.plan.config.wrap.clone());
+    let steps = 3;
+    let a = train(&reference, steps, ExecMode::Arena);
+    let b = train(&r.plan, steps, ExecMode::Arena);
+    let loss = max_loss_rel_diff(&a, &b);
+    let (abs, _) = max_param_diff(&a, &b);
+    let chosen = r
+        .weighed
+        .iter()
+        .find(|w| w.verdict == Verdict::Chosen)
+        .expect("one chosen");
+    eprintln!(
+        "chosen {}: loss rel {loss:e}, param abs {abs:e}",
+        chosen.candidate.short()
+    );
+    assert!(loss <= 1e-6, "losses differ by {loss:e}");
+    assert!(abs <= 2e-5, "parameters differ by {abs:e}");
+}
+
+fn fsdpc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .expect("fsdpc runs")
+}
+
+#[test]
+fn cli_auto_prints_the_table_and_writes_the_plan() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("auto.json");
+    let out_s = out.to_str().expect("utf-8 path");
+    let args = [
+        "compile",
+        "gpt-mini",
+        "--world",
+        "2",
+        "--cluster",
+        "cpu-local",
+        "--auto",
+        "--prefetch-depth",
+        "1",
+        "--forward-prefetch",
+        "true",
+        "--auto-gap",
+        "0",
+        "-o",
+        out_s,
+    ];
+    let o = fsdpc(&args);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    for needle in [
+        "auto: gpt-mini on cpu-local, world 2",
+        "candidates",
+        "compiled",
+        "pruned by the memory bound",
+        "chosen",
+        "step (s)",
+        "slower than the chosen by",
+        "the fastest of the space",
+        "searched  sharding: no_shard@1 full_shard@2 shard_grad_op@2",
+        "the flags' only (--auto-precision bf16 also searches bf16)",
+    ] {
+        assert!(stdout.contains(needle), "`{needle}` in:\n{stdout}");
+    }
+    assert!(!stdout.contains("searched  prefetch_depth"), "{stdout}");
+    let plan =
+        Plan::from_json(&std::fs::read_to_string(&out).expect("plan written")).expect("a plan");
+    assert!(plan.config.auto.is_some());
+    assert_eq!(plan.config.prefetch_depth, 1);
+    let o = fsdpc(&["inspect", out_s]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("chosen    by fsdpc compile --auto"),
+        "inspect:\n{text}"
+    );
+    // A fixed strategy; bad flags are one clear error.
+    let o = fsdpc(&[
+        "compile",
+        "gpt-mini",
+        "--world",
+        "2",
+        "--cluster",
+        "cpu-local",
+        "--auto",
+        "--strategy",
+        "full_shard",
+        "--prefetch-depth",
+        "1",
+        "-o",
+        out_s,
+    ]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("searched  sharding"), "{text}");
+    assert!(
+        text.contains("at most 0.5% slower than the fastest of the space (--auto-gap)"),
+        "{text}"
+    );
+    for (extra, needle) in [
+        (vec!["--auto-precision", "fp8"], "expected given or bf16"),
+        (vec!["--no-fit-check"], "--no-fit-check does not apply"),
+        (vec!["--shard-factor", "3"], "must divide the world"),
+        (vec!["--auto-gap", "150"], "--auto-gap must be a percentage"),
+    ] {
+        let mut a = vec![
+            "compile",
+            "gpt-mini",
+            "--world",
+            "2",
+            "--cluster",
+            "cpu-local",
+            "--auto",
+            "-o",
+            out_s,
+        ];
+        a.extend(extra);
+        let o = fsdpc(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{a:?}");
+        assert!(err.contains(needle), "{a:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Nothing fits: a cpu-local cluster file of one rank per node with a
+    // quarter of what the leanest configuration of the space needs at
+    // world 6 (the smallest world itself is checked by
+    // fits_nowhere_names_the_smallest_world_that_fits).
+    let (program, info) = load(FOUR_LAYERS);
+    let space = Space::around(
+        &FsdpConfig::default(),
+        &program,
+        2,
+        &Fixed::default(),
+        false,
+    )
+    .expect("space");
+    let lean = FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            wrap: space.wraps.last().cloned().expect("a wrap"),
+            activation_checkpointing: CheckpointPolicy::Units,
+            cpu_offload: true,
+            limit_all_gathers: 1,
+            backward_prefetch: BackwardPrefetch::None,
+            forward_prefetch: false,
+            ..fsdpc_plan::Settings::default()
+        },
+        shard_factor: Some(6),
+        check_fits: false,
+        ..FsdpConfig::default()
+    };
+    let six = fsdpc_planner::preset("cpu-local", 6, 1).expect("preset");
+    let cap = fsdpc_planner::compile_unchecked(program, info, &six, &lean)
+        .expect("compiles")
+        .memory
+        .peak_bytes;
+    let file = dir.path().join("small.json");
+    let file_s = file.to_str().expect("utf-8 path");
+    let o = fsdpc(&[
+        "cluster",
+        "cpu-local",
+        "--ranks-per-node",
+        "1",
+        "-o",
+        file_s,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("cluster file")).expect("json");
+    json["memory_bytes_per_rank"] = serde_json::json!(cap / 4);
+    std::fs::write(&file, json.to_string()).expect("write");
+    let o = fsdpc(&[
+        "compile",
+        FOUR_LAYERS,
+        "--world",
+        "2",
+        "--cluster",
+        file_s,
+        "--auto",
+        "-o",
+        out_s,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("no configuration fits"), "{err}");
+    assert!(err.contains("over by"), "{err}");
+    assert!(
+        err.contains("more ranks: world") || err.contains("no world size makes it fit"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,653 @@
+//! Sharded checkpoints end to end on thread ranks: a resumed run is
+//! bit-identical to an uninterrupted one; loading at another world, shard
+//! factor or strategy re-shards; every damaged checkpoint is refused with an
+//! error naming the file, and nothing on disk is changed by the refusal.
+
+use crate::common;
+
+use crate::common::{bits, max_param_diff, plan};
+use fsdpc_plan::{Plan, Strategy, WrapPolicy};
+use fsdpc_runtime::checkpoint::CheckpointError;
+use fsdpc_runtime::train::CheckpointConfig;
+use fsdpc_runtime::{RuntimeError, TrainOptions, TrainReport};
+use std::path::{Path, PathBuf};
+
+/// Global batch 8: a world of W ranks runs 8 / W samples each.
+fn gpt(world: u32) -> String {
+    format!(
+        "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch={}",
+        8 / world
+    )
+}
+
+fn gpt_plan(world: u32, strategy: Strategy) -> Plan {
+    plan(&gpt(world), world, strategy, WrapPolicy::Blocks)
+}
+
+fn opts(steps: u64) -> TrainOptions {
+    TrainOptions {
+        steps,
+        seed: 11,
+        ..TrainOptions::default()
+    }
+}
+
+fn run(plan: &Plan, o: &TrainOptions) -> Result<TrainReport, RuntimeError> {
+    fsdpc_runtime::train(plan, o, &mut |_| {})
+}
+
+fn ok(plan: &Plan, o: &TrainOptions) -> TrainReport {
+    run(plan, o).unwrap_or_else(|e| panic!("training fails: {e}"))
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Trains 3 steps of `from`, checkpointing every 3, into `dir`.
+fn checkpoint_at_3(from: &Plan, dir: &Path) -> TrainReport {
+    ok(
+        from,
+        &TrainOptions {
+            checkpoint: Some(CheckpointConfig {
+                dir: dir.to_path_buf(),
+                every: 3,
+            }),
+            ..opts(3)
+        },
+    )
+}
+
+/// Resumes `to` from `dir` up to step 6.
+fn resume(to: &Plan, dir: &Path) -> Result<TrainReport, RuntimeError> {
+    run(
+        to,
+        &TrainOptions {
+            resume: Some(dir.to_path_buf()),
+            seed: 999, // the checkpoint's seed wins
+            ..opts(6)
+        },
+    )
+}
+
+fn check_bit_identical(world: u32) {
+    let p = gpt_plan(world, Strategy::FullShard);
+    assert_eq!(p.config.shard_factor, world);
+    let full = ok(&p, &opts(6));
+    let dir = tmp();
+    let first = checkpoint_at_3(&p, dir.path());
+    let rest = resume(&p, dir.path()).unwrap_or_else(|e| panic!("resume fails: {e}"));
+    let (full_loss, full_params) = bits(&full);
+    let (a, _) = bits(&first);
+    let (b, params) = bits(&rest);
+    assert_eq!(a, full_loss[..3], "steps 0..3 at F={world}");
+    assert_eq!(b, full_loss[3..], "resumed steps 3..6 at F={world}");
+    assert_eq!(params, full_params, "final parameters at F={world}");
+}
+
+#[test]
+fn resume_is_bit_identical_at_f2() {
+    check_bit_identical(2);
+}
+
+#[test]
+fn resume_is_bit_identical_at_f4() {
+    check_bit_identical(4);
+}
+
+/// Loss (relative) and parameter (absolute) tolerance of a re-sharded run
+/// against an uninterrupted run at the new configuration: the reduction
+/// order of the first 3 steps differs (world 4 sums 4 rank partials, world
+/// 2 sums 2), so the state differs in the last bits, as in equivalence.rs.
+const LOSS_RTOL: f32 = 1e-6;
+const PARAM_ATOL: f32 = 2e-5;
+
+fn check_reshard(from: &Plan, to: &Plan, label: &str) -> (f32, f32) {
+    let dir = tmp();
+    checkpoint_at_3(from, dir.path());
+    let rest = resume(to, dir.path()).unwrap_or_else(|e| panic!("{label}: resume fails: {e}"));
+    let full = ok(to, &opts(6));
+    let loss_rel = full.losses[3..]
+        .iter()
+        .zip(&rest.losses)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+        .fold(0f32, f32::max);
+    let (abs, _) = max_param_diff(&full, &rest);
+    println!("{label}: loss rel diff {loss_rel:e}, param abs diff {abs:e}");
+    assert_eq!(rest.losses.len(), 3, "{label}");
+    assert!(loss_rel <= LOSS_RTOL, "{label}: loss rel diff {loss_rel}");
+    assert!(abs <= PARAM_ATOL, "{label}: param abs diff {abs}");
+    (loss_rel, abs)
+}
+
+#[test]
+fn resharding_4_to_2_ranks() {
+    check_reshard(
+        &gpt_plan(4, Strategy::FullShard),
+        &gpt_plan(2, Strategy::FullShard),
+        "4 -> 2 ranks",
+    );
+}
+
+#[test]
+fn resharding_2_to_4_ranks() {
+    check_reshard(
+        &gpt_plan(2, Strategy::FullShard),
+        &gpt_plan(4, Strategy::FullShard),
+        "2 -> 4 ranks",
+    );
+}
+
+#[test]
+fn full_shard_to_no_shard_is_bit_identical() {
+    // full_shard and no_shard at the same world sum in the same order, so
+    // re-sharding between them is exact.
+    let (loss, param) = check_reshard(
+        &gpt_plan(2, Strategy::FullShard),
+        &gpt_plan(2, Strategy::NoShard),
+        "full_shard -> no_shard",
+    );
+    assert_eq!((loss, param), (0.0, 0.0));
+}
+
+/// `gpt` at world 4 planned hybrid: 2 replica groups of F = 2.
+fn hybrid_plan() -> Plan {
+    common::plan_with(
+        &gpt(4),
+        4,
+        &fsdpc_planner::FsdpConfig {
+            settings: fsdpc_plan::Settings {
+                strategy: Strategy::HybridShard,
+                ..fsdpc_plan::Settings::default()
+            },
+            shard_factor: Some(2),
+            ..Default::default()
+        },
+    )
+}
+
+/// Hybrid sharding saves the first replica group's shards (F = 2 files)
+/// and resumes bit-identically; its checkpoint resumes under full_shard at
+/// world 4 (re-sharded from F = 2 to F = 4) and back, within the
+/// re-shard tolerance.
+#[test]
+fn hybrid_checkpoints_resume_and_reshard() {
+    let h = hybrid_plan();
+    assert_eq!(h.config.shard_factor, 2);
+    let full = ok(&h, &opts(6));
+    let dir = tmp();
+    checkpoint_at_3(&h, dir.path());
+    let rest = resume(&h, dir.path()).unwrap_or_else(|e| panic!("resume fails: {e}"));
+    let (full_loss, full_params) = bits(&full);
+    let (b, params) = bits(&rest);
+    assert_eq!(b, full_loss[3..], "resumed hybrid steps 3..6");
+    assert_eq!(params, full_params, "final hybrid parameters");
+    check_reshard(
+        &h,
+        &gpt_plan(4, Strategy::FullShard),
+        "hybrid 2x2 -> full_shard 4",
+    );
+    check_reshard(
+        &gpt_plan(4, Strategy::FullShard),
+        &h,
+        "full_shard 4 -> hybrid 2x2",
+    );
+}
+
+/// A checkpoint of 3 steps at world 2, its step directory and the bytes of
+/// every file in it.
+fn saved() -> (tempfile::TempDir, PathBuf, Plan) {
+    let p = gpt_plan(2, Strategy::FullShard);
+    let dir = tmp();
+    checkpoint_at_3(&p, dir.path());
+    let sdir = dir.path().join("step-000000003");
+    assert!(sdir.join("manifest.json").exists());
+    (dir, sdir, p)
+}
+
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out: Vec<_> = walk(dir)
+        .into_iter()
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{e}"));
+            (p, b)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{e}")) {
+        let p = e.unwrap_or_else(|e| panic!("{e}")).path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Damages the checkpoint with `damage`, resumes, and checks the error is a
+/// checkpoint error naming `file` and that the refusal wrote nothing.
+fn check_refused(damage: impl FnOnce(&Path), file: &str, want: fn(&CheckpointError) -> bool) {
+    let (dir, sdir, p) = saved();
+    damage(&sdir);
+    let before = snapshot(dir.path());
+    let err = resume(&p, dir.path())
+        .err()
+        .unwrap_or_else(|| panic!("{file}: resume succeeded"));
+    let msg = err.to_string();
+    println!("{file}: {msg}");
+    match &err {
+        RuntimeError::Checkpoint(e) => assert!(want(e), "{file}: wrong kind: {e:?}"),
+        e => panic!("{file}: not a checkpoint error: {e:?}"),
+    }
+    assert!(msg.contains(file), "the error names {file}: {msg}");
+    assert_eq!(snapshot(dir.path()), before, "the refusal changed nothing");
+}
+
+#[test]
+fn a_flipped_byte_in_a_shard_is_refused() {
+    check_refused(
+        |sdir| {
+            let f = sdir.join("rank-00001.safetensors");
+            let mut b = std::fs::read(&f).unwrap_or_else(|e| panic!("{e}"));
+            let at = b.len() - 5;
+            b[at] ^= 0x10;
+            std::fs::write(&f, b).unwrap_or_else(|e| panic!("{e}"));
+        },
+        "rank-00001.safetensors",
+        |e| matches!(e, CheckpointError::Checksum { .. }),
+    );
+}
+
+#[test]
+fn a_truncated_shard_is_refused() {
+    check_refused(
+        |sdir| {
+            let f = sdir.join("rank-00000.safetensors");
+            let b = std::fs::read(&f).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&f, &b[..b.len() / 2]).unwrap_or_else(|e| panic!("{e}"));
+        },
+        "rank-00000.safetensors",
+        |e| matches!(e, CheckpointError::Size { .. }),
+    );
+}
+
+#[test]
+fn a_missing_shard_is_refused() {
+    check_refused(
+        |sdir| {
+            std::fs::remove_file(sdir.join("rank-00001.safetensors"))
+                .unwrap_or_else(|e| panic!("{e}"))
+        },
+        "rank-00001.safetensors",
+        |e| matches!(e, CheckpointError::Missing { .. }),
+    );
+}
+
+#[test]
+fn a_checkpoint_of_another_model_is_refused() {
+    let (dir, _sdir, _) = saved();
+    let other = plan(
+        "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=64,batch=4",
+        2,
+        Strategy::FullShard,
+        WrapPolicy::Blocks,
+    );
+    let before = snapshot(dir.path());
+    let err = resume(&other, dir.path())
+        .err()
+        .unwrap_or_else(|| panic!("resumed"));
+    println!("{err}");
+    assert!(matches!(
+        err,
+        RuntimeError::Checkpoint(CheckpointError::Incompatible { .. })
+    ));
+    assert!(err.to_string().contains("manifest.json"), "{err}");
+    assert_eq!(snapshot(dir.path()), before);
+}
+
+#[test]
+fn an_incomplete_newer_checkpoint_leaves_the_previous_one_latest() {
+    // What a run killed while writing step 6's files leaves: its rank files
+    // (one of them partial) but no manifest, and `latest` still at step 3.
+    let (dir, sdir, p) = saved();
+    let newer = dir.path().join("step-000000006");
+    std::fs::create_dir_all(&newer).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::copy(
+        sdir.join("rank-00000.safetensors"),
+        newer.join("rank-00000.safetensors"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(newer.join(".rank-00001.safetensors.tmp-1"), b"partial")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rest = resume(&p, dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let full = ok(&p, &opts(6));
+    assert_eq!(bits(&rest).0, bits(&full).0[3..]);
+}
+
+#[test]
+fn two_checkpoints_are_kept() {
+    let p = gpt_plan(2, Strategy::FullShard);
+    let dir = tmp();
+    let o = TrainOptions {
+        checkpoint: Some(CheckpointConfig {
+            dir: dir.path().to_path_buf(),
+            every: 1,
+        }),
+        ..opts(4)
+    };
+    ok(&p, &o);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("{e}"))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-000000003", "step-000000004"]);
+    let latest = std::fs::read_to_string(dir.path().join("latest")).unwrap_or_default();
+    assert_eq!(latest, "step-000000004");
+}
+
+#[test]
+fn export_gives_the_trained_parameters_with_their_names_and_shapes() {
+    let p = gpt_plan(4, Strategy::FullShard);
+    let dir = tmp();
+    let trained = checkpoint_at_3(&p, dir.path());
+    let out = dir.path().join("model.safetensors");
+    let ckpt =
+        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let n = ckpt
+        .export_safetensors(&out)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(n, trained.final_params.len());
+    let bytes = std::fs::read(&out).unwrap_or_else(|e| panic!("{e}"));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(st.names().len(), n);
+    let shapes: std::collections::HashMap<&str, &[usize]> = p
+        .training
+        .graph
+        .params
+        .iter()
+        .map(|q| (q.name.as_str(), q.ty.shape.dims()))
+        .collect();
+    for (name, vals) in &trained.final_params {
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.shape(), shapes[name.as_str()], "{name}");
+        let got: Vec<u32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<u32> = vals.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+fn fsdpc(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn cli_checkpoints_resumes_and_exports() {
+    let dir = tmp();
+    let d = dir.path().join("ckpt");
+    let d = d.to_string_lossy().into_owned();
+    let model = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
+    let first = fsdpc(&[
+        "train",
+        model,
+        "--ranks",
+        "2",
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        &d,
+        "--checkpoint-every",
+        "3",
+    ]);
+    assert!(first.status.success(), "{}", text(&first));
+    let rest = fsdpc(&[
+        "train",
+        model,
+        "--ranks",
+        "2",
+        "--steps",
+        "6",
+        "--resume",
+        &d,
+        "--strategy",
+        "no_shard",
+    ]);
+    assert!(rest.status.success(), "{}", text(&rest));
+    assert!(text(&rest).contains("for 3 steps"), "{}", text(&rest));
+    let out = dir.path().join("m.safetensors");
+    let out = out.to_string_lossy().into_owned();
+    let e = fsdpc(&["export", &d, "-o", &out]);
+    assert!(e.status.success(), "{}", text(&e));
+    assert!(text(&e).contains("step 3"), "{}", text(&e));
+    // Nothing to write, and a damaged checkpoint: one clear error each.
+    let none = fsdpc(&["export", &d]);
+    assert!(!none.status.success());
+    std::fs::write(
+        dir.path()
+            .join("ckpt/step-000000003/rank-00000.safetensors"),
+        b"x",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let bad = fsdpc(&["export", &d, "-o", &out]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad).contains("rank-00000.safetensors"),
+        "{}",
+        text(&bad)
+    );
+    assert!(!text(&bad).contains("panicked"), "{}", text(&bad));
+}
+
+#[test]
+fn cli_exports_a_checkpoint_back_into_onnx() {
+    let dir = tmp();
+    let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("frontends/tests/fixtures/mlp.onnx")
+        .to_string_lossy()
+        .into_owned();
+    let (d, trained, exported) = (path("ckpt"), path("trained.onnx"), path("exported.onnx"));
+    let t = fsdpc(&[
+        "train",
+        &model,
+        "--dim",
+        "batch=4",
+        "--ranks",
+        "2",
+        "--steps",
+        "2",
+        "--save-onnx",
+        &trained,
+        "--checkpoint-dir",
+        &d,
+        "--checkpoint-every",
+        "2",
+    ]);
+    assert!(t.status.success(), "{}", text(&t));
+    let e = fsdpc(&["export", &d, "--save-onnx", &exported, "--model", &model]);
+    assert!(e.status.success(), "{}", text(&e));
+    let a = std::fs::read(&trained).unwrap_or_else(|e| panic!("{e}"));
+    let b = std::fs::read(&exported).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        a == b,
+        "the exported ONNX file equals the one training wrote"
+    );
+}
+
+#[test]
+fn killing_a_run_while_it_checkpoints_leaves_a_loadable_checkpoint() {
+    // Checkpointing every step, the run spends most of its time writing one:
+    // a kill -9 at any of these moments lands in a write or between writes.
+    let model = "gpt:layers=4,hidden=256,heads=4,seq=16,vocab=4096,batch=2";
+    let dir = tmp();
+    let d = dir.path().join("ckpt");
+    let ds = d.to_string_lossy().into_owned();
+    for (i, delay_ms) in [0u64, 5, 13, 29, 71, 150, 310].into_iter().enumerate() {
+        // The first run starts the directory; each later one continues it.
+        let mut args = vec![
+            "train",
+            model,
+            "--ranks",
+            "2",
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            &ds,
+            "--checkpoint-every",
+            "1",
+        ];
+        if i > 0 {
+            args.extend(["--resume", &ds]);
+        }
+        let before = if i > 0 {
+            fsdpc_runtime::checkpoint::Checkpoint::open(&d)
+                .map(|c| c.manifest.step)
+                .unwrap_or_else(|e| panic!("{e}"))
+        } else {
+            0
+        };
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fsdpc"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Wait for a checkpoint newer than the one this run started from.
+        let newer = || {
+            fsdpc_runtime::checkpoint::Checkpoint::open(&d).is_ok_and(|c| c.manifest.step > before)
+        };
+        let t = std::time::Instant::now();
+        while !newer() && t.elapsed().as_secs() < 120 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap_or_else(|e| panic!("{e}"));
+        let _ = child.wait();
+        let c = fsdpc_runtime::checkpoint::Checkpoint::open(&d)
+            .unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
+        println!(
+            "run {i} killed {delay_ms} ms after its first checkpoint: latest is step {}",
+            c.manifest.step
+        );
+        assert!(c.manifest.step > before, "run {i} made progress");
+    }
+    let c = fsdpc_runtime::checkpoint::Checkpoint::open(&d).unwrap_or_else(|e| panic!("{e}"));
+    let steps = (c.manifest.step + 1).to_string();
+    let r = fsdpc(&[
+        "train", model, "--ranks", "2", "--steps", &steps, "--resume", &ds,
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+}
+
+#[test]
+fn a_new_run_does_not_overwrite_a_checkpoint_directory() {
+    let (dir, _sdir, p) = saved();
+    let before = snapshot(dir.path());
+    let err = run(
+        &p,
+        &TrainOptions {
+            checkpoint: Some(CheckpointConfig {
+                dir: dir.path().to_path_buf(),
+                every: 1,
+            }),
+            ..opts(3)
+        },
+    )
+    .err()
+    .unwrap_or_else(|| panic!("a fresh run wrote into a checkpoint directory"));
+    println!("{err}");
+    assert!(err.to_string().contains("--resume"), "{err}");
+    assert_eq!(snapshot(dir.path()), before);
+}
+
+#[test]
+fn a_damaged_manifest_is_refused() {
+    check_refused(
+        |sdir| {
+            std::fs::write(
+                sdir.join("manifest.json"),
+                b"{\"format\": \"fsdpc.checkpoint/v1\"",
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        },
+        "manifest.json",
+        |e| matches!(e, CheckpointError::Format { .. }),
+    );
+}
+
+#[test]
+fn a_latest_pointer_outside_the_directory_is_refused() {
+    check_refused(
+        |sdir| {
+            let dir = sdir.parent().unwrap_or_else(|| panic!("no parent"));
+            std::fs::write(dir.join("latest"), b"../elsewhere").unwrap_or_else(|e| panic!("{e}"))
+        },
+        "latest",
+        |e| matches!(e, CheckpointError::Format { .. }),
+    );
+}
+
+#[test]
+fn resume_in_debug_mode_is_bit_identical() {
+    let p = gpt_plan(2, Strategy::FullShard);
+    let debug = |o: TrainOptions| TrainOptions {
+        mode: fsdpc_runtime::ExecMode::DebugAlloc,
+        ..o
+    };
+    let full = ok(&p, &debug(opts(6)));
+    let dir = tmp();
+    checkpoint_at_3(&p, dir.path());
+    let rest = ok(
+        &p,
+        &debug(TrainOptions {
+            resume: Some(dir.path().to_path_buf()),
+            ..opts(6)
+        }),
+    );
+    assert_eq!(bits(&rest).0, bits(&full).0[3..]);
+    assert_eq!(bits(&rest).1, bits(&full).1);
+}
+
+#[test]
+fn a_directory_without_a_checkpoint_is_named_as_such() {
+    let dir = std::env::temp_dir().join(format!("fsdpc-no-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let Err(e) = fsdpc_runtime::checkpoint::Checkpoint::open(&dir) else {
+        panic!("opened a checkpoint in an empty directory");
+    };
+    assert!(
+        matches!(&e, CheckpointError::NotACheckpoint { dir: d } if d == &dir.display().to_string()),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("is not a checkpoint directory"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,241 @@
+//! `fsdpc simulate` and cluster files: a plan simulated on its own cluster
+//! gives the plan's estimates; on a faster cluster a shorter step; a
+//! cluster file written by `fsdpc cluster` plans like its preset, and an
+//! edited one (a measured efficiency curve) changes the estimate the way
+//! the edit says; bad cluster files are clear errors.
+
+use std::path::Path;
+
+use crate::common::cli::{fsdpc, ok};
+
+fn err(args: &[&str]) -> String {
+    let o = fsdpc(args);
+    assert!(!o.status.success(), "fsdpc {args:?} should fail");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const MODEL: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
+
+fn compile(dir: &Path, name: &str, cluster: &str) -> String {
+    let out = dir.join(name);
+    let out = out.to_str().expect("utf-8 path").to_string();
+    ok(&[
+        "compile",
+        MODEL,
+        "--world",
+        "16",
+        "--cluster",
+        cluster,
+        "-o",
+        &out,
+    ]);
+    out
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).expect("JSON")
+}
+
+fn step(sim: &serde_json::Value) -> f64 {
+    sim["step_time_s"].as_f64().expect("step_time_s")
+}
+
+#[test]
+fn simulate_reports_the_plans_estimates_and_reacts_to_the_cluster() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "plan.json", "a100-80g-roce");
+    let own = json(&ok(&["simulate", &plan, "--json"]));
+    for key in [
+        "step_time_s",
+        "exposed_comm_s",
+        "tflops_per_rank",
+        "mfu",
+        "peak_bytes_per_rank",
+    ] {
+        assert!(own.get(key).is_some(), "{key} missing: {own}");
+    }
+    // On its own cluster: the plan's own estimate.
+    let p: serde_json::Value = json(&std::fs::read_to_string(&plan).expect("plan written"));
+    let planned = p["estimates"]["step_time_s"].as_f64().expect("estimate");
+    assert!((step(&own) - planned).abs() <= 1e-12 * planned.max(1.0));
+    // The same plan on H100s: faster compute and links, a shorter step.
+    let h100 = json(&ok(&[
+        "simulate",
+        &plan,
+        "--cluster",
+        "h100-80g-ib",
+        "--json",
+    ]));
+    assert!(step(&h100) < step(&own), "{h100} vs {own}");
+    assert_eq!(h100["cluster"], "h100-80g-ib");
+    let text = ok(&["simulate", &plan]);
+    assert!(text.contains("busy: compute"), "{text}");
+}
+
+#[test]
+fn cluster_files_plan_like_their_preset_and_edits_change_the_estimate() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("a100.json");
+    let file = file.to_str().expect("utf-8").to_string();
+    ok(&["cluster", "a100-80g-roce", "-o", &file]);
+    let written = json(&std::fs::read_to_string(&file).expect("written"));
+    assert_eq!(written["schema"], "fsdpc.cluster/v1");
+    assert!(written["sources"]["peak_flops_bf16"].is_string());
+    let from_preset = compile(dir.path(), "a.json", "a100-80g-roce");
+    let from_file = compile(dir.path(), "b.json", &file);
+    let est = |p: &str| {
+        json(&std::fs::read_to_string(p).expect("plan"))["estimates"]["step_time_s"]
+            .as_f64()
+            .expect("estimate")
+    };
+    assert_eq!(est(&from_preset), est(&from_file));
+    // A measured efficiency curve: every kernel at 25% of peak at most.
+    let mut edited = written.clone();
+    edited["hardware"]["matmul_efficiency"] = serde_json::json!([[1.0e6, 0.05], [1.0e12, 0.25]]);
+    let slow = dir.path().join("slow.json");
+    std::fs::write(&slow, edited.to_string()).expect("write");
+    let slow = slow.to_str().expect("utf-8").to_string();
+    let sim = json(&ok(&[
+        "simulate",
+        &from_preset,
+        "--cluster",
+        &slow,
+        "--json",
+    ]));
+    assert!(step(&sim) > est(&from_preset), "{sim}");
+    // A file that is not a cluster, an impossible figure, a missing file.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"schema": "fsdpc.cluster/v1"}"#).expect("write");
+    let e = err(&[
+        "simulate",
+        &from_preset,
+        "--cluster",
+        bad.to_str().expect("utf-8"),
+    ]);
+    assert!(e.contains("not a cluster file"), "{e}");
+    let mut neg = written;
+    neg["hardware"]["mem_bw"] = serde_json::json!(-1.0);
+    std::fs::write(&bad, neg.to_string()).expect("write");
+    let e = err(&[
+        "simulate",
+        &from_preset,
+        "--cluster",
+        bad.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        e.contains("hardware.mem_bw must be a positive number"),
+        "{e}"
+    );
+    let e = err(&["simulate", &from_preset, "--cluster", "no-such-cluster"]);
+    assert!(e.contains("neither a preset"), "{e}");
+}
+
+#[test]
+fn h200_preset_has_its_memory() {
+    let out = ok(&["cluster", "h200-141g-ib"]);
+    let c = json(&out);
+    assert_eq!(c["memory_bytes_per_rank"], 141u64 << 30);
+}
+
+/// `fsdpc calibrate` writes a cluster file of this machine that plans: the
+/// figures are measured (positive, with their sources), and the file is
+/// accepted by `compile` and `simulate`. (No timing is asserted.)
+#[test]
+fn calibrate_writes_a_cluster_file_that_plans() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("calibrated.json");
+    let file = file.to_str().expect("utf-8").to_string();
+    let o = fsdpc(&["calibrate", "-o", &file]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        table.contains("GFLOP/s") && table.contains("all-gather"),
+        "{table}"
+    );
+    let c = json(&std::fs::read_to_string(&file).expect("written"));
+    assert_eq!(c["name"], "calibrated");
+    for k in ["peak_flops_f32", "mem_bw", "intra_bw"] {
+        assert!(c["hardware"][k].as_f64().expect(k) > 0.0, "{k}");
+        assert!(
+            c["sources"][k]
+                .as_str()
+                .expect(k)
+                .contains("fsdpc calibrate"),
+            "{k}"
+        );
+    }
+    assert!(!c["hardware"]["matmul_efficiency"]
+        .as_array()
+        .expect("a curve")
+        .is_empty());
+    // Per-kernel overhead, kernel bandwidths by family, per-size collective
+    // fits and contention, each with its source.
+    let h = &c["hardware"];
+    assert!(h["kernel_overhead_s"].as_f64().expect("overhead") > 0.0);
+    for family in [
+        "binary",
+        "layer_norm",
+        "softmax",
+        "optimizer",
+        "softmax:bf16",
+    ] {
+        assert!(
+            h["kernel_bw"][family].as_f64().expect(family) > 0.0,
+            "{family}"
+        );
+    }
+    let fits = h["collective_fits"].as_array().expect("fits");
+    for op in ["all_gather", "reduce_scatter", "all_reduce"] {
+        assert!(
+            fits.iter().any(|f| f["op"] == op && f["ranks"] == 2),
+            "{op}: {fits:?}"
+        );
+    }
+    for k in ["comm_slowdown", "compute_slowdown"] {
+        assert!(h["comm_compute_contention"][k].as_f64().expect(k) >= 1.0);
+    }
+    for k in [
+        "kernel_overhead_s",
+        "kernel_bw",
+        "collective_fits",
+        "comm_compute_contention",
+    ] {
+        assert!(
+            c["sources"][k]
+                .as_str()
+                .expect(k)
+                .contains("fsdpc calibrate"),
+            "{k}"
+        );
+    }
+    let plan = compile(dir.path(), "p.json", &file);
+    let sim = json(&ok(&["simulate", &plan, "--json"]));
+    assert_eq!(sim["cluster"], "calibrated");
+    assert!(step(&sim) > 0.0);
+}
+
+/// `fsdpc calibrate` refuses what it could not use before it measures: an
+/// output it cannot write and no ranks per node. Each is one error line,
+/// exit 2, and nothing written.
+#[test]
+fn calibrate_refuses_bad_arguments_before_measuring() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let missing = dir.path().join("no-such-dir").join("cal.json");
+    let missing = missing.to_str().expect("utf-8");
+    let here = dir.path().to_str().expect("utf-8");
+    for (args, says) in [
+        (vec!["calibrate", "-o", missing], "there is no directory"),
+        (vec!["calibrate", "-o", here], "it is a directory"),
+        (
+            vec!["calibrate", "--ranks-per-node", "0"],
+            "0 is not in 1..",
+        ),
+    ] {
+        let o = fsdpc(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("GFLOP/s"), "{args:?} measured first: {err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+}
