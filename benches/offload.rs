@@ -13,24 +13,11 @@
 mod common;
 
 use fsdpc_ir::DType;
-use fsdpc_plan::{BufferKind, CheckpointPolicy, InstrOp, Location, Plan};
+use fsdpc_plan::{BufferKind, CheckpointPolicy, Location};
 use fsdpc_planner::FsdpConfig;
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
-}
-
-/// Bytes the plan's copies move into `to` per step.
-fn copied(plan: &Plan, to: Location) -> u64 {
-    plan.instructions
-        .iter()
-        .filter_map(|i| match i.op {
-            InstrOp::Copy { dst, .. } => plan.buffers.get(dst.index()),
-            _ => None,
-        })
-        .filter(|b| b.location == to)
-        .map(|b| b.bytes)
-        .sum()
 }
 
 fn row(name: &str, cfg: &FsdpConfig) {
@@ -63,8 +50,8 @@ fn row(name: &str, cfg: &FsdpConfig) {
         gib(o.memory.peak_bytes),
         gib(o.memory.host_peak_bytes),
         gib(state),
-        gib(copied(&o, Location::Device)),
-        gib(copied(&o, Location::Host)),
+        gib(o.copied_bytes(Location::Device)),
+        gib(o.copied_bytes(Location::Host)),
         p.estimates.step_time_s,
         o.estimates.step_time_s,
     );

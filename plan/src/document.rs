@@ -6,13 +6,13 @@
 //! list and finds its shard from its rank and group (`Plan::geometry`), so
 //! a plan does not grow with the number of ranks.
 
-use crate::buffer::{Buffer, Slot};
+use crate::buffer::{Buffer, Location, Slot};
 use crate::cluster::Cluster;
 use crate::config::{PlanConfig, ReshardAfterForward};
 use crate::error::LoadError;
 use crate::group::Geometry;
 use crate::ids::UnitId;
-use crate::instr::{Instr, Stream};
+use crate::instr::{Instr, InstrOp, Stream};
 use crate::memory::{Estimates, MemorySummary};
 use crate::offload::OffloadWhat;
 use crate::unit::{reshard_group, unit_reshard, Unit};
@@ -124,6 +124,20 @@ impl Plan {
         b.unit
             .and_then(|u| self.unit_offload(u))
             .is_some_and(|what| what.keeps_on_host(b.kind))
+    }
+
+    /// Bytes the plan's copies move into `to` per step (offload traffic:
+    /// `Location::Device` is what is fetched, `Location::Host` written back).
+    pub fn copied_bytes(&self, to: Location) -> u64 {
+        self.instructions
+            .iter()
+            .filter_map(|i| match i.op {
+                InstrOp::Copy { dst, .. } => self.buffers.get(dst.index()),
+                _ => None,
+            })
+            .filter(|b| b.location == to)
+            .map(|b| b.bytes)
+            .sum()
     }
 
     /// Parses a plan, checks its schema version and validates it.

@@ -216,7 +216,15 @@ fn the_crate_arrows_point_one_way() {
 
 #[test]
 fn each_crate_has_one_integration_test_binary() {
-    for krate in [".", "ir", "frontends", "plan", "planner", "report", "runtime"] {
+    for krate in [
+        ".",
+        "ir",
+        "frontends",
+        "plan",
+        "planner",
+        "report",
+        "runtime",
+    ] {
         let dir = root().join(krate).join("tests");
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;

@@ -9,17 +9,7 @@ use std::path::Path;
 
 use crate::common::cli::{check_error, dir, ok, s};
 
-const CLASSES: [&str; 9] = [
-    "matmul",
-    "kernel",
-    "all_gather",
-    "reduce_scatter",
-    "all_reduce",
-    "copy",
-    "exposed_wait",
-    "wait",
-    "other",
-];
+use fsdpc_report::trace::CLASSES;
 
 fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).expect("file written")).expect("JSON")

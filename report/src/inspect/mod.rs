@@ -274,8 +274,8 @@ pub fn summary(plan: &Plan) -> Summary {
         host_peak_bytes: plan.memory.host_peak_bytes,
         host_arena_bytes: plan.memory.host_arena_bytes,
         host_breakdown: host_breakdown(plan),
-        copied_to_device_bytes: copied_bytes(plan, Location::Device),
-        copied_to_host_bytes: copied_bytes(plan, Location::Host),
+        copied_to_device_bytes: plan.copied_bytes(Location::Device),
+        copied_to_host_bytes: plan.copied_bytes(Location::Host),
         host_bw: plan.cluster.hardware.host_bw,
         units: plan.units.iter().map(unit_summary).collect(),
         comm_bytes_per_step: e.comm_bytes_per_step,
@@ -333,17 +333,4 @@ fn host_breakdown(plan: &Plan) -> Vec<(BufferKind, u64)> {
         *by_kind.entry(b.kind).or_default() += b.bytes;
     }
     by_kind.into_iter().collect()
-}
-
-/// Bytes the plan's copies move into `to` per step.
-fn copied_bytes(plan: &Plan, to: Location) -> u64 {
-    plan.instructions
-        .iter()
-        .filter_map(|i| match i.op {
-            InstrOp::Copy { dst, .. } => plan.buffers.get(dst.index()),
-            _ => None,
-        })
-        .filter(|b| b.location == to)
-        .map(|b| b.bytes)
-        .sum()
 }
