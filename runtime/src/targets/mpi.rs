@@ -188,19 +188,10 @@ pub fn train_rank(
         Vec::new()
     };
     Ok(TrainReport {
-        tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
-        losses: log.losses,
-        grad_norms: log.grad_norms,
-        loss_scales: log.loss_scales,
-        skipped_steps: log.skipped_steps,
-        final_params,
         measured_peak_bytes: out.measured,
-        planned_peak_bytes: plan.memory.rank_bytes,
         debug_peak_bytes: out.debug_peak,
-        elapsed,
-        world: n,
         timelines: out.timeline.take().into_iter().collect(),
-        device: None,
+        ..log.into_report(elapsed, n, final_params)
     })
 }
 

@@ -258,6 +258,32 @@ impl StepLog {
         }
     }
 
+    /// The run's report from this log: its losses and scalars, the
+    /// throughput over `elapsed`; the measured peak, timelines and device
+    /// are the launcher's to fill in.
+    pub(crate) fn into_report(
+        self,
+        elapsed: Duration,
+        world: usize,
+        final_params: Vec<(String, Vec<f32>)>,
+    ) -> TrainReport {
+        TrainReport {
+            tokens_per_s: self.tokens * self.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+            losses: self.losses,
+            grad_norms: self.grad_norms,
+            loss_scales: self.loss_scales,
+            skipped_steps: self.skipped_steps,
+            final_params,
+            measured_peak_bytes: None,
+            planned_peak_bytes: self.planned,
+            debug_peak_bytes: None,
+            elapsed,
+            world,
+            timelines: Vec::new(),
+            device: None,
+        }
+    }
+
     /// Records `step` from every rank's local-mean loss, summed in rank
     /// order (so both launchers compute the same bits), and reports it with
     /// the step's scalars, measured peak and step time.

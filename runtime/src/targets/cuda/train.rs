@@ -454,24 +454,14 @@ mod imp {
             total,
         };
         Ok(TrainReport {
-            tokens_per_s: log.tokens * log.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
-            losses: log.losses,
-            grad_norms: log.grad_norms,
-            loss_scales: log.loss_scales,
-            skipped_steps: log.skipped_steps,
-            final_params,
             measured_peak_bytes: Some(end_used.max(setup_used)),
-            planned_peak_bytes: plan.memory.rank_bytes,
-            debug_peak_bytes: None,
-            elapsed,
-            world,
-            timelines: Vec::new(),
             device: Some(Box::new(DeviceReport {
                 name: device,
                 memory,
                 overlap,
                 step_times,
             })),
+            ..log.into_report(elapsed, world, final_params)
         })
     }
 }
