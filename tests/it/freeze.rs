@@ -155,22 +155,16 @@ fn frozen_gpt_debug_allocation_follows_the_plan() {
     assert_eq!(bits(&r), bits(&arena), "debug mode computes the same");
 }
 
-/// `plan_with` on this machine's matrix-product blocking (what `fsdpc
-/// calibrate` records): the plan's heap bound is then exact, not the
-/// preset's cap.
-fn calibrated_plan(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
-    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
-    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
-    let plan = common::compile_for(spec, &cluster, cfg).expect("plan compiles");
-    plan.validate().expect("plan validates");
-    plan
-}
-
 #[test]
 fn frozen_gpt_measured_memory_within_plan() {
     const BIG: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
     for world in [2u32, 4] {
-        let p = calibrated_plan(BIG, world, &cfg(Strategy::FullShard));
+        let p = common::host_plan(
+            BIG,
+            world,
+            &cfg(Strategy::FullShard),
+            &fsdpc_frontends::LoadOptions::default().optimizer,
+        );
         let opts = TrainOptions {
             steps: 2,
             seed: 3,
@@ -180,7 +174,12 @@ fn frozen_gpt_measured_memory_within_plan() {
         let r = fsdpc_runtime::train(&p, &opts, &mut |_| {}).expect("training runs");
         let planned = p.memory.rank_bytes;
         let measured = r.measured_peak_bytes.expect("counting allocator installed");
-        let unfrozen = calibrated_plan(BIG, world, &FsdpConfig::default());
+        let unfrozen = common::host_plan(
+            BIG,
+            world,
+            &FsdpConfig::default(),
+            &fsdpc_frontends::LoadOptions::default().optimizer,
+        );
         eprintln!(
             "frozen {BIG} world {world}: measured {measured}, planned {planned} (unfrozen plan {})",
             unfrozen.memory.rank_bytes

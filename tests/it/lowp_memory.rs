@@ -5,36 +5,17 @@
 //! plan's `memory.rank_bytes` and must come within 2% of it; and the
 //! scratch is what the plan says it is (it is counted, not on the side).
 
-use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::{DType, Optimizer};
-use fsdpc_plan::{BufferKind, ModelInfo, Plan, Wire};
+use fsdpc_plan::{BufferKind, Plan, Wire};
 use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
 const GPT: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
 
-fn plan(world: u32, cfg: &FsdpConfig) -> Plan {
-    let opts = LoadOptions {
-        optimizer: Optimizer::adamw(1e-3),
-        ..LoadOptions::default()
-    };
-    let m = fsdpc_frontends::load(GPT, &opts).expect("model loads");
-    // Planned for this machine, as `fsdpc train` plans thread ranks: the
-    // matrix library's heap at this CPU's blocking.
-    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
-    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
-    let info = ModelInfo {
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-        params: m.program.graph.param_numel(),
-        name: m.name,
-    };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles")
-}
-
 /// Trains two steps with `cfg` and checks measured <= planned <= measured
 /// + 2%.
 fn check(world: u32, cfg: &FsdpConfig, what: &str) -> Plan {
-    let plan = plan(world, cfg);
+    let plan = crate::common::host_plan(GPT, world, cfg, &Optimizer::adamw(1e-3));
     let opts = TrainOptions {
         steps: 2,
         seed: 3,

@@ -26,25 +26,6 @@ fn cfg(strategy: Strategy, ckpt: CheckpointPolicy) -> FsdpConfig {
     }
 }
 
-/// Compiles `spec` with `optimizer` for `world` ranks on `cpu-local`.
-fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) -> Plan {
-    let opts = LoadOptions {
-        optimizer: optimizer.clone(),
-        ..LoadOptions::default()
-    };
-    let m = fsdpc_frontends::load(spec, &opts).expect("model loads");
-    // Planned for this machine, as `fsdpc train` plans thread ranks: the
-    // matrix library's heap at this CPU's blocking.
-    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
-    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
-    let info = ModelInfo {
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-        params: m.program.graph.param_numel(),
-        name: m.name,
-    };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles")
-}
-
 fn train(plan: &Plan) -> TrainReport {
     let opts = TrainOptions {
         steps: 2,
@@ -57,7 +38,7 @@ fn train(plan: &Plan) -> TrainReport {
 
 /// Trains `spec` and checks measured <= planned <= measured + 2%.
 fn check(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) {
-    let plan = plan_with(spec, world, cfg, optimizer);
+    let plan = crate::common::host_plan(spec, world, cfg, optimizer);
     let r = train(&plan);
     let planned = plan.memory.rank_bytes;
     let measured = r

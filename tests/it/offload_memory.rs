@@ -5,31 +5,12 @@
 //! must not exceed the plan's `memory.rank_bytes` (device arena + host
 //! arena + the matrix library's heap) and must come within 2% of it.
 
-use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::Optimizer;
-use fsdpc_plan::{ModelInfo, Plan, Strategy};
+use fsdpc_plan::Strategy;
 use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
 const GPT: &str = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,batch=4";
-
-fn plan(world: u32, cfg: &FsdpConfig) -> Plan {
-    let opts = LoadOptions {
-        optimizer: Optimizer::adamw(1e-3),
-        ..LoadOptions::default()
-    };
-    let m = fsdpc_frontends::load(GPT, &opts).expect("model loads");
-    // Planned for this machine, as `fsdpc train` plans thread ranks: the
-    // matrix library's heap at this CPU's blocking.
-    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
-    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
-    let info = ModelInfo {
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-        params: m.program.graph.param_numel(),
-        name: m.name,
-    };
-    fsdpc_planner::compile(m.program, info, &cluster, cfg).expect("plan compiles")
-}
 
 /// Trains an offloaded plan and checks measured <= planned <= measured + 2%.
 fn check(world: u32, strategy: Strategy, shard_factor: Option<u32>) {
@@ -42,7 +23,7 @@ fn check(world: u32, strategy: Strategy, shard_factor: Option<u32>) {
         shard_factor,
         ..FsdpConfig::default()
     };
-    let plan = plan(world, &cfg);
+    let plan = crate::common::host_plan(GPT, world, &cfg, &Optimizer::adamw(1e-3));
     let opts = TrainOptions {
         steps: 2,
         seed: 3,

@@ -11,7 +11,7 @@
 
 use fsdpc_frontends::LoadOptions;
 use fsdpc_ir::DType;
-use fsdpc_plan::{ModelInfo, Plan, Strategy};
+use fsdpc_plan::{Plan, Strategy};
 use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainOptions};
 
@@ -28,17 +28,7 @@ fn plan(world: u32, strategy: Strategy, d: DType) -> Plan {
         },
         ..FsdpConfig::default()
     };
-    let m = fsdpc_frontends::load(GPT, &LoadOptions::default()).expect("model loads");
-    // Planned for this machine, as `fsdpc train` plans thread ranks: the
-    // matrix library's heap at this CPU's blocking.
-    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
-    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
-    let info = ModelInfo {
-        tokens_per_rank_step: m.tokens_per_rank_step(),
-        params: m.program.graph.param_numel(),
-        name: m.name,
-    };
-    fsdpc_planner::compile(m.program, info, &cluster, &cfg).expect("plan compiles")
+    crate::common::host_plan(GPT, world, &cfg, &LoadOptions::default().optimizer)
 }
 
 /// Trains and checks measured <= planned <= measured + 2%.

@@ -6,6 +6,7 @@
 pub mod cli;
 
 use fsdpc_frontends::LoadOptions;
+use fsdpc_ir::Optimizer;
 use fsdpc_plan::{Cluster, ModelInfo, Plan, Strategy, WrapPolicy};
 use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainOptions, TrainReport};
@@ -46,7 +47,17 @@ pub fn compile_for(
     cluster: &Cluster,
     cfg: &FsdpConfig,
 ) -> Result<Plan, fsdpc_planner::PlanError> {
-    let m = fsdpc_frontends::load(spec, &LoadOptions::default()).expect("model loads");
+    compile_with(spec, cluster, cfg, &LoadOptions::default())
+}
+
+/// `compile_for` with the model loaded by `opts` (its optimizer).
+fn compile_with(
+    spec: &str,
+    cluster: &Cluster,
+    cfg: &FsdpConfig,
+    opts: &LoadOptions,
+) -> Result<Plan, fsdpc_planner::PlanError> {
+    let m = fsdpc_frontends::load(spec, opts).expect("model loads");
     let info = ModelInfo {
         tokens_per_rank_step: m.tokens_per_rank_step(),
         params: m.program.graph.param_numel(),
@@ -59,6 +70,24 @@ pub fn compile_for(
 /// checks that the plan validates.
 pub fn plan_with(spec: &str, world: u32, cfg: &FsdpConfig) -> Plan {
     let plan = compile_on(spec, "cpu-local", world, world, cfg).expect("plan compiles");
+    if let Err(v) = plan.validate() {
+        panic!("plan for {spec} at world {world} ({cfg:?}) does not validate: {v:?}");
+    }
+    plan
+}
+
+/// Compiles `spec` with `optimizer` for `world` thread ranks of this
+/// machine as `fsdpc train` plans them: `cpu-local` at this CPU's
+/// matrix-library blocking, so the plan's heap bound is what the library
+/// allocates here (the memory tests' plans). Checks that it validates.
+pub fn host_plan(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) -> Plan {
+    let mut cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
+    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
+    let opts = LoadOptions {
+        optimizer: optimizer.clone(),
+        ..LoadOptions::default()
+    };
+    let plan = compile_with(spec, &cluster, cfg, &opts).expect("plan compiles");
     if let Err(v) = plan.validate() {
         panic!("plan for {spec} at world {world} ({cfg:?}) does not validate: {v:?}");
     }
