@@ -63,7 +63,7 @@ pub enum CommError {
         reason: String,
     },
     /// A communication backend this build does not contain.
-    #[error("the {backend} backend was not compiled in; rebuild with `--features {feature}`")]
+    #[error("the {backend} target was not compiled in; rebuild with `--features {feature}`")]
     NotCompiled {
         /// The backend asked for.
         backend: &'static str,

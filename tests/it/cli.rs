@@ -601,7 +601,7 @@ fn thread_ranks_refuse_a_multi_process_launch_and_a_zero_timeout() {
 fn mpi_backend_says_it_was_not_compiled_in() {
     check_error(
         &["train", "gpt:layers=1", "--target", "mpi"],
-        "the mpi backend was not compiled in; rebuild with `--features mpi`",
+        "the mpi target was not compiled in; rebuild with `--features mpi`",
     );
 }
 
@@ -610,7 +610,7 @@ fn mpi_backend_says_it_was_not_compiled_in() {
 fn cuda_backend_says_it_was_not_compiled_in() {
     check_error(
         &["train", "gpt:layers=1", "--target", "cuda"],
-        "the cuda backend was not compiled in; build with --features cuda",
+        "the cuda target was not compiled in; rebuild with `--features cuda`",
     );
 }
 

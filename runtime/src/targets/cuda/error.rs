@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CudaError {
     /// This build has no CUDA backend.
-    #[error("the cuda backend was not compiled in; build with --features cuda")]
+    #[error("the cuda target was not compiled in; rebuild with `--features cuda`")]
     NotCompiled,
     /// A CUDA library could not be found or loaded.
     #[error("{library} was not found (looked in: {}); {hint}", looked_in.join(", "))]
