@@ -10,12 +10,12 @@
 #![cfg(feature = "cuda")]
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
-use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, ReduceFn, TensorType};
+use fsdpc_ir::{BinaryFn, DType, Op, ReduceFn, TensorType};
 use fsdpc_runtime::targets::cuda::blas::Gemm;
 use fsdpc_runtime::targets::cuda::device::{Arg, Launch, Ptr};
 use fsdpc_runtime::targets::cuda::geometry::{Geo, RGeo};
 use fsdpc_runtime::targets::cuda::ops::{lower, Action, Operand};
-use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, Workspace};
+use fsdpc_runtime::HostTensor;
 
 /// Where the emulated device memory starts (a null pointer stays invalid).
 const BASE: u64 = 1 << 20;
@@ -568,29 +568,8 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
         .zip(&op_)
         .map(|(t, p)| (0..t.numel() as i64).map(|i| mem.f32(*p, i)).collect())
         .collect();
-    let node = Node {
-        op,
-        name: "t".into(),
-        module: ModuleId::ROOT,
-        phase: Phase::Forward,
-        outputs: outs.to_vec(),
-    };
-    let mut out: Vec<HostTensor> = outs.iter().map(|t| HostTensor::zeros(t.clone())).collect();
-    let views: Vec<_> = ins.iter().map(|t| t.view()).collect();
-    let mut ov: Vec<_> = out.iter_mut().map(|t| t.view_mut()).collect();
-    let in_types: Vec<&TensorType> = ins.iter().map(|t| &t.ty).collect();
-    let ws = fsdpc_plan::workspace::kernel_workspace(&node.op, &in_types, outs);
-    let mut scratch = vec![0u64; (ws as usize).div_ceil(8)];
-    CpuBackend::default()
-        .run(
-            &node,
-            &views,
-            &mut ov,
-            &KernelCtx::default(),
-            &mut Workspace::new(bytemuck::cast_slice_mut(&mut scratch)),
-        )
-        .unwrap();
-    (got, out.iter().map(|t| t.to_f32()).collect())
+    let want = crate::support::run_cpu(op, ins, outs).expect("the CPU kernel runs");
+    (got, want.iter().map(|t| t.to_f32()).collect())
 }
 
 fn t(shape: &[usize], seed: u32) -> HostTensor {
