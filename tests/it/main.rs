@@ -28,6 +28,7 @@ mod freeze;
 mod grad_accum;
 mod hf_lm_data;
 mod layout_rewrite;
+mod llama;
 mod lowp_memory;
 mod memory;
 mod minilm;

@@ -5,13 +5,16 @@
 
 mod builder;
 pub mod gpt;
+pub mod llama;
 pub mod mlp;
+pub mod rope;
 mod spec;
 pub mod t5;
 
 use crate::error::FrontendError;
 use fsdpc_ir::{Graph, ValueId};
 use gpt::GptConfig;
+use llama::{Arch, LlamaConfig};
 use mlp::MlpConfig;
 use spec::Spec;
 use t5::{T5Act, T5Config};
@@ -35,6 +38,8 @@ pub struct ZooModel {
 pub enum ZooConfig {
     /// A GPT-2-style decoder.
     Gpt(GptConfig),
+    /// A Llama-family decoder (Llama, Qwen2/3, Mistral, Phi-3).
+    Llama(LlamaConfig),
     /// An MLP classifier.
     Mlp(MlpConfig),
     /// A T5 encoder-decoder.
@@ -46,6 +51,7 @@ impl ZooConfig {
     pub fn param_count(&self) -> u64 {
         match self {
             ZooConfig::Gpt(c) => c.param_count(),
+            ZooConfig::Llama(c) => c.param_count(),
             ZooConfig::Mlp(c) => c.param_count(),
             ZooConfig::T5(c) => c.param_count(),
         }
@@ -65,7 +71,7 @@ impl ZooConfig {
 pub fn presets() -> Vec<(&'static str, ZooConfig)> {
     let gpt = |l, h, a, s, v| ZooConfig::Gpt(GptConfig::preset(l, h, a, s, v));
     let t5 = |l, h, f, a, kv, act| ZooConfig::T5(T5Config::preset(l, h, f, a, kv, act));
-    vec![
+    [
         ("gpt-mini", gpt(2, 128, 4, 128, 1024)),
         ("gpt2", gpt(12, 768, 12, 1024, 50257)),
         ("gpt2-medium", gpt(24, 1024, 16, 1024, 50257)),
@@ -93,18 +99,25 @@ pub fn presets() -> Vec<(&'static str, ZooConfig)> {
         ),
         ("t5-v1_1-xl", t5(24, 2048, 5120, 32, 64, T5Act::GatedGelu)),
         ("t5-v1_1-xxl", t5(24, 4096, 10240, 64, 64, T5Act::GatedGelu)),
-        (
-            "mlp-mini",
-            // A small classifier for demos: batch 16 so one step sees a batch.
-            ZooConfig::Mlp(MlpConfig {
-                layers: 2,
-                input: 32,
-                hidden: 64,
-                classes: 10,
-                batch: 16,
-            }),
-        ),
     ]
+    .into_iter()
+    .chain(
+        llama::presets()
+            .into_iter()
+            .map(|(n, c)| (n, ZooConfig::Llama(c))),
+    )
+    .chain([(
+        "mlp-mini",
+        // A small classifier for demos: batch 16 so one step sees a batch.
+        ZooConfig::Mlp(MlpConfig {
+            layers: 2,
+            input: 32,
+            hidden: 64,
+            classes: 10,
+            batch: 16,
+        }),
+    )])
+    .collect()
 }
 
 /// The names of every preset.
@@ -119,12 +132,23 @@ pub fn parse(spec: &str) -> Result<ZooConfig, FrontendError> {
     let mut s = Spec::parse(spec)?;
     match s.family {
         "gpt" => Ok(ZooConfig::Gpt(GptConfig::from_spec(&mut s, None)?)),
+        family if Arch::from_model_type(family).is_some() => {
+            let arch = Arch::from_model_type(family).expect("checked above");
+            Ok(ZooConfig::Llama(LlamaConfig::from_spec(
+                &mut s, arch, None,
+            )?))
+        }
         "mlp" => Ok(ZooConfig::Mlp(MlpConfig::from_spec(&mut s, None)?)),
         "t5" => Ok(ZooConfig::T5(T5Config::from_spec(&mut s, None)?)),
         name => match presets().into_iter().find(|(n, _)| *n == name) {
             Some((_, ZooConfig::Gpt(base))) => {
                 Ok(ZooConfig::Gpt(GptConfig::from_spec(&mut s, Some(&base))?))
             }
+            Some((_, ZooConfig::Llama(base))) => Ok(ZooConfig::Llama(LlamaConfig::from_spec(
+                &mut s,
+                base.arch,
+                Some(&base),
+            )?)),
             Some((_, ZooConfig::Mlp(base))) => {
                 Ok(ZooConfig::Mlp(MlpConfig::from_spec(&mut s, Some(&base))?))
             }
@@ -144,6 +168,7 @@ pub fn build(spec: &str) -> Result<ZooModel, FrontendError> {
     let name = spec.trim();
     match parse(spec)? {
         ZooConfig::Gpt(c) => gpt::build(name, &c),
+        ZooConfig::Llama(c) => llama::build(name, &c),
         ZooConfig::Mlp(c) => mlp::build(name, &c),
         ZooConfig::T5(c) => t5::build(name, &c),
     }

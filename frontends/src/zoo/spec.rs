@@ -99,6 +99,19 @@ impl<'a> Spec<'a> {
         }
     }
 
+    /// A finite number `key=x` with `x > 0` (`1e-6`, `500000`), if given.
+    pub fn positive(&mut self, key: &str) -> Result<Option<f64>, FrontendError> {
+        let Some(v) = self.take(key) else {
+            return Ok(None);
+        };
+        match v.replace('_', "").parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+            _ => Err(self.error(format!(
+                "`{key}={v}`: {key} must be a positive number such as {key}=1e-5"
+            ))),
+        }
+    }
+
     /// A flag `key=true|false` (also `1|0`, `yes|no`), if given.
     pub fn flag(&mut self, key: &str) -> Result<Option<bool>, FrontendError> {
         let Some(v) = self.take(key) else {

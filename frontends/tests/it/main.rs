@@ -4,6 +4,7 @@
 
 mod fuzz_corpus;
 mod ir_json;
+mod llama;
 mod load;
 mod onnx;
 mod onnx_fuzz;

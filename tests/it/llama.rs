@@ -1,0 +1,106 @@
+//! The zoo's Llama family end to end: `--wrap blocks` makes one unit per
+//! decoder layer (plus the root), every variant (grouped-query Llama, Qwen2's
+//! QKV bias, Qwen3's q/k norms and wide heads, Mistral's sliding window
+//! shorter than the sequence, Phi-3's fused projections, LoRA adapters)
+//! learns the synthetic task on CPU ranks, and full_shard over 2 and 4
+//! ranks trains it as one unsharded rank does, within the tolerances of
+//! `tests/it/equivalence.rs`.
+
+use crate::common::{max_loss_rel_diff, max_param_diff, plan, train};
+use fsdpc_plan::{Strategy, WrapPolicy};
+use fsdpc_runtime::ExecMode;
+
+/// `tests/it/equivalence.rs`'s bounds against the 1-rank run: losses within
+/// 1e-6 relative, parameters within 2e-5 absolute.
+const LOSS_RTOL: f32 = 1e-6;
+const PARAM_ATOL: f32 = 2e-5;
+
+/// Tiny configurations of every variant, global batch 4.
+const VARIANTS: &[(&str, &str)] = &[
+    (
+        "llama",
+        "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=8",
+    ),
+    (
+        "qwen2",
+        "qwen2:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=8,tie=true",
+    ),
+    (
+        "qwen3",
+        "qwen3:layers=2,hidden=32,heads=4,kv_heads=2,head_dim=16,ffn=48,vocab=64,seq=8",
+    ),
+    (
+        "mistral",
+        "mistral:layers=2,hidden=32,heads=4,kv_heads=1,ffn=48,vocab=64,seq=8,window=3",
+    ),
+    (
+        "phi3",
+        "phi3:layers=2,hidden=32,heads=4,ffn=48,vocab=64,seq=8",
+    ),
+    (
+        "llama3.1+lora",
+        "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=8,lora=4,\
+         rope=llama3,rope_factor=8,rope_low=1,rope_high=4,rope_orig=4,theta=500000",
+    ),
+];
+
+#[test]
+fn wrap_blocks_makes_one_unit_per_decoder_layer() {
+    let p = plan(
+        "llama:layers=3,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=8",
+        2,
+        Strategy::FullShard,
+        WrapPolicy::Blocks,
+    );
+    let paths: Vec<&str> = p.units.iter().map(|u| u.module.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["", "model.layers.0", "model.layers.1", "model.layers.2"]
+    );
+    assert!(p.units[1..].iter().all(|u| u.kind == "LlamaDecoderLayer"));
+}
+
+#[test]
+fn every_variant_learns_and_full_shard_equals_one_rank() {
+    let steps = 40;
+    for (name, spec) in VARIANTS {
+        let one = train(
+            &plan(
+                &format!("{spec},batch=4"),
+                1,
+                Strategy::NoShard,
+                WrapPolicy::Blocks,
+            ),
+            steps,
+            ExecMode::Arena,
+        );
+        let l = &one.losses;
+        assert!(l.iter().all(|x| x.is_finite()), "{name}: {l:?}");
+        let early = l[..3].iter().sum::<f32>() / 3.0;
+        let late = l[l.len() - 3..].iter().sum::<f32>() / 3.0;
+        // Adapters alone (B starting at zero) learn more slowly.
+        let bound = if name.contains("lora") { 0.99 } else { 0.75 };
+        assert!(late < bound * early, "{name}: loss {early} -> {late}");
+        for world in [2u32, 4] {
+            let spec = format!("{spec},batch={}", 4 / world);
+            let f = train(
+                &plan(&spec, world, Strategy::FullShard, WrapPolicy::Blocks),
+                steps,
+                ExecMode::Arena,
+            );
+            let rel = max_loss_rel_diff(&one, &f);
+            let (abs, _) = max_param_diff(&one, &f);
+            eprintln!(
+                "{name}: loss {early} -> {late}; F={world} vs 1 rank: loss rel {rel:e}, param abs {abs:e}"
+            );
+            assert!(
+                rel <= LOSS_RTOL,
+                "{name} F={world}: losses differ by {rel:e}"
+            );
+            assert!(
+                abs <= PARAM_ATOL,
+                "{name} F={world}: parameters differ by {abs:e}"
+            );
+        }
+    }
+}
