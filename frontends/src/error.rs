@@ -29,6 +29,15 @@ pub enum FrontendError {
         /// Every preset name the zoo knows.
         known: Vec<String>,
     },
+    /// A Hugging Face model directory (`hf:PATH`) that cannot be built or
+    /// whose weights do not fit the model its config describes.
+    #[error("`{}`: {reason}", .path.display())]
+    HfModel {
+        /// The directory or file.
+        path: PathBuf,
+        /// What is wrong, naming the field, file or tensor.
+        reason: String,
+    },
     /// A file that could not be read.
     #[error("cannot read `{}`: {source}", .path.display())]
     Io {

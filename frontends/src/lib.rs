@@ -6,6 +6,7 @@
 //! parameters (`Init`) and never materialise them.
 
 pub mod error;
+pub mod hf;
 pub mod ir_json;
 pub mod onnx;
 pub mod zoo;
@@ -83,6 +84,17 @@ impl LoadedModel {
 /// Loads `model`: a path ending in `.json` (fsdpc IR) or `.onnx`, or else a zoo
 /// spec; then builds its training program with `opts.optimizer`.
 pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, FrontendError> {
+    if let Some(rest) = model.strip_prefix("hf:") {
+        if opts.loss.is_some() {
+            return Err(FrontendError::bad_spec(
+                model,
+                "a loss (--loss) can be chosen only for an ONNX model; a Hugging Face model carries its own",
+            ));
+        }
+        let (m, _) = hf::build(rest)?;
+        let tokens = opts.tokens_per_sample.unwrap_or(m.tokens_per_sample);
+        return finish(m.name, m.graph, m.loss, tokens, opts);
+    }
     let path = Path::new(model);
     let ext = path
         .extension()

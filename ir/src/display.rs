@@ -64,6 +64,7 @@ fn param_line(p: &ParamSpec) -> String {
         Init::Ones => "ones".into(),
         Init::Constant { value } => format!("constant({value})"),
         Init::Data { data } => format!("data({})", data.ty),
+        Init::File { path, tensor, .. } => format!("file({path}: {tensor})"),
     };
     let mut line = format!("{} : {} = {init}", p.name, p.ty);
     if !p.requires_grad {

@@ -92,6 +92,12 @@ pub fn fill_f32(spec: &ParamSpec, seed: u64, start: u64, out: &mut [f32]) -> Res
         Init::Zeros => out.fill(0.0),
         Init::Ones => out.fill(1.0),
         Init::Constant { value } => out.fill(*value as f32),
+        Init::File { path, tensor, .. } => {
+            return Err(IrError::Invalid(format!(
+                "parameter `{}` is tensor `{tensor}` of `{path}`, which the runtime reads",
+                spec.name
+            )));
+        }
         Init::Data { data } => {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = data.get_f64(at(j)).ok_or_else(|| {

@@ -1,6 +1,6 @@
 //! Parameters: described, never materialised, at plan time.
 
-use crate::types::{TensorData, TensorType};
+use crate::types::{DType, TensorData, TensorType};
 use serde::{Deserialize, Serialize};
 
 /// Index of a parameter in `Graph::params`.
@@ -31,6 +31,16 @@ pub enum Init {
     /// Bytes that came with the model (an ONNX initializer).
     Data {
         data: TensorData,
+    },
+    /// A checkpoint tensor left in its file: the parameter's elements,
+    /// row-major in `dtype` (f32, f16 or bf16), start at byte `offset` of
+    /// `path` (a Hugging Face safetensors file; `tensor` is its name there).
+    /// The runtime maps the file and reads each rank's shard alone.
+    File {
+        path: String,
+        tensor: String,
+        dtype: DType,
+        offset: u64,
     },
 }
 

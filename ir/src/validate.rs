@@ -7,7 +7,7 @@ use crate::graph::{Graph, NodeId, Phase, ValueId};
 use crate::op::Op;
 use crate::param::Init;
 use crate::program::TrainingProgram;
-use crate::types::TensorType;
+use crate::types::{DType, TensorType};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
@@ -200,6 +200,9 @@ fn check_init(init: &Init, ty: &TensorType) -> Result<(), String> {
         Init::Uniform { low, high } if !(low.is_finite() && high.is_finite() && low <= high) => {
             Err(format!("uniform init on [{low}, {high})"))
         }
+        Init::File { dtype, .. } if !matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) => Err(
+            format!("a checkpoint tensor of dtype {dtype}; parameters load from f32, f16 or bf16"),
+        ),
         Init::Data { data } => {
             data.check()?;
             if data.ty.numel() != ty.numel() {

@@ -26,6 +26,7 @@ mod exec;
 mod failure;
 mod freeze;
 mod grad_accum;
+mod hf;
 mod hf_lm_data;
 mod layout_rewrite;
 mod llama;

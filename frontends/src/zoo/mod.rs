@@ -8,7 +8,7 @@ pub mod gpt;
 pub mod llama;
 pub mod mlp;
 pub mod rope;
-mod spec;
+pub(crate) mod spec;
 pub mod t5;
 
 use crate::error::FrontendError;
@@ -165,8 +165,12 @@ pub fn parse(spec: &str) -> Result<ZooConfig, FrontendError> {
 
 /// Builds the model `spec` describes (see [`parse`]).
 pub fn build(spec: &str) -> Result<ZooModel, FrontendError> {
-    let name = spec.trim();
-    match parse(spec)? {
+    build_config(spec.trim(), &parse(spec)?)
+}
+
+/// Builds the model of `config`, named `name`.
+pub fn build_config(name: &str, config: &ZooConfig) -> Result<ZooModel, FrontendError> {
+    match config.clone() {
         ZooConfig::Gpt(c) => gpt::build(name, &c),
         ZooConfig::Llama(c) => llama::build(name, &c),
         ZooConfig::Mlp(c) => mlp::build(name, &c),
