@@ -66,6 +66,12 @@ pub struct TrainArgs {
     /// safetensors file.
     #[arg(long, value_name = "OUT.safetensors")]
     pub save_safetensors: Option<PathBuf>,
+    /// After training, write a Hugging Face model directory: config.json
+    /// (the source's for an `hf:` model, with its tokenizer files) and
+    /// model.safetensors (f32, Hugging Face names and layouts, LoRA adapters
+    /// merged into their weights), which `transformers` loads.
+    #[arg(long, value_name = "DIR")]
+    pub save_hf: Option<PathBuf>,
     /// Write a sharded checkpoint (one safetensors file per shard position
     /// and a manifest) into this directory every --checkpoint-every steps.
     #[arg(long, value_name = "DIR", requires = "checkpoint_every")]
@@ -182,7 +188,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         },
         threads_per_rank: a.threads_per_rank,
         // The full parameters are assembled only to be saved.
-        keep_params: a.save_onnx.is_some() || a.save_safetensors.is_some(),
+        keep_params: a.save_onnx.is_some() || a.save_safetensors.is_some() || a.save_hf.is_some(),
         checkpoint: a
             .checkpoint_dir
             .clone()
@@ -378,6 +384,9 @@ fn save(
             params.len()
         ))?;
     }
+    if let Some(out) = &a.save_hf {
+        save_hf(plan, params, out)?;
+    }
     if let Some(out) = &a.save_onnx {
         let map: HashMap<String, Vec<f32>> = params.iter().cloned().collect();
         let s = fsdpc_frontends::onnx::write_with_params(Path::new(&a.model), &map, out)?;
@@ -392,6 +401,48 @@ fn save(
         ))?;
     }
     Ok(())
+}
+
+/// Writes the Hugging Face directory `out` of the trained `params`.
+fn save_hf(
+    plan: &fsdpc_plan::Plan,
+    params: &[(String, Vec<f32>)],
+    out: &Path,
+) -> Result<(), CliError> {
+    let config = fsdpc_frontends::hf::saved_config(&plan.model.name)?;
+    let io = |path: &Path, source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    let shapes: HashMap<&str, Vec<usize>> = plan
+        .training
+        .graph
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), p.ty.shape.dims().to_vec()))
+        .collect();
+    let mut params = params.to_vec();
+    let merged = fsdpc_frontends::hf::merge_lora(&mut params, |n| shapes.get(n).cloned())
+        .map_err(|e| CliError::Usage(format!("--save-hf: {e}")))?;
+    fsdpc_runtime::export::save_params(plan, &params, &out.join("model.safetensors"))?;
+    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n";
+    let cfg = out.join("config.json");
+    std::fs::write(&cfg, text).map_err(|e| io(&cfg, e))?;
+    for f in fsdpc_frontends::hf::companion_files(&plan.model.name) {
+        let to = out.join(f.file_name().expect("a file"));
+        std::fs::copy(&f, &to).map_err(|e| io(&to, e))?;
+    }
+    let lora = if merged > 0 {
+        format!(", {merged} LoRA adapters merged")
+    } else {
+        String::new()
+    };
+    print_out(&format!(
+        "wrote {} (Hugging Face directory: config.json, model.safetensors with {} tensors{lora})\n",
+        out.display(),
+        params.len()
+    ))
 }
 
 /// The text of `model` if it is a plan file, read once; `None` for a model

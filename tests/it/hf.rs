@@ -271,3 +271,78 @@ fn a_config_alone_plans_without_weights() {
         "LoRA adapters of q, k, v, o in 2 layers"
     );
 }
+
+#[derive(Deserialize)]
+struct Saved {
+    args: String,
+    lora: usize,
+    loss: f64,
+}
+
+/// `fsdpc train hf:FIXTURE --save-hf OUT` writes a directory that
+/// `transformers` loads: `saved.json` holds the loss transformers computed
+/// on it (for the same command), which the model read back from OUT gives
+/// too. The Qwen2 case trains LoRA adapters and merges them.
+#[test]
+fn save_hf_writes_what_transformers_loads() {
+    let text = std::fs::read_to_string(dir("saved.json")).unwrap();
+    let saved: HashMap<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    for name in ["llama", "qwen2"] {
+        let s: Saved = serde_json::from_value(saved[name].clone()).unwrap();
+        let r = reference(name);
+        let out = tempfile::tempdir().unwrap();
+        let lora = if s.lora > 0 {
+            format!(",lora={}", s.lora)
+        } else {
+            String::new()
+        };
+        let model = format!(
+            "hf:{}:seq={},batch={}{lora}",
+            dir(name).display(),
+            r.seq,
+            r.batch
+        );
+        let out_dir = out.path().join("saved");
+        let mut args = vec!["train", model.as_str()];
+        args.extend(s.args.split(' '));
+        args.extend(["--save-hf", crate::common::cli::s(&out_dir)]);
+        let printed = crate::common::cli::ok(&args);
+        assert!(printed.contains("Hugging Face directory"), "{printed}");
+        for f in ["config.json", "model.safetensors", "generation_config.json"] {
+            assert!(out_dir.join(f).is_file(), "{name}: no {f}");
+        }
+        let spec = format!("hf:{}", out_dir.display());
+        let back = fsdpc_frontends::load(&spec, &fsdpc_frontends::LoadOptions::default()).unwrap();
+        assert!(
+            back.program
+                .graph
+                .params
+                .iter()
+                .all(|p| !p.name.contains("lora_")),
+            "{name}: adapters merged"
+        );
+        let before = {
+            let saved_dir = out_dir.display().to_string();
+            let spec = format!("hf:{saved_dir}:seq={},batch={}", r.seq, r.batch);
+            let sgd = Optimizer::Sgd {
+                lr: 0.0,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            };
+            let plan = host_plan(&spec, 1, &FsdpConfig::default(), &sgd);
+            let opts = TrainOptions {
+                steps: 1,
+                seed: 7,
+                ..TrainOptions::default()
+            };
+            fsdpc_runtime::train_with_data(&plan, &opts, Arc::new(data(&r)), &mut |_| {}).unwrap()
+        };
+        let loss = before.losses[0] as f64;
+        let rel = (loss - s.loss).abs() / s.loss;
+        eprintln!(
+            "{name}: saved model's loss {loss} vs transformers {} (rel {rel:e})",
+            s.loss
+        );
+        assert!(rel <= 1e-5, "{name}: {loss} vs transformers {}", s.loss);
+    }
+}

@@ -88,3 +88,103 @@ pub fn build(text: &str) -> Result<(ZooModel, Option<usize>), FrontendError> {
         })?;
     Ok((model, tensors))
 }
+
+/// The `config.json` of a model `fsdpc train --save-hf` writes: the source
+/// directory's own for `hf:` models, else one written from the zoo config
+/// (Llama family and GPT-2).
+pub fn saved_config(model: &str) -> Result<Value, FrontendError> {
+    if let Some(rest) = model.strip_prefix("hf:") {
+        return Ok(parse(rest)?.config);
+    }
+    let cfg = zoo::parse(model)?;
+    config::hf_config(&cfg).ok_or_else(|| {
+        FrontendError::bad_spec(
+            model,
+            "--save-hf writes Llama-family, GPT-2 and hf: models; this family has no Hugging Face config here",
+        )
+    })
+}
+
+/// Files of the source directory a saved model keeps (tokenizer and
+/// generation settings), for `hf:` models.
+pub fn companion_files(model: &str) -> Vec<PathBuf> {
+    let Some(rest) = model.strip_prefix("hf:") else {
+        return vec![];
+    };
+    let Ok(m) = parse(rest) else {
+        return vec![];
+    };
+    [
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+    ]
+    .iter()
+    .map(|f| m.dir.join(f))
+    .filter(|p| p.is_file())
+    .collect()
+}
+
+/// Folds LoRA adapters into the weights they adapt (`W += B A` for the
+/// `[out, in]` layouts of the Llama family, `W += A B` for GPT-2's `[in,
+/// out]`; scaling 1) and drops them, so `params` are the Hugging Face
+/// model's. `shape` gives a parameter's shape by name.
+pub fn merge_lora(
+    params: &mut Vec<(String, Vec<f32>)>,
+    shape: impl Fn(&str) -> Option<Vec<usize>>,
+) -> Result<usize, String> {
+    let adapters: Vec<String> = params
+        .iter()
+        .filter_map(|(n, _)| n.strip_suffix(".lora_A").map(str::to_string))
+        .collect();
+    for module in &adapters {
+        let get = |leaf: &str| -> Result<(usize, Vec<usize>), String> {
+            let name = format!("{module}.{leaf}");
+            let i = params
+                .iter()
+                .position(|(n, _)| *n == name)
+                .ok_or_else(|| format!("`{name}` is missing"))?;
+            let s = shape(&name).ok_or_else(|| format!("`{name}` has no shape"))?;
+            Ok((i, s))
+        };
+        let (ia, sa) = get("lora_A")?;
+        let (ib, sb) = get("lora_B")?;
+        let (iw, sw) = get("weight")?;
+        let (a, b) = (params[ia].1.clone(), params[ib].1.clone());
+        let w = &mut params[iw].1;
+        let gpt = module.starts_with("transformer.");
+        match (gpt, sa.as_slice(), sb.as_slice(), sw.as_slice()) {
+            // Llama family: A [r, in], B [out, r], W [out, in].
+            (false, &[r, fan_in], &[out, r2], &[wo, wi])
+                if r == r2 && wo == out && wi == fan_in =>
+            {
+                for o in 0..out {
+                    for i in 0..fan_in {
+                        let d: f32 = (0..r).map(|k| b[o * r + k] * a[k * fan_in + i]).sum();
+                        w[o * fan_in + i] += d;
+                    }
+                }
+            }
+            // GPT-2: A [in, r], B [r, out], W [in, out].
+            (true, &[fan_in, r], &[r2, out], &[wi, wo]) if r == r2 && wi == fan_in && wo == out => {
+                for i in 0..fan_in {
+                    for o in 0..out {
+                        let d: f32 = (0..r).map(|k| a[i * r + k] * b[k * out + o]).sum();
+                        w[i * out + o] += d;
+                    }
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "the adapter of `{module}` ({sa:?} x {sb:?}) does not fit its weight {sw:?}"
+                ))
+            }
+        }
+    }
+    params.retain(|(n, _)| !n.ends_with(".lora_A") && !n.ends_with(".lora_B"));
+    Ok(adapters.len())
+}
