@@ -1,5 +1,7 @@
 //! The built-in clusters, from public datasheets: `a100-80g-roce` (the
-//! FSDP paper's cluster), `h100-80g-ib`, `h200-141g-ib`, and `cpu-local`
+//! FSDP paper's cluster), `h100-80g-ib`, `h200-141g-ib`, the PCIe and
+//! smaller-memory machines fine-tuning users rent (`a100-40g-efa`,
+//! `l40s-48g-eth`, `a10-24g-eth`), and `cpu-local`
 //! (nominal figures for this project's 2-core VM; `fsdpc calibrate`
 //! measures the real ones). Each preset owns its node size: eight GPUs to
 //! a node, or every rank of `cpu-local` on the one machine.
@@ -14,7 +16,7 @@ pub const PCIE5_X16_BW: f64 = 50e9;
 const GIB: u64 = 1 << 30;
 
 /// The presets `preset` knows, with a one-line description.
-pub const PRESETS: [(&str, &str); 4] = [
+pub const PRESETS: [(&str, &str); 7] = [
     (
         "a100-80g-roce",
         "8x A100-SXM4-80GB per node, NVLink3 inside, 200 Gb/s RoCE per GPU between nodes (the PyTorch FSDP paper's cluster)",
@@ -26,6 +28,18 @@ pub const PRESETS: [(&str, &str); 4] = [
     (
         "h200-141g-ib",
         "8x H200-SXM-141GB per node, NVLink4 inside, 400 Gb/s InfiniBand NDR per GPU between nodes",
+    ),
+    (
+        "a100-40g-efa",
+        "8x A100-SXM4-40GB per node, NVLink3 inside, 400 Gb/s EFA per node between nodes (AWS p4d.24xlarge)",
+    ),
+    (
+        "l40s-48g-eth",
+        "8x L40S-48GB per node on PCIe 4.0 (no NVLink), 400 Gb/s Ethernet per node between nodes",
+    ),
+    (
+        "a10-24g-eth",
+        "8x A10-24GB per node on PCIe 4.0 (no NVLink), 100 Gb/s Ethernet per node between nodes",
     ),
     (
         "cpu-local",
@@ -131,6 +145,9 @@ fn figures(name: &str, ranks_per_node: u32) -> Option<(u64, Hardware)> {
         "a100-80g-roce" => (80 * GIB, a100_roce()),
         "h100-80g-ib" => (80 * GIB, h100_ib()),
         "h200-141g-ib" => (141 * GIB, h200_ib()),
+        "a100-40g-efa" => (40 * GIB, a100_efa()),
+        "l40s-48g-eth" => (48 * GIB, l40s_eth()),
+        "a10-24g-eth" => (24 * GIB, a10_eth()),
         "cpu-local" => (
             24 * GIB / u64::from(ranks_per_node),
             cpu_local(ranks_per_node),
@@ -183,6 +200,62 @@ fn h200_ib() -> Hardware {
     Hardware {
         mem_bw: 4.8e12,
         ..h100_ib()
+    }
+}
+
+/// NVIDIA A100-SXM4-40GB datasheet: the 80 GB part's compute (19.5 TFLOP/s
+/// FP32, 312 TFLOP/s BF16 dense) with 40 GB of HBM2 at 1.555 TB/s; NVLink3
+/// 600 GB/s bidirectional. Between nodes: AWS p4d.24xlarge's 400 Gb/s EFA
+/// per 8-GPU host, i.e. 50 Gb/s = 6.25 GB/s per GPU.
+fn a100_efa() -> Hardware {
+    Hardware {
+        mem_bw: 1.555e12,
+        inter_bw: 6.25e9,
+        ..a100_roce()
+    }
+}
+
+/// Assumed per-direction bandwidth between GPUs of one PCIe 4.0 host
+/// without NVLink: peer copies through the root complex achieve about
+/// what a host copy does (`PCIE4_X16_BW`), less for rings that cross the
+/// CPU sockets; 20 GB/s.
+const PCIE4_PEER_BW: f64 = 20e9;
+
+/// NVIDIA L40S datasheet: 91.6 TFLOP/s FP32, 362 TFLOP/s BF16 tensor dense
+/// (733 with sparsity), 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16 and no
+/// NVLink. Between nodes: 400 Gb/s Ethernet per 8-GPU host (assumed), 6.25
+/// GB/s per GPU.
+fn l40s_eth() -> Hardware {
+    Hardware {
+        peak_flops_f32: 91.6e12,
+        peak_flops_bf16: 362e12,
+        mem_bw: 864e9,
+        intra_bw: PCIE4_PEER_BW,
+        intra_latency_s: 10e-6,
+        inter_bw: 6.25e9,
+        inter_latency_s: 25e-6,
+        host_bw: PCIE4_X16_BW,
+        host_mem_bw: HOST_MEM_BW,
+        ..Hardware::default()
+    }
+}
+
+/// NVIDIA A10 datasheet: 31.2 TFLOP/s FP32, 125 TFLOP/s BF16/FP16 tensor
+/// dense (250 with sparsity), 24 GB GDDR6 at 600 GB/s, PCIe 4.0 x16 and no
+/// NVLink. Between nodes: 100 Gb/s Ethernet per 8-GPU host (assumed; AWS's
+/// g5.48xlarge has 100 Gb/s), 1.5625 GB/s per GPU.
+fn a10_eth() -> Hardware {
+    Hardware {
+        peak_flops_f32: 31.2e12,
+        peak_flops_bf16: 125e12,
+        mem_bw: 600e9,
+        intra_bw: PCIE4_PEER_BW,
+        intra_latency_s: 10e-6,
+        inter_bw: 1.5625e9,
+        inter_latency_s: 25e-6,
+        host_bw: PCIE4_X16_BW,
+        host_mem_bw: HOST_MEM_BW,
+        ..Hardware::default()
     }
 }
 

@@ -23,6 +23,7 @@ pub struct CompileArgs {
     #[arg(long)]
     pub world: u32,
     /// The cluster: a preset (a100-80g-roce, h100-80g-ib, h200-141g-ib,
+    /// a100-40g-efa, l40s-48g-eth, a10-24g-eth,
     /// cpu-local) or a cluster file (`fsdpc cluster PRESET -o FILE` writes
     /// one to edit; `--preset` is the old name of this flag).
     #[arg(

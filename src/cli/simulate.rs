@@ -80,7 +80,8 @@ fn render(s: &Simulation, capacity: u64) -> String {
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
-    /// A preset: a100-80g-roce, h100-80g-ib, h200-141g-ib or cpu-local.
+    /// A preset: a100-80g-roce, h100-80g-ib, h200-141g-ib, a100-40g-efa,
+    /// l40s-48g-eth, a10-24g-eth or cpu-local.
     pub preset: String,
     /// Ranks per node (default: 8 for GPU presets, 2 for cpu-local).
     #[arg(long)]

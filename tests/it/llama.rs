@@ -104,3 +104,41 @@ fn every_variant_learns_and_full_shard_equals_one_rank() {
         }
     }
 }
+
+/// The fine-tuning case of a practitioners' guide: Qwen 7B (`qwen2.5-7b`),
+/// LoRA rank 64, fp16, activation checkpointing and full_shard on one node
+/// of eight A10 24 GB. It fits, with what the adapters alone train.
+#[test]
+fn qwen_7b_lora_fits_eight_a10s() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let args = [
+        "compile",
+        "qwen2.5-7b:seq=2048,lora=64",
+        "--world",
+        "8",
+        "--cluster",
+        "a10-24g-eth",
+        "--wrap",
+        "blocks",
+        "--mixed-precision",
+        "fp16",
+        "--activation-checkpointing",
+        "-o",
+        crate::common::cli::s(&out),
+    ];
+    crate::common::cli::ok(&args);
+    let p = fsdpc_plan::Plan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(p.cluster.memory_bytes, 24 << 30);
+    assert!(p.memory.peak_bytes < 24 << 30, "{}", p.memory.peak_bytes);
+    let trainable: u64 = p
+        .training
+        .graph
+        .params
+        .iter()
+        .filter(|q| q.requires_grad)
+        .map(|q| q.ty.numel())
+        .sum();
+    // 28 layers of adapters on q and o (3584 -> 3584), k and v (3584 -> 512).
+    assert_eq!(trainable, 28 * 64 * ((3584 + 3584) * 2 + 2 * (3584 + 512)));
+}
