@@ -346,3 +346,27 @@ fn save_hf_writes_what_transformers_loads() {
         assert!(rel <= 1e-5, "{name}: {loss} vs transformers {}", s.loss);
     }
 }
+
+/// The published configs in `examples/hf/` (config.json alone, as
+/// `transformers` 4 wrote them) build the models their checkpoints hold:
+/// the parameter counts are the checkpoints' (`total_size` of their
+/// safetensors index over 2 bytes per bf16 element); a mixture of experts
+/// is refused by name.
+#[test]
+fn published_configs_have_their_checkpoints_parameter_counts() {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/hf");
+    for (name, params) in [
+        ("llama3.1-405b", 405_853_388_800u64),
+        ("llama3-70b", 70_553_706_496),
+        ("qwen2.5-7b", 7_615_616_512),
+    ] {
+        let spec = format!("hf:{}", examples.join(name).display());
+        let m = fsdpc_frontends::load(&spec, &fsdpc_frontends::LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(m.program.graph.param_numel(), params, "{name}");
+        // Sequence: the configured context capped at 8192.
+        assert_eq!(m.tokens_per_rank_step(), 8192, "{name}");
+    }
+    let e = load_error(&examples.join("mixtral-8x7b"));
+    assert!(e.contains("`mixtral` is a mixture-of-experts model"), "{e}");
+}

@@ -69,8 +69,11 @@ pub fn parse(text: &str) -> Result<HfModel, FrontendError> {
     let batch = spec.size("batch")?.unwrap_or(1);
     let lora = spec.size("lora")?.unwrap_or(0);
     spec.finish(KEYS)?;
-    let zoo = config::zoo_config(&config, seq, batch, lora)
-        .map_err(|e| bad(format!("{}: {e}", file.display())))?;
+    let zoo =
+        config::zoo_config(&config, seq, batch, lora).map_err(|reason| FrontendError::HfModel {
+            path: file.clone(),
+            reason,
+        })?;
     Ok(HfModel { dir, config, zoo })
 }
 
