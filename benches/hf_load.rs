@@ -1,4 +1,8 @@
-//! Loading a Hugging Face checkpoint rank by rank: a 0.5 B-parameter Llama
+//! Hugging Face models. Planning: time, resident memory and per-rank peak
+//! of `fsdpc compile hf:examples/hf/llama3.1-405b` at world 512 and
+//! `hf:examples/hf/llama3-70b` at world 64 (f32 and bf16, with and without
+//! activation checkpointing, wrap blocks, on `a100-80g-roce`), each in a
+//! process of its own. Loading a checkpoint rank by rank: a 0.5 B-parameter Llama
 //! written as four bf16 safetensors shards with an index (what
 //! `save_pretrained` writes), planned with `hf:DIR` at world F; one process
 //! per measured rank then does what a rank does at start, filling its
@@ -119,8 +123,77 @@ fn child(dir: &Path, world: u32, pos: u64) {
     std::hint::black_box(shards);
 }
 
+/// In a child process: compile `model` at `world` and print `seconds
+/// peak_rss_bytes planned_peak_bytes`.
+fn plan_child(model: &str, world: u32, bf16: bool, recompute: bool) {
+    let t = Instant::now();
+    let mut cfg = FsdpConfig {
+        check_fits: false,
+        ..FsdpConfig::default()
+    };
+    cfg.settings.wrap = fsdpc_plan::WrapPolicy::Blocks;
+    if bf16 {
+        let d = fsdpc_ir::DType::Bf16;
+        cfg.settings.param_dtype = d;
+        cfg.settings.reduce_dtype = d;
+        cfg.settings.buffer_dtype = d;
+    }
+    if recompute {
+        cfg.settings.activation_checkpointing = fsdpc_plan::CheckpointPolicy::Units;
+    }
+    let p = common::compile(model, "a100-80g-roce", world, 8, &cfg).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    println!("{secs} {} {}", vm("VmHWM:"), p.memory.peak_bytes);
+}
+
+fn planning() {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/hf");
+    println!("model                        world  precision  recompute  plan (s)  RSS (MiB)  peak per rank (GiB)");
+    for (name, world) in [("llama3.1-405b", 512u32), ("llama3-70b", 64)] {
+        let model = format!("hf:{}", examples.join(name).display());
+        for bf16 in [false, true] {
+            for recompute in [false, true] {
+                let out = std::process::Command::new(std::env::current_exe().unwrap())
+                    .args([
+                        "--plan-child",
+                        &model,
+                        &world.to_string(),
+                        &bf16.to_string(),
+                        &recompute.to_string(),
+                    ])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let text = String::from_utf8(out.stdout).unwrap();
+                let v: Vec<f64> = text
+                    .split_whitespace()
+                    .map(|x| x.parse().unwrap())
+                    .collect();
+                println!(
+                    "hf:examples/hf/{name:<13} {world:>6}  {:>9}  {:>9}  {:>8.2}  {:>9.0}  {:>19.2}",
+                    if bf16 { "bf16" } else { "f32" },
+                    if recompute { "yes" } else { "no" },
+                    v[0],
+                    v[1] / (1u64 << 20) as f64,
+                    v[2] / (1u64 << 30) as f64
+                );
+            }
+        }
+    }
+    println!();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--plan-child") {
+        let flag = |j: usize| args[i + j] == "true";
+        plan_child(&args[i + 1], args[i + 2].parse().unwrap(), flag(3), flag(4));
+        return;
+    }
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hf-load-llama");
     if let Some(i) = args.iter().position(|a| a == "--child") {
         child(
@@ -132,11 +205,14 @@ fn main() {
     }
     common::figures(
         "hf_load",
-        "Loading a Hugging Face checkpoint",
-        "Peak resident memory each rank adds while loading its shards of a sharded bf16 safetensors \
-         checkpoint (0.49 B parameters, 0.98 GB on disk, 4 files and an index), beside the plan's \
-         f32 parameter shard for that rank.",
+        "Hugging Face models: planning and loading",
+        "Planning `hf:` configs of Llama 3.1 405B and Llama 3 70B (no weights: no parameter \
+         memory), each compile in its own process; then the peak resident memory each rank adds \
+         while loading its shards of a sharded bf16 safetensors checkpoint (0.49 B parameters, \
+         0.98 GB on disk, 4 files and an index), beside the plan's f32 parameter shard for that \
+         rank.",
     );
+    planning();
     let t = Instant::now();
     write_checkpoint(&dir);
     let on_disk: u64 = std::fs::read_dir(&dir)
