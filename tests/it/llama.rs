@@ -142,3 +142,58 @@ fn qwen_7b_lora_fits_eight_a10s() {
     // 28 layers of adapters on q and o (3584 -> 3584), k and v (3584 -> 512).
     assert_eq!(trainable, 28 * 64 * ((3584 + 3584) * 2 + 2 * (3584 + 512)));
 }
+
+/// Under bf16 mixed precision (the rotary tables and the window mask cast
+/// to bf16 as `transformers` casts them to the activations' dtype) and
+/// with activation checkpointing, full_shard at F=2 trains like one rank of
+/// the same policy: bf16 within `tests/it/precision.rs`'s loss bound,
+/// checkpointing bit for bit.
+#[test]
+fn bf16_and_checkpointing_train_like_one_rank() {
+    use fsdpc_ir::DType;
+    use fsdpc_plan::{CheckpointPolicy, Settings};
+    use fsdpc_planner::FsdpConfig;
+    let spec = "mistral:layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=8,window=3";
+    let cfg = |strategy, bf16: bool, recompute: bool| FsdpConfig {
+        settings: Settings {
+            strategy,
+            wrap: WrapPolicy::Blocks,
+            param_dtype: if bf16 { DType::Bf16 } else { DType::F32 },
+            reduce_dtype: if bf16 { DType::Bf16 } else { DType::F32 },
+            buffer_dtype: if bf16 { DType::Bf16 } else { DType::F32 },
+            activation_checkpointing: if recompute {
+                CheckpointPolicy::Units
+            } else {
+                CheckpointPolicy::default()
+            },
+            ..Settings::default()
+        },
+        ..FsdpConfig::default()
+    };
+    let run = |world: u32, bf16, recompute| {
+        let strategy = if world == 1 {
+            Strategy::NoShard
+        } else {
+            Strategy::FullShard
+        };
+        let spec = format!("{spec},batch={}", 4 / world);
+        train(
+            &crate::common::plan_with(&spec, world, &cfg(strategy, bf16, recompute)),
+            10,
+            ExecMode::Arena,
+        )
+    };
+    let one = run(1, true, false);
+    let two = run(2, true, false);
+    let rel = max_loss_rel_diff(&one, &two);
+    eprintln!("bf16 mistral F=2 vs 1: loss rel {rel:e}");
+    assert!(rel <= 1e-3, "bf16: losses differ by {rel:e}");
+    assert!(one.losses.iter().all(|l| l.is_finite()));
+    let plain = run(2, false, false);
+    let recomputed = run(2, false, true);
+    assert_eq!(
+        crate::common::bits(&plain),
+        crate::common::bits(&recomputed),
+        "checkpointing changes nothing"
+    );
+}

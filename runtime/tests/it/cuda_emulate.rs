@@ -652,6 +652,29 @@ fn data_movement_lowers_to_the_cpus_copies() {
         &[t(&[2, 1, 4], 6)],
         &[ty(&[3, 2, 5, 4])],
     );
+    // The Llama family's grouped-query repeat and rotary halves.
+    same(
+        Op::Expand {
+            shape: vec![2, 2, 3, 3, 4],
+        },
+        &[t(&[2, 2, 1, 3, 4], 11)],
+        &[ty(&[2, 2, 3, 3, 4])],
+    );
+    same(
+        Op::Concat { axis: 3 },
+        &[t(&[2, 2, 3, 2], 12), t(&[2, 2, 3, 2], 13)],
+        &[ty(&[2, 2, 3, 4])],
+    );
+    same(
+        Op::Slice {
+            axis: 3,
+            start: 2,
+            end: 4,
+            step: 1,
+        },
+        &[t(&[2, 2, 3, 4], 14)],
+        &[ty(&[2, 2, 3, 2])],
+    );
     same(
         Op::Pad {
             pads: vec![(0, 1), (2, 0), (1, 1)],
