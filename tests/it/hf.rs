@@ -370,3 +370,24 @@ fn published_configs_have_their_checkpoints_parameter_counts() {
     let e = load_error(&examples.join("mixtral-8x7b"));
     assert!(e.contains("`mixtral` is a mixture-of-experts model"), "{e}");
 }
+
+/// `fsdpc inspect` says where the weights come from.
+#[test]
+fn inspect_names_the_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = tmp.path().join("plan.json");
+    let model = format!("hf:{}:seq=12,batch=1", dir("llama").display());
+    crate::common::cli::ok(&[
+        "compile",
+        &model,
+        "--world",
+        "2",
+        "-o",
+        crate::common::cli::s(&plan),
+    ]);
+    let text = crate::common::cli::ok(&["inspect", crate::common::cli::s(&plan)]);
+    assert!(
+        text.contains("weights   21 of 21 parameters from 2 safetensors file(s)"),
+        "{text}"
+    );
+}

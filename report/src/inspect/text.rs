@@ -12,11 +12,39 @@ pub fn render_text(plan: &Plan) -> String {
     let s = summary(plan);
     let mut out = String::new();
     header(&mut out, &s);
+    weights(&mut out, plan);
     units_table(&mut out, &s);
     frozen_table(&mut out, &s);
     memory_table(&mut out, &s);
     estimates(&mut out, &s);
     out
+}
+
+/// Where the parameters' initial values come from, when a checkpoint's
+/// tensors give some (`Init::File`): how many, from which files.
+fn weights(out: &mut String, plan: &Plan) {
+    let mut files: Vec<&str> = Vec::new();
+    let mut tensors = 0;
+    for p in &plan.training.graph.params {
+        if let fsdpc_ir::Init::File { path, .. } = &p.init {
+            tensors += 1;
+            if !files.contains(&path.as_str()) {
+                files.push(path);
+            }
+        }
+    }
+    if tensors == 0 {
+        return;
+    }
+    let dir = std::path::Path::new(files[0])
+        .parent()
+        .map_or_else(String::new, |d| format!(" in {}", d.display()));
+    let _ = writeln!(
+        out,
+        "weights   {tensors} of {} parameters from {} safetensors file(s){dir}, each rank reading its own shards",
+        plan.training.graph.params.len(),
+        files.len()
+    );
 }
 
 fn header(out: &mut String, s: &Summary) {
