@@ -116,6 +116,52 @@ pub(crate) fn join(parent: &str, leaf: &str) -> String {
     }
 }
 
+/// Leaf names of LoRA adapter parameters (PEFT's).
+pub(crate) const LORA_A: &str = "lora_A";
+pub(crate) const LORA_B: &str = "lora_B";
+
+/// Makes the LoRA adapters the only trainable parameters of `g`.
+pub(crate) fn train_only_lora(g: &mut Graph) {
+    for p in &mut g.params {
+        p.requires_grad = p.name.ends_with(LORA_A) || p.name.ends_with(LORA_B);
+    }
+}
+
+/// The causal-LM head and loss: `x: [.., hidden]` flattened to `[rows,
+/// hidden]`, logits `x @ w^T` in the `lm_head` module, and the mean
+/// cross-entropy against `labels` flattened to `[rows]` (PyTorch's default
+/// ignore_index, -100, marks padding labels).
+pub(crate) fn causal_lm_loss(
+    b: &mut Builder,
+    x: ValueId,
+    w: ValueId,
+    labels: ValueId,
+    rows: usize,
+    hidden: usize,
+) -> Result<ValueId, IrError> {
+    let m = b.module("lm_head", "Linear");
+    let x = b.op(m, "flatten", reshape(&[rows, hidden]), &[x])?;
+    let logits = b.op(m, "matmul", matmul(true), &[x, w])?;
+    let labels = b.op(ModuleId::ROOT, "labels_flat", reshape(&[rows]), &[labels])?;
+    let ce = Op::CrossEntropy {
+        ignore_index: Some(-100),
+    };
+    b.op(ModuleId::ROOT, "loss", ce, &[logits, labels])
+}
+
+/// Swaps the sequence and head axes of `[batch, seq, heads, head_dim]`.
+pub(crate) fn transpose_heads() -> Op {
+    Op::Transpose {
+        perm: vec![0, 2, 1, 3],
+    }
+}
+
+pub(crate) fn reshape(shape: &[usize]) -> Op {
+    Op::Reshape {
+        shape: shape.to_vec(),
+    }
+}
+
 /// A binary elementwise op.
 pub(crate) fn binary(f: BinaryFn) -> Op {
     Op::Binary { f }

@@ -12,7 +12,10 @@
 //! other parameter is frozen (`requires_grad: false`), so an adapter and its
 //! frozen base share a module, and an FSDP unit.
 
-use super::builder::{binary, matmul, Builder};
+use super::builder::{
+    binary, causal_lm_loss, matmul, reshape, train_only_lora, transpose_heads, Builder, LORA_A,
+    LORA_B,
+};
 use super::spec::{required, Spec};
 use super::ZooModel;
 use crate::error::FrontendError;
@@ -205,9 +208,7 @@ pub(crate) fn build(name: &str, cfg: &GptConfig) -> Result<ZooModel, FrontendErr
     let loss = lm_head_and_loss(&mut b, cfg, x, wte, labels)?;
     b.g.outputs = vec![loss];
     if cfg.lora > 0 {
-        for p in &mut b.g.params {
-            p.requires_grad = p.name.ends_with(LORA_A) || p.name.ends_with(LORA_B);
-        }
+        train_only_lora(&mut b.g);
     }
     Ok(ZooModel {
         name: name.to_string(),
@@ -320,10 +321,6 @@ fn attention(b: &mut Builder, cfg: &GptConfig, x: ValueId, path: &str) -> Result
     b.dropout(z, m, "resid_dropout", cfg.dropout)
 }
 
-/// Leaf names of the LoRA adapter parameters.
-const LORA_A: &str = "lora_A";
-const LORA_B: &str = "lora_B";
-
 /// `y + (x @ A) @ B` in the Linear module at `path` when `cfg.lora > 0`
 /// (see the module header); `y` itself otherwise. `x` is the Linear's
 /// input `[batch, seq, hidden]`.
@@ -377,19 +374,6 @@ fn heads_first(
     b.op(m, &format!("{leaf}_transpose"), transpose_heads(), &[part])
 }
 
-/// Swaps the sequence and head axes.
-fn transpose_heads() -> Op {
-    Op::Transpose {
-        perm: vec![0, 2, 1, 3],
-    }
-}
-
-fn reshape(shape: &[usize]) -> Op {
-    Op::Reshape {
-        shape: shape.to_vec(),
-    }
-}
-
 /// `c_proj(gelu(c_fc(x)))`, with dropout on the output.
 fn mlp(b: &mut Builder, cfg: &GptConfig, x: ValueId, path: &str) -> Result<ValueId, IrError> {
     let m = b.module(path, "GPT2MLP");
@@ -420,7 +404,6 @@ fn lm_head_and_loss(
     labels: ValueId,
 ) -> Result<ValueId, IrError> {
     let m = b.module("lm_head", "Linear");
-    let rows = cfg.batch * cfg.seq;
     let w = if cfg.tie {
         wte
     } else {
@@ -431,12 +414,5 @@ fn lm_head_and_loss(
             Init::Normal { std: STD },
         )
     };
-    let x = b.op(m, "flatten", reshape(&[rows, cfg.hidden]), &[x])?;
-    let logits = b.op(m, "matmul", matmul(true), &[x, w])?;
-    let labels = b.op(ModuleId::ROOT, "labels_flat", reshape(&[rows]), &[labels])?;
-    // PyTorch's default ignore_index (-100) marks padding labels.
-    let ce = Op::CrossEntropy {
-        ignore_index: Some(-100),
-    };
-    b.op(ModuleId::ROOT, "loss", ce, &[logits, labels])
+    causal_lm_loss(b, x, w, labels, cfg.batch * cfg.seq, cfg.hidden)
 }

@@ -42,7 +42,7 @@
 //!   hidden^-0.5), its output Normal(0, ff^-0.5); bias table Normal(0,
 //!   hidden^-0.5); norms ones.
 
-use super::builder::{binary, matmul, Builder};
+use super::builder::{binary, matmul, reshape, transpose_heads, Builder};
 use super::spec::{required, Spec};
 use super::ZooModel;
 use crate::error::FrontendError;
@@ -689,19 +689,6 @@ fn k_std(cfg: &T5Config) -> f64 {
 
 fn o_std(cfg: &T5Config) -> f64 {
     (cfg.inner() as f64).powf(-0.5)
-}
-
-/// Swaps the sequence and head axes.
-fn transpose_heads() -> Op {
-    Op::Transpose {
-        perm: vec![0, 2, 1, 3],
-    }
-}
-
-fn reshape(shape: &[usize]) -> Op {
-    Op::Reshape {
-        shape: shape.to_vec(),
-    }
 }
 
 /// An i64 tensor of `shape` holding `values`.
