@@ -158,12 +158,17 @@ pub fn attach(dir: &Path, graph: &mut Graph) -> Result<Option<usize>, String> {
             list(&missing)
         ));
     }
-    // A tied head's copy is saved by some exporters; it is the embedding.
-    let tied_head = graph.params.iter().all(|p| p.name != "lm_head.weight");
+    // Copies of a tied tensor some exporters save: a tied head is the
+    // embedding, T5's stacks' embeddings are `shared.weight`.
+    let has = |name: &str| graph.params.iter().any(|p| p.name == name);
+    let tied_copy = |n: &str| match n {
+        "lm_head.weight" => !has("lm_head.weight"),
+        "encoder.embed_tokens.weight" | "decoder.embed_tokens.weight" => has("shared.weight"),
+        _ => false,
+    };
     let extra: Vec<String> = stored
         .keys()
-        .filter(|n| !used.contains(n.as_str()) && !ignorable(n))
-        .filter(|n| !(tied_head && *n == "lm_head.weight"))
+        .filter(|n| !used.contains(n.as_str()) && !ignorable(n) && !tied_copy(n))
         .cloned()
         .collect();
     if !extra.is_empty() {
