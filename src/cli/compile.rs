@@ -99,11 +99,11 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
             source,
         })?;
         eprintln!(
-            "wrote {} ({} units, {} instructions, peak {} per rank)",
+            "wrote {} ({} units, {} instructions, peak per rank {})",
             a.output.display(),
             plan.units.len(),
             plan.instructions.len(),
-            fsdpc_plan::readable::human_bytes(plan.memory.peak_bytes)
+            fsdpc_plan::readable::human_bytes(plan.memory.rank_bytes)
         );
     }
     Ok(())
@@ -254,10 +254,10 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     }
     text.push_str(&result.table());
     text.push_str(&format!(
-        "chosen: {} (step {:.4} s, peak {}; {})\n",
+        "chosen: {} (step {:.4} s, peak per rank {}; {})\n",
         fsdpc_planner::auto::short(&config_of(&result.plan, &cfg)),
         result.plan.estimates.step_time_s,
-        fsdpc_plan::readable::human_bytes(result.plan.memory.peak_bytes),
+        fsdpc_plan::readable::human_bytes(result.plan.memory.rank_bytes),
         if a.auto_gap > 0.0 {
             format!(
                 "at most {}% slower than the fastest of the space (--auto-gap)",

@@ -58,16 +58,22 @@ pub struct Summary {
     /// allocate.
     #[serde(skip_serializing_if = "is_zero")]
     pub frozen_saved_bytes: u64,
+    /// The (device) arena's live peak: the most bytes of buffers live at
+    /// once, what is compared with the capacity. The text's "peak per
+    /// rank" is `rank_bytes`.
     pub peak_bytes_per_rank: u64,
-    /// Instruction index of the peak.
+    /// Instruction index of the arena's live peak.
     pub peak_at: u32,
+    /// The (device) arena: its live peak plus what offsets leave unused.
     pub arena_bytes: u64,
     pub capacity_bytes: u64,
     /// Live bytes at the peak, by buffer kind.
     pub breakdown: Vec<(BufferKind, u64)>,
     /// What the matrix-product library allocates at most outside the arena.
     pub heap_bytes: u64,
-    /// Arena plus that heap: the most a rank holds during a step.
+    /// "Peak per rank", the one figure `compile`, `train` and `inspect`
+    /// print: the arenas plus that heap, the most a rank holds during a
+    /// step (`memory.rank_bytes`).
     pub rank_bytes: u64,
     /// Shards and optimizer state in host memory (`cpu_offload`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
