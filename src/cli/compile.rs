@@ -49,7 +49,8 @@ pub struct CompileArgs {
     /// CPU offload, backward and forward prefetch, prefetch depth and
     /// limit_all_gathers. A flag given with --auto fixes its dimension
     /// (`--auto --strategy hybrid_shard` searches the rest). Prints the
-    /// candidates weighed and writes the chosen plan.
+    /// chosen plan, the fastest few that fit and a count per reason the
+    /// others were set aside, and writes the chosen plan.
     #[arg(long)]
     pub auto: bool,
     /// With --auto: `given` (default) keeps the precision of the flags
@@ -65,7 +66,19 @@ pub struct CompileArgs {
     /// certain (slower: the bounds of close candidates overlap).
     #[arg(long, value_name = "PERCENT", default_value_t = 0.5, requires = "auto")]
     pub auto_gap: f64,
+    /// With --auto: print every candidate weighed, one line each (runs of
+    /// pruned schedule variants on one line), not only the fastest few.
+    #[arg(long, requires = "auto")]
+    pub verbose: bool,
+    /// With --auto: print the search as JSON instead of text (the record,
+    /// the chosen candidate and every candidate with its verdict).
+    #[arg(long, requires = "auto")]
+    pub json: bool,
 }
+
+/// How many of the fastest candidates that fit `--auto` prints without
+/// `--verbose`.
+const AUTO_BEST: usize = 5;
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
     if is_json(&a.model) {
@@ -197,6 +210,13 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             )))
         }
     };
+    if a.json && a.output.as_os_str() == "-" {
+        return Err(CliError::Usage(
+            "--json prints the candidates on standard output, where -o - would write the plan: \
+             give -o a file"
+                .into(),
+        ));
+    }
     let started = std::time::Instant::now();
     let (program, info, cluster, mut cfg) =
         prepare(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
@@ -252,7 +272,11 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     for s in &r.searched {
         text.push_str(&format!("searched  {s}\n"));
     }
-    text.push_str(&result.table());
+    if a.verbose {
+        text.push_str(&result.table());
+    } else {
+        text.push_str(&result.summary(AUTO_BEST));
+    }
     text.push_str(&format!(
         "chosen: {} (step {:.4} s, peak per rank {}; {})\n",
         fsdpc_planner::auto::short(&config_of(&result.plan, &cfg)),
@@ -267,6 +291,20 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             "the fastest of the space".to_string()
         }
     ));
+    if a.json {
+        let chosen = result
+            .weighed
+            .iter()
+            .find(|w| matches!(w.verdict, fsdpc_planner::auto::Verdict::Chosen))
+            .map(|w| w.candidate.index);
+        let json = serde_json::json!({
+            "record": r,
+            "chosen": chosen,
+            "candidates": result.candidates_json(),
+        });
+        print_out(&format!("{json:#}\n"))?;
+        return Ok(result.plan);
+    }
     // The plan itself may go to standard output: the table then goes to
     // standard error.
     if a.output.as_os_str() == "-" {
