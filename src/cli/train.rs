@@ -73,9 +73,12 @@ pub struct TrainArgs {
     /// Steps between checkpoints.
     #[arg(long, value_name = "K", requires = "checkpoint_dir")]
     pub checkpoint_every: Option<u64>,
-    /// Continue from the latest complete checkpoint in DIR, up to --steps in
-    /// all, with the checkpoint's seed; re-sharded when the world, shard
-    /// factor or strategy differ.
+    /// Continue from the latest complete checkpoint in DIR, or from the
+    /// step directory DIR/step-N itself (to roll back; the newer steps of
+    /// DIR are removed when --checkpoint-dir is DIR), up to --steps in all,
+    /// with the checkpoint's seed; re-sharded when the world, shard factor
+    /// or strategy differ. A checkpoint already at --steps: nothing left to
+    /// do, exit 0 (a requeued job re-runs the same command).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
     /// The target that runs the ranks: `threads` (one process, a thread
@@ -132,6 +135,25 @@ fn device_summary(
 }
 
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
+/// Whether the checkpoint `--resume` names already completed `--steps`:
+/// a job its scheduler requeued re-runs the same command, and there is
+/// nothing left to do (said by the lead rank). Further than `--steps` is
+/// left to the run's own refusal.
+fn nothing_left(resume: &Path, steps: u64, lead: bool) -> Result<bool, CliError> {
+    let at = fsdpc_runtime::checkpoint::Checkpoint::step_of(resume)
+        .map_err(fsdpc_runtime::RuntimeError::from)?;
+    if at != steps {
+        return Ok(false);
+    }
+    if lead {
+        print_out(&format!(
+            "nothing left to do: the checkpoint {} is at step {at}, --steps is {steps}\n",
+            resume.display()
+        ))?;
+    }
+    Ok(true)
+}
+
     check_flags(&a)?;
     let timeout = Duration::from_secs_f64(a.collective_timeout);
     let target = fsdpc_runtime::targets::open(&a.target, timeout)
@@ -139,6 +161,11 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     // Only rank 0 reports: metrics, the progress bar and the summary.
     let lead = target.rank() == 0;
     // Opened before any work, so an unwritable path is reported at once.
+    if let Some(dir) = &a.resume {
+        if nothing_left(dir, a.steps, lead)? {
+            return Ok(());
+        }
+    }
     let mut metrics = if lead {
         open_metrics(&a.metrics)?
     } else {
