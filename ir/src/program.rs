@@ -73,6 +73,22 @@ impl Optimizer {
         Ok(())
     }
 
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Optimizer::Sgd { lr, .. } | Optimizer::AdamW { lr, .. } => *lr,
+        }
+    }
+
+    /// The same optimizer at learning rate `rate` (a schedule's step).
+    pub fn with_lr(&self, rate: f64) -> Optimizer {
+        let mut o = self.clone();
+        match &mut o {
+            Optimizer::Sgd { lr, .. } | Optimizer::AdamW { lr, .. } => *lr = rate,
+        }
+        o
+    }
+
     pub fn adamw(lr: f64) -> Optimizer {
         Optimizer::AdamW {
             lr,

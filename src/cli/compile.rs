@@ -166,7 +166,7 @@ fn prepare(
                     .into(),
             )),
             (None, _) => fsdpc_plan::OffloadWhat::Params,
-        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
+        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, lr_schedule: lr_schedule(f)?, ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
             .reshard_after_forward
             .iter()
             .rfind(|v| !v.contains('='))
@@ -384,6 +384,37 @@ fn with_precision(mut cfg: FsdpConfig, f: &PlanFlags) -> Result<FsdpConfig, CliE
     }
     cfg.init_loss_scale = f.init_loss_scale;
     Ok(cfg)
+}
+
+/// The learning-rate schedule the flags ask for, checked against `--lr`.
+fn lr_schedule(f: &PlanFlags) -> Result<fsdpc_plan::LrSchedule, CliError> {
+    use fsdpc_plan::LrDecay;
+    let decay = LrDecay::parse(&f.lr_schedule)?;
+    let usage = |m: String| Err(CliError::Usage(m));
+    let decay_steps = match (decay, f.lr_decay_steps) {
+        (LrDecay::Constant, Some(_)) => {
+            return usage(
+                "--lr-decay-steps says when a decay ends: give --lr-schedule cosine or linear"
+                    .into(),
+            )
+        }
+        (LrDecay::Constant, None) => 0,
+        (_, Some(n)) => n,
+        (_, None) => {
+            return usage(format!(
+                "--lr-schedule {}: say when the decay reaches --min-lr (--lr-decay-steps N)",
+                decay.name()
+            ))
+        }
+    };
+    let schedule = fsdpc_plan::LrSchedule {
+        decay,
+        warmup_steps: f.warmup_steps,
+        decay_steps,
+        min_lr: f.min_lr,
+    };
+    schedule.check(f.lr)?;
+    Ok(schedule)
 }
 
 /// The optimizer the flags ask for, its hyperparameters checked: a value

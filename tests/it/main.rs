@@ -29,6 +29,7 @@ mod grad_accum;
 mod hf_lm_data;
 mod layout_rewrite;
 mod lowp_memory;
+mod lr_schedule;
 mod memory;
 mod minilm;
 mod mpi;

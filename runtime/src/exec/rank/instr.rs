@@ -241,8 +241,9 @@ impl<'a> RankEnv<'a> {
         let g = f32s(grads)?;
         let p = f32s(params)?;
         let n = g.len().min(p.len());
+        let optimizer = self.prep.plan.optimizer_at(step);
         let args = OptimizerArgs {
-            optimizer: &self.prep.plan.training.optimizer,
+            optimizer: &optimizer,
             step,
             params: &mut p[..n],
             grads: g,
@@ -272,13 +273,14 @@ impl<'a> RankEnv<'a> {
     ) -> Result<(), RuntimeError> {
         let mut result = Ok(());
         let n = params.len();
+        let optimizer = self.prep.plan.optimizer_at(step);
         self.with_f32(mem, grads, |off, g| {
             let end = (off + g.len()).min(n);
             if result.is_err() || off >= end {
                 return;
             }
             let args = OptimizerArgs {
-                optimizer: &self.prep.plan.training.optimizer,
+                optimizer: &optimizer,
                 step,
                 params: &mut params[off..end],
                 grads: &g[..end - off],

@@ -182,7 +182,7 @@ impl GpuRank<'_> {
                 n,
             } => {
                 let l = optimizer_launch(
-                    &self.prep.plan.training.optimizer,
+                    &self.prep.plan.optimizer_at(step),
                     step,
                     *params,
                     *grads,
