@@ -224,6 +224,10 @@ pub struct Settings {
     /// constant).
     #[serde(default, skip_serializing_if = "LrSchedule::is_constant")]
     pub lr_schedule: LrSchedule,
+    /// Weight decay on every parameter (`--weight-decay-all`; absent: not
+    /// on norms, biases and embedding tables, `FlatParam::decay`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub decay_all: bool,
 }
 
 impl Default for Settings {
@@ -251,6 +255,7 @@ impl Default for Settings {
             allgather_wire: Wire::Native,
             reduce_scatter_wire: Wire::Native,
             lr_schedule: LrSchedule::default(),
+            decay_all: false,
         }
     }
 }

@@ -130,6 +130,11 @@ pub struct PlanFlags {
     /// Weight decay, decoupled for AdamW (finite, >= 0).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub weight_decay: f64,
+    /// Apply --weight-decay to every parameter; by default norms, biases
+    /// (parameters of rank < 2) and embedding tables are not decayed, as
+    /// nanoGPT and Hugging Face's trainer group them.
+    #[arg(long)]
+    pub weight_decay_all: bool,
     /// Learning-rate schedule: constant (default), or a linear warmup of
     /// --warmup-steps from 0 to --lr, then a cosine or linear decay to
     /// --min-lr at step --lr-decay-steps, held there after (Hugging Face's

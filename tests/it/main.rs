@@ -53,4 +53,5 @@ mod t5;
 mod targets;
 mod tidy;
 mod trace_cli;
+mod weight_decay;
 mod wire;

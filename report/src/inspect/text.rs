@@ -44,6 +44,7 @@ fn header(out: &mut String, s: &Summary) {
         format!("{:?}", s.backward_prefetch).to_lowercase(),
         s.limit_all_gathers
     );
+    optimizer_line(out, &s.optimizer);
     let groups = s.world / s.shard_factor.max(1);
     if groups > 1 && s.shard_factor > 1 {
         let _ = writeln!(
@@ -374,6 +375,35 @@ fn kinds(out: &mut String, breakdown: &[(BufferKind, u64)]) {
             human_bytes(*bytes)
         );
     }
+}
+
+/// `optimizer adamw, lr 0.001 (cosine, ...), weight decay 0.1 on 26 of 50
+/// parameters (...)`.
+fn optimizer_line(out: &mut String, o: &OptimizerSummary) {
+    let decay = if o.weight_decay == 0.0 {
+        "no weight decay".to_string()
+    } else {
+        format!(
+            "weight decay {} on {} of {} parameters ({} of {} elements; {})",
+            o.weight_decay,
+            o.decayed_params,
+            o.trainable_params,
+            human_count(o.decayed_numel),
+            human_count(o.trainable_numel),
+            if o.decay_all {
+                "every one: --weight-decay-all"
+            } else {
+                "not norms, biases, embeddings"
+            }
+        )
+    };
+    let _ = writeln!(
+        out,
+        "optimizer {}, lr {} ({}), {decay}",
+        o.kind,
+        o.lr,
+        o.lr_schedule.describe()
+    );
 }
 
 fn estimates(out: &mut String, s: &Summary) {
