@@ -73,6 +73,43 @@ impl Optimizer {
         Ok(())
     }
 
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Optimizer::Sgd { lr, .. } | Optimizer::AdamW { lr, .. } => *lr,
+        }
+    }
+
+    /// The weight decay.
+    pub fn weight_decay(&self) -> f64 {
+        match self {
+            Optimizer::Sgd { weight_decay, .. } | Optimizer::AdamW { weight_decay, .. } => {
+                *weight_decay
+            }
+        }
+    }
+
+    /// The same optimizer without weight decay (for the parameters it does
+    /// not apply to).
+    pub fn without_decay(&self) -> Optimizer {
+        let mut o = self.clone();
+        match &mut o {
+            Optimizer::Sgd { weight_decay, .. } | Optimizer::AdamW { weight_decay, .. } => {
+                *weight_decay = 0.0
+            }
+        }
+        o
+    }
+
+    /// The same optimizer at learning rate `rate` (a schedule's step).
+    pub fn with_lr(&self, rate: f64) -> Optimizer {
+        let mut o = self.clone();
+        match &mut o {
+            Optimizer::Sgd { lr, .. } | Optimizer::AdamW { lr, .. } => *lr = rate,
+        }
+        o
+    }
+
     pub fn adamw(lr: f64) -> Optimizer {
         Optimizer::AdamW {
             lr,

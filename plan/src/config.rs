@@ -6,6 +6,7 @@
 
 use crate::error::ConfigError;
 use crate::ids::UnitId;
+use crate::lr::LrSchedule;
 use crate::offload::OffloadWhat;
 use crate::selector::{self, Selector};
 use crate::serde_default::{is_false, is_zero_f64, one, yes};
@@ -219,6 +220,14 @@ pub struct Settings {
     /// How gradient reduce-scatters travel (`wire`; absent: native).
     #[serde(default, skip_serializing_if = "Wire::is_native")]
     pub reduce_scatter_wire: Wire,
+    /// The learning-rate schedule of the optimizer's `lr` (absent:
+    /// constant).
+    #[serde(default, skip_serializing_if = "LrSchedule::is_constant")]
+    pub lr_schedule: LrSchedule,
+    /// Weight decay on every parameter (`--weight-decay-all`; absent: not
+    /// on norms, biases and embedding tables, `FlatParam::decay`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub decay_all: bool,
 }
 
 impl Default for Settings {
@@ -245,6 +254,8 @@ impl Default for Settings {
             offload_what: OffloadWhat::Params,
             allgather_wire: Wire::Native,
             reduce_scatter_wire: Wire::Native,
+            lr_schedule: LrSchedule::default(),
+            decay_all: false,
         }
     }
 }

@@ -99,6 +99,19 @@ impl Plan {
         reshard_group(&self.units, self.config.reshard_after_forward)
     }
 
+    /// The learning rate of 0-based optimizer step `step`: the program's
+    /// optimizer `lr` under the configured schedule (`config.lr_schedule`).
+    pub fn lr_at(&self, step: u64) -> f64 {
+        let lr = self.training.optimizer.lr();
+        self.config.lr_schedule.lr_at(lr, step)
+    }
+
+    /// The optimizer a rank steps with at `step`: the program's, at that
+    /// step's learning rate.
+    pub fn optimizer_at(&self, step: u64) -> fsdpc_ir::Optimizer {
+        self.training.optimizer.with_lr(self.lr_at(step))
+    }
+
     /// What a rank needs to find its groups' members.
     pub fn geometry(&self) -> Geometry {
         Geometry {

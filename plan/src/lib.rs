@@ -22,6 +22,7 @@ pub mod error;
 pub mod group;
 pub mod ids;
 pub mod instr;
+pub mod lr;
 pub mod memory;
 pub mod offload;
 pub mod readable;
@@ -47,6 +48,7 @@ pub use group::{
 };
 pub use ids::{BufferId, EventId, UnitId};
 pub use instr::{bucketable_gather, Collective, Instr, InstrOp, Stream};
+pub use lr::{LrDecay, LrSchedule};
 pub use memory::{Estimates, MemorySummary};
 pub use offload::{OffloadUnits, OffloadWhat};
 pub use unit::{reshard_group, unit_reshard, FlatParam, Segment, Unit};

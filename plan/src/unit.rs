@@ -3,7 +3,7 @@
 
 use crate::config::ReshardAfterForward;
 use crate::ids::UnitId;
-use crate::serde_default::is_zero;
+use crate::serde_default::{is_zero, yes};
 use fsdpc_ir::ParamId;
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +117,23 @@ impl Unit {
         .collect()
     }
 
+    /// The elements of the trainable part of the shard at position `pos`
+    /// (`0..trainable_shard_numel`) that belong to parameters weight decay
+    /// does not apply to (`FlatParam::decay`), as sorted, disjoint ranges.
+    pub fn undecayed(&self, pos: u64) -> Vec<std::ops::Range<u64>> {
+        let n = self.trainable_shard_numel();
+        let base = (pos % self.factor()) * n;
+        self.params
+            .iter()
+            .filter(|p| p.requires_grad && !p.decay)
+            .filter_map(|p| {
+                let lo = p.offset.max(base);
+                let hi = (p.offset + p.numel).min(base + n);
+                (lo < hi).then(|| lo - base..hi - base)
+            })
+            .collect()
+    }
+
     /// The flat elements the shard at position `pos` holds, as
     /// `(flat offset, shard offset, elements)` per segment.
     pub fn shard_ranges(&self, pos: u64) -> Vec<(u64, u64, u64)> {
@@ -141,4 +158,13 @@ pub struct FlatParam {
     pub offset: u64,
     pub numel: u64,
     pub requires_grad: bool,
+    /// Whether the optimizer's weight decay applies to it (absent in plans
+    /// written before: yes). Not for norms, biases and embedding tables
+    /// unless `Settings::decay_all`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub decay: bool,
+}
+
+fn is_true(x: &bool) -> bool {
+    *x
 }

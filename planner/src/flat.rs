@@ -18,8 +18,37 @@
 
 use crate::error::PlanError;
 use crate::units::UnitAssignment;
-use fsdpc_ir::{Graph, ParamId};
+use fsdpc_ir::{Graph, NodeId, Op, ParamId, ValueId};
 use fsdpc_plan::{FlatParam, Unit, UnitId};
+use std::collections::HashMap;
+
+/// Whether weight decay applies to parameter `p` unless every parameter
+/// decays: not to tensors of rank < 2 (norms' scales and shifts, biases)
+/// nor to embedding tables (the data of an axis-0 `Gather`, tied or not),
+/// as nanoGPT's `configure_optimizers` and Hugging Face's trainer group
+/// them (which embeddings decay differs between the two; fsdpc takes them
+/// out).
+pub fn decays(graph: &Graph, params: &HashMap<ParamId, NodeId>, p: ParamId) -> bool {
+    if graph.param(p).ty.shape.0.len() < 2 {
+        return false;
+    }
+    let Some(&node) = params.get(&p) else {
+        return true;
+    };
+    let value = ValueId { node, slot: 0 };
+    !graph
+        .users(value)
+        .iter()
+        .any(|&(n, slot)| slot == 0 && matches!(graph.node(n).op, Op::Gather { axis: 0 }))
+}
+
+/// Marks each parameter's `decay` (`decays`; all of them with `decay_all`).
+pub fn mark_decay(graph: &Graph, units: &mut [Unit], decay_all: bool) {
+    let params = graph.param_nodes();
+    for fp in units.iter_mut().flat_map(|u| u.params.iter_mut()) {
+        fp.decay = decay_all || decays(graph, &params, fp.param);
+    }
+}
 
 /// The flat layout of every unit for sharding factor `shard_factor` (>= 1).
 /// Parameters must be f32 (the flat parameter's dtype).
@@ -95,6 +124,7 @@ fn lay_out(
             offset,
             numel,
             requires_grad: spec.requires_grad,
+            decay: true,
         });
         offset += numel;
     }

@@ -367,6 +367,7 @@ fn offload(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
 
 fn flat(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
     d.units = flat::layout_units(&d.program.graph, &d.assign, d.shard_factor)?;
+    flat::mark_decay(&d.program.graph, &mut d.units, d.cfg.decay_all);
     d.cfg
         .reshard_units(d.shard_factor, d.reshard, &mut d.units)?;
     Ok(d)

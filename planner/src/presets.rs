@@ -412,4 +412,29 @@ mod tests {
         let err = read(&f.to_file(false), 2).unwrap_err().to_string();
         assert!(err.contains("bandwidth_by_size"), "{err}");
     }
+
+    #[test]
+    fn a_world_smaller_than_a_node_uses_part_of_one_as_presets_do() {
+        // Measured with 2 ranks per node, planned for 1 rank: one rank of
+        // one node, as the preset it was written from gives.
+        let text = described("cpu-local", 2, 2).unwrap().to_file(false);
+        let one = read(&text, 1).unwrap();
+        assert_eq!((one.world, one.ranks_per_node, one.nodes()), (1, 1, 1));
+        let p = preset("cpu-local", 1, None).unwrap();
+        assert_eq!((p.world, p.ranks_per_node), (one.world, one.ranks_per_node));
+        // A whole number of nodes keeps the file's node size.
+        let four = read(&text, 4).unwrap();
+        assert_eq!((four.ranks_per_node, four.nodes()), (2, 2));
+        // Neither a part node beyond the first nor a node size asked for
+        // that the world does not fill.
+        let err = read(&text, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("world size 3 is not a multiple of ranks per node 2"),
+            "{err}"
+        );
+        let err = Cluster::from_file(&text, Some(1), Some(2))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("world size 1"), "{err}");
+    }
 }

@@ -50,7 +50,8 @@ pub struct CompileArgs {
     /// CPU offload, backward and forward prefetch, prefetch depth and
     /// limit_all_gathers. A flag given with --auto fixes its dimension
     /// (`--auto --strategy hybrid_shard` searches the rest). Prints the
-    /// candidates weighed and writes the chosen plan.
+    /// chosen plan, the fastest few that fit and a count per reason the
+    /// others were set aside, and writes the chosen plan.
     #[arg(long)]
     pub auto: bool,
     /// With --auto: `given` (default) keeps the precision of the flags
@@ -66,7 +67,19 @@ pub struct CompileArgs {
     /// certain (slower: the bounds of close candidates overlap).
     #[arg(long, value_name = "PERCENT", default_value_t = 0.5, requires = "auto")]
     pub auto_gap: f64,
+    /// With --auto: print every candidate weighed, one line each (runs of
+    /// pruned schedule variants on one line), not only the fastest few.
+    #[arg(long, requires = "auto")]
+    pub verbose: bool,
+    /// With --auto: print the search as JSON instead of text (the record,
+    /// the chosen candidate and every candidate with its verdict).
+    #[arg(long, requires = "auto")]
+    pub json: bool,
 }
+
+/// How many of the fastest candidates that fit `--auto` prints without
+/// `--verbose`.
+const AUTO_BEST: usize = 5;
 
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
     if is_json(&a.model) {
@@ -100,11 +113,11 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
             source,
         })?;
         eprintln!(
-            "wrote {} ({} units, {} instructions, peak {} per rank)",
+            "wrote {} ({} units, {} instructions, peak per rank {})",
             a.output.display(),
             plan.units.len(),
             plan.instructions.len(),
-            fsdpc_plan::readable::human_bytes(plan.memory.peak_bytes)
+            fsdpc_plan::readable::human_bytes(plan.memory.rank_bytes)
         );
     }
     Ok(())
@@ -154,7 +167,7 @@ fn prepare(
                     .into(),
             )),
             (None, _) => fsdpc_plan::OffloadWhat::Params,
-        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
+        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, lr_schedule: lr_schedule(f)?, decay_all: f.weight_decay_all, ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
             .reshard_after_forward
             .iter()
             .rfind(|v| !v.contains('='))
@@ -198,6 +211,13 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             )))
         }
     };
+    if a.json && a.output.as_os_str() == "-" {
+        return Err(CliError::Usage(
+            "--json prints the candidates on standard output, where -o - would write the plan: \
+             give -o a file"
+                .into(),
+        ));
+    }
     let started = std::time::Instant::now();
     let (program, info, cluster, mut cfg) =
         prepare(&a.model, a.world, &a.cluster, &a.plan, &a.import)?;
@@ -253,12 +273,16 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     for s in &r.searched {
         text.push_str(&format!("searched  {s}\n"));
     }
-    text.push_str(&result.table());
+    if a.verbose {
+        text.push_str(&result.table());
+    } else {
+        text.push_str(&result.summary(AUTO_BEST));
+    }
     text.push_str(&format!(
-        "chosen: {} (step {:.4} s, peak {}; {})\n",
+        "chosen: {} (step {:.4} s, peak per rank {}; {})\n",
         fsdpc_planner::auto::short(&config_of(&result.plan, &cfg)),
         result.plan.estimates.step_time_s,
-        fsdpc_plan::readable::human_bytes(result.plan.memory.peak_bytes),
+        fsdpc_plan::readable::human_bytes(result.plan.memory.rank_bytes),
         if a.auto_gap > 0.0 {
             format!(
                 "at most {}% slower than the fastest of the space (--auto-gap)",
@@ -268,6 +292,20 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             "the fastest of the space".to_string()
         }
     ));
+    if a.json {
+        let chosen = result
+            .weighed
+            .iter()
+            .find(|w| matches!(w.verdict, fsdpc_planner::auto::Verdict::Chosen))
+            .map(|w| w.candidate.index);
+        let json = serde_json::json!({
+            "record": r,
+            "chosen": chosen,
+            "candidates": result.candidates_json(),
+        });
+        print_out(&format!("{json:#}\n"))?;
+        return Ok(result.plan);
+    }
     // The plan itself may go to standard output: the table then goes to
     // standard error.
     if a.output.as_os_str() == "-" {
@@ -347,6 +385,37 @@ fn with_precision(mut cfg: FsdpConfig, f: &PlanFlags) -> Result<FsdpConfig, CliE
     }
     cfg.init_loss_scale = f.init_loss_scale;
     Ok(cfg)
+}
+
+/// The learning-rate schedule the flags ask for, checked against `--lr`.
+fn lr_schedule(f: &PlanFlags) -> Result<fsdpc_plan::LrSchedule, CliError> {
+    use fsdpc_plan::LrDecay;
+    let decay = LrDecay::parse(&f.lr_schedule)?;
+    let usage = |m: String| Err(CliError::Usage(m));
+    let decay_steps = match (decay, f.lr_decay_steps) {
+        (LrDecay::Constant, Some(_)) => {
+            return usage(
+                "--lr-decay-steps says when a decay ends: give --lr-schedule cosine or linear"
+                    .into(),
+            )
+        }
+        (LrDecay::Constant, None) => 0,
+        (_, Some(n)) => n,
+        (_, None) => {
+            return usage(format!(
+                "--lr-schedule {}: say when the decay reaches --min-lr (--lr-decay-steps N)",
+                decay.name()
+            ))
+        }
+    };
+    let schedule = fsdpc_plan::LrSchedule {
+        decay,
+        warmup_steps: f.warmup_steps,
+        decay_steps,
+        min_lr: f.min_lr,
+    };
+    schedule.check(f.lr)?;
+    Ok(schedule)
 }
 
 /// The optimizer the flags ask for, its hyperparameters checked: a value

@@ -130,6 +130,37 @@ pub struct PlanFlags {
     /// Weight decay, decoupled for AdamW (finite, >= 0).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub weight_decay: f64,
+    /// Apply --weight-decay to every parameter; by default norms, biases
+    /// (parameters of rank < 2) and embedding tables are not decayed, as
+    /// nanoGPT and Hugging Face's trainer group them.
+    #[arg(long)]
+    pub weight_decay_all: bool,
+    /// Learning-rate schedule: constant (default), or a linear warmup of
+    /// --warmup-steps from 0 to --lr, then a cosine or linear decay to
+    /// --min-lr at step --lr-decay-steps, held there after (Hugging Face's
+    /// schedulers with a floor; nanoGPT's get_lr). Recorded in the plan.
+    #[arg(
+        long,
+        value_name = "constant|cosine|linear",
+        default_value = "constant"
+    )]
+    pub lr_schedule: String,
+    /// Steps of linear warmup (with --lr-schedule cosine or linear).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub warmup_steps: u64,
+    /// The rate the decay ends at (with --lr-schedule cosine or linear;
+    /// from 0 to --lr).
+    #[arg(
+        long,
+        value_name = "LR",
+        default_value_t = 0.0,
+        allow_hyphen_values = true
+    )]
+    pub min_lr: f64,
+    /// The step at which the decay reaches --min-lr (default with `fsdpc
+    /// train MODEL`: --steps; `fsdpc compile` needs it with a decay).
+    #[arg(long, value_name = "N")]
+    pub lr_decay_steps: Option<u64>,
     /// Activation checkpointing: the selected units re-run their forward in
     /// their backward instead of keeping their activations. Alone: every
     /// non-root unit (all); every:K (every K-th unit from the first);

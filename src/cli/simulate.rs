@@ -41,10 +41,13 @@ pub fn run(a: SimulateArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Usage(format!("cannot print the simulation: {e}")))?;
         return print_out(&format!("{text}\n"));
     }
-    print_out(&render(&sim, cluster.memory_bytes))
+    print_out(&render(&sim, cluster.memory_bytes, plan.memory.rank_bytes))
 }
 
-fn render(s: &Simulation, capacity: u64) -> String {
+/// The simulation as text; `rank_bytes` is the plan's peak per rank (the
+/// figure `compile` and `train` print), beside the arena's live peak the
+/// capacity is checked against.
+fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -65,7 +68,8 @@ fn render(s: &Simulation, capacity: u64) -> String {
     };
     let _ = writeln!(
         out,
-        "peak {} per rank (capacity {}: {fits})",
+        "peak per rank {} (arena live peak {}, capacity {}: {fits})",
+        human_bytes(rank_bytes),
         human_bytes(s.peak_bytes_per_rank),
         human_bytes(capacity)
     );

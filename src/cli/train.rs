@@ -32,7 +32,8 @@ pub struct TrainArgs {
     /// read as bytes (vocab 256). Default: a built-in synthetic task.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Write one JSON object per step (step, loss, tokens_per_s,
+    /// Write one JSON object per step (step, loss, lr (the learning rate
+    /// the step's optimizer update used), tokens_per_s,
     /// step_time_s (the step's measured execution time, the slowest
     /// rank's), measured_peak_bytes, planned_peak_bytes; with --clip-grad-norm also
     /// grad_norm, the total gradient norm before clipping; with an fp16
@@ -79,9 +80,12 @@ pub struct TrainArgs {
     /// Steps between checkpoints.
     #[arg(long, value_name = "K", requires = "checkpoint_dir")]
     pub checkpoint_every: Option<u64>,
-    /// Continue from the latest complete checkpoint in DIR, up to --steps in
-    /// all, with the checkpoint's seed; re-sharded when the world, shard
-    /// factor or strategy differ.
+    /// Continue from the latest complete checkpoint in DIR, or from the
+    /// step directory DIR/step-N itself (to roll back; the newer steps of
+    /// DIR are removed when --checkpoint-dir is DIR), up to --steps in all,
+    /// with the checkpoint's seed; re-sharded when the world, shard factor
+    /// or strategy differ. A checkpoint already at --steps: nothing left to
+    /// do, exit 0 (a requeued job re-runs the same command).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
     /// The target that runs the ranks: `threads` (one process, a thread
@@ -137,6 +141,25 @@ fn device_summary(
     )
 }
 
+/// Whether the checkpoint `--resume` names already completed `--steps`:
+/// a job its scheduler requeued re-runs the same command, and there is
+/// nothing left to do (said by the lead rank). Further than `--steps` is
+/// left to the run's own refusal.
+fn nothing_left(resume: &Path, steps: u64, lead: bool) -> Result<bool, CliError> {
+    let at = fsdpc_runtime::checkpoint::Checkpoint::step_of(resume)
+        .map_err(fsdpc_runtime::RuntimeError::from)?;
+    if at != steps {
+        return Ok(false);
+    }
+    if lead {
+        print_out(&format!(
+            "nothing left to do: the checkpoint {} is at step {at}, --steps is {steps}\n",
+            resume.display()
+        ))?;
+    }
+    Ok(true)
+}
+
 pub fn run(a: TrainArgs) -> Result<(), CliError> {
     check_flags(&a)?;
     let timeout = Duration::from_secs_f64(a.collective_timeout);
@@ -144,6 +167,11 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     // Only rank 0 reports: metrics, the progress bar and the summary.
     let lead = target.rank() == 0;
+    if let Some(dir) = &a.resume {
+        if nothing_left(dir, a.steps, lead)? {
+            return Ok(());
+        }
+    }
     // Opened before any work, so an unwritable path is reported at once.
     let mut metrics = if lead {
         open_metrics(&a.metrics)?
@@ -167,11 +195,18 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         }
         plan
     } else {
+        // A decay ends at the run's last step unless told otherwise.
+        let mut flags = (*a.plan).clone();
+        if fsdpc_plan::LrDecay::parse(&flags.lr_schedule)
+            .is_ok_and(|d| d != fsdpc_plan::LrDecay::Constant)
+        {
+            flags.lr_decay_steps = flags.lr_decay_steps.or(Some(a.steps));
+        }
         plan_model(
             &a.model,
             a.ranks.or(target.processes()).unwrap_or(1),
             a.cluster.as_deref().unwrap_or("cpu-local"),
-            &a.plan,
+            &flags,
             &a.import,
             target.capabilities(),
             target.host_gemm(),
@@ -210,7 +245,8 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         bar.set_message(format!("loss {:.4}  {:.0} tok/s", r.loss, r.tokens_per_s));
         if let Some(m) = metrics.as_mut() {
             let mut line = serde_json::json!({
-                "step": r.step, "loss": r.loss, "tokens_per_s": r.tokens_per_s,
+                "step": r.step, "loss": r.loss, "lr": plan.lr_at(r.step),
+                "tokens_per_s": r.tokens_per_s,
                 "step_time_s": r.step_time.as_secs_f64(),
                 "measured_peak_bytes": r.measured_peak_bytes,
                 "planned_peak_bytes": r.planned_peak_bytes,

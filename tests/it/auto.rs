@@ -321,6 +321,107 @@ fn fsdpc(args: &[&str]) -> Output {
         .expect("fsdpc runs")
 }
 
+/// Without --verbose, --auto prints the chosen plan, the fastest few that
+/// fit and a count per rejection reason, not a line per candidate; the
+/// counts cover every candidate. --verbose prints the whole table, --json
+/// every candidate.
+#[test]
+fn cli_auto_summarises_and_keeps_the_full_table_behind_flags() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("auto.json");
+    let out_s = out.to_str().expect("utf-8 path");
+    let base = [
+        "compile",
+        "gpt-mini",
+        "--world",
+        "4",
+        "--cluster",
+        "cpu-local",
+        "--auto",
+        "-o",
+        out_s,
+    ];
+    let run = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        let o = fsdpc(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let json: serde_json::Value = serde_json::from_str(&run(&["--json"])).expect("--json is JSON");
+    let rows = json["candidates"].as_array().expect("candidates");
+    let total = json["record"]["candidates"].as_u64().expect("record");
+    assert_eq!(rows.len() as u64, total);
+    let chosen = json["chosen"].as_u64().expect("a chosen candidate");
+    let fit = rows
+        .iter()
+        .filter(|r| r["verdict"] == "chosen" || r["verdict"] == "slower")
+        .count();
+    assert_eq!(
+        rows.iter().filter(|r| r["verdict"] == "chosen").count(),
+        1,
+        "{json:#}"
+    );
+    let text = run(&[]);
+    // Header lines, the best few (the chosen first), the counts: a short
+    // text however many candidates.
+    let best: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("the fastest "))
+        .skip(2)
+        .take_while(|l| !l.starts_with("set aside:"))
+        .collect();
+    assert_eq!(best.len(), fit.min(5), "{text}");
+    assert!(
+        best[0].trim_start().starts_with(&format!("{chosen} ")),
+        "{text}"
+    );
+    assert!(best[0].ends_with("chosen"), "{text}");
+    let counted: u64 = text
+        .lines()
+        .skip_while(|l| !l.starts_with("set aside:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted + 1, total, "{text}");
+    assert!(text.contains("chosen: "), "{text}");
+    assert!(
+        (text.lines().count() as u64) < total,
+        "{total} candidates:\n{text}"
+    );
+    let verbose = run(&["--verbose"]);
+    assert!(!verbose.contains("set aside:"), "{verbose}");
+    assert!(verbose.lines().count() > text.lines().count(), "{verbose}");
+    for r in rows.iter().filter(|r| !r["step_time_s"].is_null()) {
+        let idx = r["index"].as_u64().unwrap();
+        assert!(
+            verbose
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{idx} "))),
+            "compiled candidate {idx} in the table:\n{verbose}"
+        );
+    }
+    // --json with the plan on standard output is one clear error.
+    let mut a = base.to_vec();
+    a.pop();
+    a.extend(["-", "--json"]);
+    let o = fsdpc(&a);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--json") && err.contains("-o -"), "{err}");
+    let o = fsdpc(&[
+        "compile",
+        "gpt-mini",
+        "--world",
+        "2",
+        "--verbose",
+        "-o",
+        out_s,
+    ]);
+    assert!(!o.status.success(), "--verbose without --auto");
+}
+
 #[test]
 fn cli_auto_prints_the_table_and_writes_the_plan() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -330,6 +330,69 @@ fn an_incomplete_newer_checkpoint_leaves_the_previous_one_latest() {
     assert_eq!(bits(&rest).0, bits(&full).0[3..]);
 }
 
+/// `--resume DIR/step-N` rolls back to an older checkpoint than `latest`:
+/// the run continues from step N exactly as the uninterrupted run did, and
+/// checkpointing into DIR again replaces the steps rolled back from,
+/// `latest` naming the resumed step until the first new checkpoint.
+#[test]
+fn resume_from_a_chosen_older_checkpoint_rolls_back() {
+    let p = gpt_plan(2, Strategy::FullShard);
+    let full = ok(&p, &opts(6));
+    let dir = tmp();
+    let every3 = |steps| TrainOptions {
+        checkpoint: Some(CheckpointConfig {
+            dir: dir.path().to_path_buf(),
+            every: 3,
+        }),
+        ..opts(steps)
+    };
+    ok(&p, &every3(6));
+    let latest = || std::fs::read_to_string(dir.path().join("latest")).unwrap_or_default();
+    assert_eq!(latest(), "step-000000006");
+    let step3 = dir.path().join("step-000000003");
+    assert_eq!(
+        fsdpc_runtime::checkpoint::Checkpoint::step_of(&step3).ok(),
+        Some(3)
+    );
+    // Without checkpointing, reading the older step changes nothing.
+    let rest = ok(
+        &p,
+        &TrainOptions {
+            resume: Some(step3.clone()),
+            ..opts(5)
+        },
+    );
+    assert_eq!(bits(&rest).0, bits(&full).0[3..5]);
+    assert_eq!(latest(), "step-000000006");
+    // Checkpointing into the same directory: step 6 is rolled back from,
+    // then written again by the resumed run.
+    let rest = ok(
+        &p,
+        &TrainOptions {
+            resume: Some(step3.clone()),
+            ..every3(6)
+        },
+    );
+    assert_eq!(bits(&rest).0, bits(&full).0[3..]);
+    assert_eq!(bits(&rest).1, bits(&full).1);
+    assert_eq!(latest(), "step-000000006");
+    // A run that stops before its next checkpoint leaves `latest` on the
+    // step it resumed from, not on a removed one.
+    let short = ok(
+        &p,
+        &TrainOptions {
+            resume: Some(step3.clone()),
+            ..every3(5)
+        },
+    );
+    assert_eq!(bits(&short).0, bits(&full).0[3..5]);
+    assert_eq!(latest(), "step-000000003");
+    assert!(!dir.path().join("step-000000006").exists());
+    let c =
+        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.manifest.step, 3);
+}
+
 #[test]
 fn two_checkpoints_are_kept() {
     let p = gpt_plan(2, Strategy::FullShard);
@@ -462,6 +525,58 @@ fn cli_checkpoints_resumes_and_exports() {
         text(&bad)
     );
     assert!(!text(&bad).contains("panicked"), "{}", text(&bad));
+}
+
+/// A requeued job re-runs its command: `--resume` of a checkpoint already
+/// at `--steps` has nothing left to do and exits 0, changing nothing; a
+/// step directory given to `--resume` continues from that step.
+#[test]
+fn cli_resume_at_steps_has_nothing_left_to_do() {
+    let dir = tmp();
+    let d = dir.path().join("ckpt");
+    let d = d.to_string_lossy().into_owned();
+    let model = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,batch=2";
+    let train = |steps: &str, resume: Option<&str>| {
+        let mut a = vec![
+            "train",
+            model,
+            "--ranks",
+            "2",
+            "--steps",
+            steps,
+            "--checkpoint-dir",
+            &d,
+            "--checkpoint-every",
+            "3",
+        ];
+        if let Some(r) = resume {
+            a.extend(["--resume", r]);
+        }
+        fsdpc(&a)
+    };
+    let first = train("6", None);
+    assert!(first.status.success(), "{}", text(&first));
+    let before = snapshot(dir.path());
+    let again = train("6", Some(&d));
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(
+        text(&again).contains("nothing left to do: the checkpoint")
+            && text(&again).contains("is at step 6, --steps is 6"),
+        "{}",
+        text(&again)
+    );
+    assert!(!text(&again).contains("trained"), "{}", text(&again));
+    assert_eq!(snapshot(dir.path()), before, "nothing written");
+    // The older step: it trains steps 3..6 again.
+    let step3 = format!("{d}/step-000000003");
+    let back = train("6", Some(&step3));
+    assert!(back.status.success(), "{}", text(&back));
+    assert!(text(&back).contains("for 3 steps"), "{}", text(&back));
+    // Fewer steps than the checkpoint holds stays an error, naming it.
+    let fewer = train("2", Some(&d));
+    assert!(!fewer.status.success());
+    assert!(text(&fewer).contains("at step 6"), "{}", text(&fewer));
+    assert!(!text(&fewer).contains("panicked"), "{}", text(&fewer));
 }
 
 #[test]

@@ -676,3 +676,52 @@ fn a_hung_thread_rank_does_not_keep_the_process_alive() {
     // Start-up, one step and the fault fit well in the slack.
     assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
 }
+
+/// One memory figure, "peak per rank", named and valued the same by
+/// `compile`, `inspect`, `simulate` and `train` of the same plan: the
+/// plan's `memory.rank_bytes` (arena plus heap), which `inspect` breaks
+/// down into the arena's live peak and the heap.
+#[test]
+fn compile_inspect_simulate_and_train_print_one_peak_per_rank() {
+    let plan = tmp("one-peak.json");
+    let p = plan.to_str().expect("utf-8 path");
+    let o = fsdpc(&["compile", "gpt-mini", "--world", "2", "-o", p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let parsed = fsdpc_plan::Plan::from_json(&std::fs::read_to_string(&plan).expect("plan"))
+        .expect("a plan");
+    let m = &parsed.memory;
+    let figure = fsdpc_plan::readable::human_bytes(m.rank_bytes);
+    assert_ne!(m.rank_bytes, m.peak_bytes, "the heap makes them differ");
+    let peak = format!("peak per rank {figure}");
+    assert!(stderr(&o).contains(&peak), "compile: {}", stderr(&o));
+    let text = |args: &[&str]| {
+        let o = fsdpc(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let inspect = text(&["inspect", p]);
+    assert!(
+        inspect.contains(&format!(
+            "{peak}: arena {} + heap {}",
+            fsdpc_plan::readable::human_bytes(m.arena_bytes),
+            fsdpc_plan::readable::human_bytes(m.heap_bytes)
+        )),
+        "{inspect}"
+    );
+    assert!(
+        inspect.contains(&format!(
+            "live peak {} at instruction {}",
+            fsdpc_plan::readable::human_bytes(m.peak_bytes),
+            m.peak_at
+        )),
+        "{inspect}"
+    );
+    let simulate = text(&["simulate", p]);
+    assert!(simulate.contains(&peak), "{simulate}");
+    let train = text(&["train", p, "--steps", "1"]);
+    assert!(
+        train.contains("peak per rank") && train.contains(&format!("{figure} planned")),
+        "{train}"
+    );
+    let _ = std::fs::remove_file(&plan);
+}

@@ -36,7 +36,8 @@ struct ClusterFile {
 impl Cluster {
     /// Reads a cluster file at `world` ranks (`None`: the file's `nodes` x
     /// `ranks_per_node`), `ranks_per_node` overriding the file's when
-    /// given; every figure is checked (`check`).
+    /// given; a world smaller than the file's node lies on part of one
+    /// node. Every figure is checked (`check`).
     pub fn from_file(
         text: &str,
         world: Option<u32>,
@@ -55,10 +56,9 @@ impl Cluster {
                 "ranks_per_node and memory_bytes_per_rank must be at least 1",
             ));
         }
-        let rpn = ranks_per_node.unwrap_or(f.ranks_per_node);
         let world = match (world, f.nodes) {
             (Some(w), _) => w,
-            (None, Some(n)) => n.saturating_mul(rpn),
+            (None, Some(n)) => n.saturating_mul(ranks_per_node.unwrap_or(f.ranks_per_node)),
             (None, None) => {
                 return Err(ClusterError::new(format!(
                     "cluster `{}` gives no `nodes`: say how many ranks (--world)",
@@ -66,6 +66,9 @@ impl Cluster {
                 )))
             }
         };
+        // A world smaller than one node uses part of a node, as a preset's
+        // does (`presets::default_ranks_per_node`); a given count is kept.
+        let rpn = ranks_per_node.unwrap_or_else(|| f.ranks_per_node.min(world.max(1)));
         let cluster = Cluster {
             name: f.name,
             world,

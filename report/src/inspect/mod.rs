@@ -48,6 +48,8 @@ pub struct Summary {
     /// The mixed-precision policy (absent: everything f32).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub precision: Option<PrecisionSummary>,
+    /// The optimizer: its kind, rate, schedule and weight decay.
+    pub optimizer: OptimizerSummary,
     /// The `--freeze` patterns (empty: every parameter trainable).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<String>,
@@ -58,16 +60,22 @@ pub struct Summary {
     /// allocate.
     #[serde(skip_serializing_if = "is_zero")]
     pub frozen_saved_bytes: u64,
+    /// The (device) arena's live peak: the most bytes of buffers live at
+    /// once, what is compared with the capacity. The text's "peak per
+    /// rank" is `rank_bytes`.
     pub peak_bytes_per_rank: u64,
-    /// Instruction index of the peak.
+    /// Instruction index of the arena's live peak.
     pub peak_at: u32,
+    /// The (device) arena: its live peak plus what offsets leave unused.
     pub arena_bytes: u64,
     pub capacity_bytes: u64,
     /// Live bytes at the peak, by buffer kind.
     pub breakdown: Vec<(BufferKind, u64)>,
     /// What the matrix-product library allocates at most outside the arena.
     pub heap_bytes: u64,
-    /// Arena plus that heap: the most a rank holds during a step.
+    /// "Peak per rank", the one figure `compile`, `train` and `inspect`
+    /// print: the arenas plus that heap, the most a rank holds during a
+    /// step (`memory.rank_bytes`).
     pub rank_bytes: u64,
     /// Shards and optimizer state in host memory (`cpu_offload`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -255,6 +263,7 @@ pub fn summary(plan: &Plan) -> Summary {
             .collect(),
         clip_grad_norm: plan.config.clip_grad_norm,
         precision: precision_summary(plan),
+        optimizer: optimizer_summary(plan),
         freeze: plan.config.freeze.clone(),
         shared_params: plan.config.shared_params,
         frozen_saved_bytes: frozen_saved_bytes(plan),
@@ -333,4 +342,50 @@ fn host_breakdown(plan: &Plan) -> Vec<(BufferKind, u64)> {
         *by_kind.entry(b.kind).or_default() += b.bytes;
     }
     by_kind.into_iter().collect()
+}
+
+/// The optimizer and which trainable parameters its weight decay applies
+/// to (`FlatParam::decay`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OptimizerSummary {
+    /// `adamw` or `sgd`.
+    pub kind: String,
+    pub lr: f64,
+    /// The learning-rate schedule (absent: constant).
+    #[serde(skip_serializing_if = "fsdpc_plan::LrSchedule::is_constant")]
+    pub lr_schedule: fsdpc_plan::LrSchedule,
+    pub weight_decay: f64,
+    /// Whether decay applies to every parameter (`--weight-decay-all`).
+    pub decay_all: bool,
+    /// Trainable parameters and their elements decay applies to, and all
+    /// trainable ones.
+    pub decayed_params: u64,
+    pub decayed_numel: u64,
+    pub trainable_params: u64,
+    pub trainable_numel: u64,
+}
+
+fn optimizer_summary(plan: &Plan) -> OptimizerSummary {
+    let o = &plan.training.optimizer;
+    let trainable = || {
+        plan.units
+            .iter()
+            .flat_map(|u| u.params.iter())
+            .filter(|p| p.requires_grad)
+    };
+    let decayed = || trainable().filter(|p| p.decay);
+    OptimizerSummary {
+        kind: match o {
+            fsdpc_ir::Optimizer::Sgd { .. } => "sgd".into(),
+            fsdpc_ir::Optimizer::AdamW { .. } => "adamw".into(),
+        },
+        lr: o.lr(),
+        lr_schedule: plan.config.lr_schedule.clone(),
+        weight_decay: o.weight_decay(),
+        decay_all: plan.config.decay_all,
+        decayed_params: decayed().count() as u64,
+        decayed_numel: decayed().map(|p| p.numel).sum(),
+        trainable_params: trainable().count() as u64,
+        trainable_numel: trainable().map(|p| p.numel).sum(),
+    }
 }

@@ -72,6 +72,7 @@ fn header(out: &mut String, s: &Summary) {
         format!("{:?}", s.backward_prefetch).to_lowercase(),
         s.limit_all_gathers
     );
+    optimizer_line(out, &s.optimizer);
     let groups = s.world / s.shard_factor.max(1);
     if groups > 1 && s.shard_factor > 1 {
         let _ = writeln!(
@@ -333,51 +334,68 @@ frozen parameters ({how}): {} of {} elements; no gradient, reduce-scatter or opt
     }
 }
 
+/// The one figure a rank holds (`memory.rank_bytes`, "peak per rank", as
+/// `compile` and `train` print it), then its parts: each arena's live peak
+/// by buffer kind, and the matrix library's heap.
 fn memory_table(out: &mut String, s: &Summary) {
     let fits = if s.peak_bytes_per_rank <= s.capacity_bytes {
         "fits"
     } else {
         "DOES NOT FIT"
     };
+    let (device, parts) = if s.cpu_offload {
+        (
+            "device arena",
+            format!(
+                "device arena {} + host arena {} + heap {}",
+                human_bytes(s.arena_bytes),
+                human_bytes(s.host_arena_bytes),
+                human_bytes(s.heap_bytes)
+            ),
+        )
+    } else {
+        (
+            "arena",
+            format!(
+                "arena {} + heap {}",
+                human_bytes(s.arena_bytes),
+                human_bytes(s.heap_bytes)
+            ),
+        )
+    };
     let _ = writeln!(
         out,
-        "\n{}memory per rank: peak {} at instruction {} (arena {}, capacity {}: {})",
-        if s.cpu_offload { "device " } else { "" },
+        "\npeak per rank {}: {parts}",
+        human_bytes(s.rank_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{device} {}: live peak {} at instruction {} (capacity {}: {fits})",
+        human_bytes(s.arena_bytes),
         human_bytes(s.peak_bytes_per_rank),
         s.peak_at,
-        human_bytes(s.arena_bytes),
         human_bytes(s.capacity_bytes),
-        fits
     );
-    for (kind, bytes) in &s.breakdown {
+    kinds(out, &s.breakdown);
+    if s.cpu_offload {
         let _ = writeln!(
             out,
-            "  {:<16} {:>12}",
-            format!("{kind:?}"),
-            human_bytes(*bytes)
+            "host arena {}: live peak {}",
+            human_bytes(s.host_arena_bytes),
+            human_bytes(s.host_peak_bytes),
         );
+        kinds(out, &s.host_breakdown);
     }
     let _ = writeln!(
         out,
-        "  {:<16} {:>12}  (matmul packing, outside the arena)",
-        "Heap",
+        "heap {} (matmul packing, outside the arena{})",
         human_bytes(s.heap_bytes),
+        if s.cpu_offload { "s" } else { "" }
     );
-    if !s.cpu_offload {
-        let _ = writeln!(
-            out,
-            "rank holds at most {} (arena + heap)",
-            human_bytes(s.rank_bytes)
-        );
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "host memory per rank: peak {} (host arena {})",
-        human_bytes(s.host_peak_bytes),
-        human_bytes(s.host_arena_bytes)
-    );
-    for (kind, bytes) in &s.host_breakdown {
+}
+
+fn kinds(out: &mut String, breakdown: &[(BufferKind, u64)]) {
+    for (kind, bytes) in breakdown {
         let _ = writeln!(
             out,
             "  {:<16} {:>12}",
@@ -385,10 +403,34 @@ fn memory_table(out: &mut String, s: &Summary) {
             human_bytes(*bytes)
         );
     }
+}
+
+/// `optimizer adamw, lr 0.001 (cosine, ...), weight decay 0.1 on 26 of 50
+/// parameters (...)`.
+fn optimizer_line(out: &mut String, o: &OptimizerSummary) {
+    let decay = if o.weight_decay == 0.0 {
+        "no weight decay".to_string()
+    } else {
+        format!(
+            "weight decay {} on {} of {} parameters ({} of {} elements; {})",
+            o.weight_decay,
+            o.decayed_params,
+            o.trainable_params,
+            human_count(o.decayed_numel),
+            human_count(o.trainable_numel),
+            if o.decay_all {
+                "every one: --weight-decay-all"
+            } else {
+                "not norms, biases, embeddings"
+            }
+        )
+    };
     let _ = writeln!(
         out,
-        "rank holds at most {} (device arena + host arena + heap)",
-        human_bytes(s.rank_bytes)
+        "optimizer {}, lr {} ({}), {decay}",
+        o.kind,
+        o.lr,
+        o.lr_schedule.describe()
     );
 }
 

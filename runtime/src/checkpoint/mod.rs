@@ -38,8 +38,9 @@ pub enum CheckpointError {
         /// The operating system's message.
         reason: String,
     },
-    /// A directory holds no checkpoint: it has no `latest` pointer.
-    #[error("{dir} is not a checkpoint directory: it has no `latest` pointer (`fsdpc train --checkpoint-dir` writes one)")]
+    /// A directory holds no checkpoint: it has no `latest` pointer and is
+    /// not a step directory (no manifest).
+    #[error("{dir} is not a checkpoint directory: it has no `latest` pointer (`fsdpc train --checkpoint-dir` writes one) and no manifest of a step directory")]
     NotACheckpoint {
         /// The directory.
         dir: String,

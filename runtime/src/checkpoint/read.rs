@@ -1,4 +1,5 @@
-//! Reading a checkpoint: the latest complete one is opened and every file
+//! Reading a checkpoint: the latest complete one of a directory, or a
+//! step directory named directly, is opened and every file
 //! checked against the manifest (present, size, blake3) before any value is
 //! used; a rank's buffers are then filled directly (same plan) or re-sharded
 //! (same model, other world, shard factor or strategy) by slicing the saved
@@ -39,26 +40,18 @@ pub enum Part {
 }
 
 impl Checkpoint {
-    /// Opens the latest complete checkpoint in `dir` (the step directory
-    /// `latest` names) and verifies every file it lists.
-    pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
-        let latest = dir.join(LATEST);
-        let name = match std::fs::read_to_string(&latest) {
-            Ok(n) => n.trim().to_string(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(CheckpointError::NotACheckpoint {
-                    dir: dir.display().to_string(),
-                })
-            }
-            Err(e) => return Err(CheckpointError::io(&latest, e)),
-        };
-        if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
-            return Err(CheckpointError::Format {
-                path: latest.display().to_string(),
-                reason: format!("`{name}` is not a step directory name"),
-            });
-        }
-        Checkpoint::open_step(&dir.join(name))
+    /// Opens the checkpoint `path` names and verifies every file it lists:
+    /// the latest complete one when `path` is a checkpoint directory (the
+    /// step directory `latest` names), or `path` itself when it is a step
+    /// directory (`DIR/step-000000005`: an older one, to roll back to).
+    pub fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        Checkpoint::open_step(&step_dir(path)?)
+    }
+
+    /// The step the checkpoint `path` names (as `open` finds it) completed,
+    /// from its manifest alone, no rank file read.
+    pub fn step_of(path: &Path) -> Result<u64, CheckpointError> {
+        Ok(Manifest::read(&step_dir(path)?.join(MANIFEST))?.step)
     }
 
     /// Opens the checkpoint in the step directory `sdir` and verifies it.
@@ -385,4 +378,29 @@ fn verify_file(path: &Path, f: &manifest::FileEntry) -> Result<Mmap, CheckpointE
         });
     }
     Ok(map)
+}
+
+/// The step directory `path` names: itself when it holds a manifest and no
+/// `latest` pointer, otherwise the one its `latest` pointer names.
+fn step_dir(path: &Path) -> Result<PathBuf, CheckpointError> {
+    let latest = path.join(LATEST);
+    if !latest.exists() && path.join(MANIFEST).exists() {
+        return Ok(path.to_path_buf());
+    }
+    let name = match std::fs::read_to_string(&latest) {
+        Ok(n) => n.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::NotACheckpoint {
+                dir: path.display().to_string(),
+            })
+        }
+        Err(e) => return Err(CheckpointError::io(&latest, e)),
+    };
+    if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+        return Err(CheckpointError::Format {
+            path: latest.display().to_string(),
+            reason: format!("`{name}` is not a step directory name"),
+        });
+    }
+    Ok(path.join(name))
 }

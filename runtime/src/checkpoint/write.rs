@@ -11,7 +11,7 @@ use super::{Checkpoint, CheckpointError};
 use fsdpc_ir::fs::{write_atomic_with, AtomicWriteError};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Complete checkpoints kept in a directory.
 pub const KEEP: usize = 2;
@@ -131,10 +131,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 }
 
 /// Readies `dir` for a run's checkpoints. A directory holding a checkpoint
-/// is written only by a run that resumes from it: its step directories
-/// newer than the resumed step are leftovers of an interrupted write (not
-/// `latest`) and are removed, so no file of theirs mixes with the new ones.
-/// Any other run is refused rather than overwrite the checkpoint there.
+/// is written only by a run that resumes from one of its step directories:
+/// the step directories newer than the resumed step (leftovers of an
+/// interrupted write, or the steps a run rolled back from, `--resume
+/// DIR/step-N`) are removed once `latest` names the resumed step, so no
+/// file of theirs mixes with the new ones and a crash leaves `latest`
+/// whole. Any other run is refused rather than overwrite the checkpoint
+/// there.
 pub fn prepare_dir(dir: &Path, from: Option<&Checkpoint>) -> Result<(), CheckpointError> {
     let latest = dir.join(LATEST);
     if !latest.exists() {
@@ -150,16 +153,27 @@ pub fn prepare_dir(dir: &Path, from: Option<&Checkpoint>) -> Result<(), Checkpoi
             reason: "this directory already holds checkpoints; continue them with --resume on the same directory, or write to another one".into(),
         });
     };
-    for (step, path) in step_dirs(dir)? {
-        if step > c.manifest.step {
-            std::fs::remove_dir_all(&path).map_err(|e| CheckpointError::io(&path, e))?;
-        }
+    let newer: Vec<PathBuf> = step_dirs(dir)?
+        .into_iter()
+        .filter(|(step, _)| *step > c.manifest.step)
+        .map(|(_, path)| path)
+        .collect();
+    if !newer.is_empty() {
+        let name = c
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        write_atomic(&latest, name.as_bytes())?;
+    }
+    for path in newer {
+        std::fs::remove_dir_all(&path).map_err(|e| CheckpointError::io(&path, e))?;
     }
     Ok(())
 }
 
 /// The step directories in `dir` with their steps.
-fn step_dirs(dir: &Path) -> Result<Vec<(u64, std::path::PathBuf)>, CheckpointError> {
+fn step_dirs(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
     Ok(std::fs::read_dir(dir)
         .map_err(|e| CheckpointError::io(dir, e))?
         .filter_map(|e| e.ok())

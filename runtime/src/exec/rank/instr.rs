@@ -118,11 +118,12 @@ impl<'a> RankEnv<'a> {
                     ..
                 } if self.f32s(mem, *flag)?[0] != 0.0 => Ok(()),
                 Step::Optimizer {
+                    unit,
                     params,
                     grads,
                     state,
                     ..
-                } => self.optimizer(mem, step, *params, *grads, state),
+                } => self.optimizer(mem, step, *unit, *params, *grads, state),
                 Step::Scaler(s) => self.scaler(mem, stream, s),
                 Step::GradNormSq { grads, dst } => {
                     let mut sum = 0f64;
@@ -211,10 +212,15 @@ impl<'a> RankEnv<'a> {
             })
     }
 
+    /// The optimizer step of unit `unit`'s shard: the parameters weight
+    /// decay does not apply to (`Unit::undecayed`) are stepped without it.
+    /// The update is element by element, so stepping the shard in pieces
+    /// equals one call.
     pub(in crate::exec) unsafe fn optimizer(
         &self,
         mem: &Memory,
         step: u64,
+        unit: usize,
         params: BufferId,
         grads: BufferId,
         state: &[BufferId],
@@ -233,28 +239,53 @@ impl<'a> RankEnv<'a> {
         for b in state {
             st.push(f32s(*b)?);
         }
+        let pieces = self.decay_pieces(step, unit);
         if self.dtype(grads) != DType::F32 {
-            return self.optimizer_half(mem, step, f32s(params)?, grads, st);
+            return self.optimizer_half(mem, &pieces, f32s(params)?, grads, st);
         }
         // The gradient covers the trainable part of the shard, its first
         // elements (`Unit::trainable_shard_numel`; sizes checked by `resolve`).
         let g = f32s(grads)?;
         let p = f32s(params)?;
         let n = g.len().min(p.len());
-        let args = OptimizerArgs {
-            optimizer: &self.prep.plan.training.optimizer,
-            step,
-            params: &mut p[..n],
-            grads: g,
-            state: st,
+        let mut result = Ok(());
+        for_pieces(&pieces, 0, n, |lo, hi, optimizer| {
+            if result.is_ok() {
+                result = self.backend.optimizer_step(OptimizerArgs {
+                    optimizer,
+                    step,
+                    params: &mut p[lo..hi],
+                    grads: &g[lo..hi],
+                    state: st.iter_mut().map(|s| &mut s[lo..hi]).collect(),
+                });
+            }
+        });
+        result.map_err(|e| RuntimeError::Kernel {
+            node: format!("optimizer step of buffer {params}"),
+            op: "optimizer".into(),
+            reason: e.0,
+        })
+    }
+
+    /// The optimizer of `step` (its scheduled rate) and the same without
+    /// weight decay, with the shard's elements each applies to.
+    fn decay_pieces(&self, step: u64, unit: usize) -> DecayPieces {
+        let plan = self.prep.plan;
+        let optimizer = plan.optimizer_at(step);
+        let pos = plan.geometry().shard_position(self.rank) as u64;
+        let undecayed = match plan.units.get(unit) {
+            Some(u) if optimizer.weight_decay() != 0.0 => u.undecayed(pos),
+            _ => Vec::new(),
         };
-        self.backend
-            .optimizer_step(args)
-            .map_err(|e| RuntimeError::Kernel {
-                node: format!("optimizer step of buffer {params}"),
-                op: "optimizer".into(),
-                reason: e.0,
-            })
+        DecayPieces {
+            step,
+            plain: optimizer.without_decay(),
+            optimizer,
+            undecayed: undecayed
+                .into_iter()
+                .map(|r| r.start as usize..r.end as usize)
+                .collect(),
+        }
     }
 
     /// The optimizer step on a half-precision gradient (no_shard mixed
@@ -265,7 +296,7 @@ impl<'a> RankEnv<'a> {
     pub(in crate::exec) unsafe fn optimizer_half(
         &self,
         mem: &Memory,
-        step: u64,
+        pieces: &DecayPieces,
         params: &mut [f32],
         grads: BufferId,
         mut state: Vec<&mut [f32]>,
@@ -274,22 +305,60 @@ impl<'a> RankEnv<'a> {
         let n = params.len();
         self.with_f32(mem, grads, |off, g| {
             let end = (off + g.len()).min(n);
-            if result.is_err() || off >= end {
+            if off >= end {
                 return;
             }
-            let args = OptimizerArgs {
-                optimizer: &self.prep.plan.training.optimizer,
-                step,
-                params: &mut params[off..end],
-                grads: &g[..end - off],
-                state: state.iter_mut().map(|s| &mut s[off..end]).collect(),
-            };
-            result = self.backend.optimizer_step(args);
+            for_pieces(pieces, off, end, |lo, hi, optimizer| {
+                if result.is_ok() {
+                    result = self.backend.optimizer_step(OptimizerArgs {
+                        optimizer,
+                        step: pieces.step,
+                        params: &mut params[lo..hi],
+                        grads: &g[lo - off..hi - off],
+                        state: state.iter_mut().map(|s| &mut s[lo..hi]).collect(),
+                    });
+                }
+            });
         })?;
         result.map_err(|e| RuntimeError::Kernel {
             node: format!("optimizer step of gradient buffer {grads}"),
             op: "optimizer".into(),
             reason: e.0,
         })
+    }
+}
+
+/// A shard's optimizer step in pieces: `optimizer` everywhere but on the
+/// `undecayed` element ranges (sorted, disjoint), where `plain` (no
+/// weight decay) applies.
+pub(in crate::exec) struct DecayPieces {
+    step: u64,
+    optimizer: fsdpc_ir::Optimizer,
+    plain: fsdpc_ir::Optimizer,
+    undecayed: Vec<std::ops::Range<usize>>,
+}
+
+/// Calls `f(lo, hi, optimizer)` for the consecutive pieces of `from..to`,
+/// each with the optimizer its elements take.
+fn for_pieces(
+    pieces: &DecayPieces,
+    from: usize,
+    to: usize,
+    mut f: impl FnMut(usize, usize, &fsdpc_ir::Optimizer),
+) {
+    let mut at = from;
+    for r in &pieces.undecayed {
+        let (lo, hi) = (r.start.max(at), r.end.min(to));
+        if lo >= hi {
+            continue;
+        }
+        if at < lo {
+            f(at, lo, &pieces.optimizer);
+        }
+        f(lo, hi, &pieces.plain);
+        at = hi;
+    }
+    if at < to {
+        f(at, to, &pieces.optimizer);
     }
 }

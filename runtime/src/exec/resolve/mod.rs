@@ -117,6 +117,8 @@ pub enum Step<'p> {
         dst: BufferId,
     },
     Optimizer {
+        /// The unit whose shard it updates (an index into `plan.units`).
+        unit: usize,
         params: BufferId,
         grads: BufferId,
         state: &'p [BufferId],
@@ -371,12 +373,18 @@ fn step<'p>(
             Step::Accumulate { src: s, dst: d }
         }
         InstrOp::OptimizerStep {
+            unit,
             params,
             grads,
             state,
             skip_if,
-            ..
         } => {
+            if unit.index() >= plan.units.len() {
+                return Err(err(
+                    i,
+                    format!("optimizer step of unit {unit}, not in the plan"),
+                ));
+            }
             let all: Vec<BufferId> = [*params, *grads]
                 .into_iter()
                 .chain(state.iter().copied())
@@ -389,6 +397,7 @@ fn step<'p>(
             }
             optimizer_sizes(plan, i, *params, *grads, state)?;
             Step::Optimizer {
+                unit: unit.index(),
                 params: *params,
                 grads: *grads,
                 state,

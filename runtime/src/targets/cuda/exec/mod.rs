@@ -100,6 +100,9 @@ enum Work {
         gdt: DType,
         state: Vec<u64>,
         n: u64,
+        /// The element ranges of the shard weight decay does not apply to
+        /// (`Unit::undecayed`), stepped by launches of their own.
+        undecayed: Vec<std::ops::Range<u64>>,
     },
     Record(usize),
     Wait(usize),

@@ -180,17 +180,38 @@ impl GpuRank<'_> {
                 gdt,
                 state,
                 n,
+                undecayed,
             } => {
-                let l = optimizer_launch(
-                    &self.prep.plan.training.optimizer,
-                    step,
-                    *params,
-                    *grads,
-                    *gdt,
-                    state,
-                    *n,
-                )?;
-                self.dev.launch(stream, &l, &|p| self.resolve(si, p))?;
+                // As the CPU executor: the undecayed ranges are stepped
+                // without weight decay, the rest with it, launch by launch.
+                let opt = self.prep.plan.optimizer_at(step);
+                let plain = opt.without_decay();
+                let mut pieces = Vec::new();
+                let mut at = 0;
+                if opt.weight_decay() != 0.0 {
+                    for r in undecayed {
+                        let (lo, hi) = (r.start.max(at), r.end.min(*n));
+                        if lo < hi {
+                            pieces.extend([(at, lo, &opt), (lo, hi, &plain)]);
+                            at = hi;
+                        }
+                    }
+                }
+                pieces.push((at, *n, &opt));
+                let g = gdt.size() as u64;
+                for (lo, hi, o) in pieces.into_iter().filter(|(lo, hi, _)| lo < hi) {
+                    let st: Vec<u64> = state.iter().map(|s| s + 4 * lo).collect();
+                    let l = optimizer_launch(
+                        o,
+                        step,
+                        params + 4 * lo,
+                        grads + g * lo,
+                        *gdt,
+                        &st,
+                        hi - lo,
+                    )?;
+                    self.dev.launch(stream, &l, &|p| self.resolve(si, p))?;
+                }
                 Ok(())
             }
         }

@@ -172,11 +172,12 @@ pub(super) fn lower_step(
         Step::Copy { src, dst } => kernels::copy(&cx, *src, *dst, &mut items),
         Step::Accumulate { src, dst } => clipping::accumulate(&cx, *src, *dst, &mut items),
         Step::Optimizer {
+            unit,
             params,
             grads,
             state,
             ..
-        } => return Ok((optimizer::optimizer(&cx, *params, *grads, state), 0)),
+        } => return Ok((optimizer::optimizer(&cx, *unit, *params, *grads, state), 0)),
         Step::GradNormSq { grads, dst } => {
             scratch = clipping::grad_norm_sq(&cx, grads, *dst, &mut items);
         }

@@ -10,9 +10,11 @@ use crate::targets::cuda::ops::dt_code;
 use fsdpc_ir::{DType, Optimizer};
 use fsdpc_plan::BufferId;
 
-/// `Optimizer`: the parameters, gradients and state it updates.
+/// `Optimizer`: the parameters, gradients and state it updates, and the
+/// parts of unit `unit`'s shard weight decay does not apply to.
 pub(super) fn optimizer(
     cx: &Lowering,
+    unit: usize,
     params: BufferId,
     grads: BufferId,
     state: &[BufferId],
@@ -26,6 +28,9 @@ pub(super) fn optimizer(
         gdt,
         state,
         n: gn.min(pn),
+        undecayed: prep.plan.units.get(unit).map_or_else(Vec::new, |u| {
+            u.undecayed(cx.geometry.shard_position(cx.rank) as u64)
+        }),
     }
 }
 
