@@ -274,6 +274,10 @@ fn a_config_alone_plans_without_weights() {
 
 #[derive(Deserialize)]
 struct Saved {
+    /// A zoo spec to train instead of the fixture directory.
+    spec: Option<String>,
+    /// The fixture whose recorded inputs give the loss.
+    inputs: String,
     args: String,
     lora: usize,
     loss: f64,
@@ -282,35 +286,46 @@ struct Saved {
 /// `fsdpc train hf:FIXTURE --save-hf OUT` writes a directory that
 /// `transformers` loads: `saved.json` holds the loss transformers computed
 /// on it (for the same command), which the model read back from OUT gives
-/// too. The Qwen2 case trains LoRA adapters and merges them.
+/// too. The Qwen2 and Phi-3 cases train LoRA adapters and merge them; the
+/// Qwen3 (YaRN) and Phi-3 (window) cases are zoo specs, whose config.json
+/// fsdpc writes.
 #[test]
 fn save_hf_writes_what_transformers_loads() {
     let text = std::fs::read_to_string(dir("saved.json")).unwrap();
     let saved: HashMap<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
-    for name in ["llama", "qwen2"] {
+    for name in ["llama", "qwen2", "qwen3_spec", "phi3_spec"] {
         let s: Saved = serde_json::from_value(saved[name].clone()).unwrap();
-        let r = reference(name);
+        let r = reference(&s.inputs);
         let out = tempfile::tempdir().unwrap();
         let lora = if s.lora > 0 {
             format!(",lora={}", s.lora)
         } else {
             String::new()
         };
-        let model = format!(
-            "hf:{}:seq={},batch={}{lora}",
-            dir(name).display(),
-            r.seq,
-            r.batch
-        );
+        let model = s.spec.clone().unwrap_or_else(|| {
+            format!(
+                "hf:{}:seq={},batch={}{lora}",
+                dir(name).display(),
+                r.seq,
+                r.batch
+            )
+        });
         let out_dir = out.path().join("saved");
         let mut args = vec!["train", model.as_str()];
         args.extend(s.args.split(' '));
         args.extend(["--save-hf", crate::common::cli::s(&out_dir)]);
         let printed = crate::common::cli::ok(&args);
         assert!(printed.contains("Hugging Face directory"), "{printed}");
-        for f in ["config.json", "model.safetensors", "generation_config.json"] {
+        for f in ["config.json", "model.safetensors"] {
             assert!(out_dir.join(f).is_file(), "{name}: no {f}");
         }
+        // A directory's companion files travel with it.
+        let companion = out_dir.join("generation_config.json").is_file();
+        assert_eq!(
+            companion,
+            s.spec.is_none(),
+            "{name}: generation_config.json"
+        );
         let spec = format!("hf:{}", out_dir.display());
         let back = fsdpc_frontends::load(&spec, &fsdpc_frontends::LoadOptions::default()).unwrap();
         assert!(

@@ -402,6 +402,11 @@ fn llama_json(c: &LlamaConfig) -> Value {
         "tie_word_embeddings": c.tie,
         "attention_dropout": 0.0,
         "torch_dtype": "float32",
+        // No tokenizer goes with a zoo model: no special tokens (Phi-3's
+        // defaults lie outside a small vocabulary).
+        "pad_token_id": null,
+        "bos_token_id": null,
+        "eos_token_id": null,
     });
     if c.rope.scaling != Scaling::None {
         v["rope_scaling"] = Value::Object(rope);
