@@ -124,7 +124,7 @@ fn child(dir: &Path, world: u32, pos: u64) {
 }
 
 /// In a child process: compile `model` at `world` and print `seconds
-/// peak_rss_bytes planned_peak_bytes`.
+/// peak_rss_bytes peak_per_rank_bytes` (the plan's arena and heap).
 fn plan_child(model: &str, world: u32, bf16: bool, recompute: bool) {
     let t = Instant::now();
     let mut cfg = FsdpConfig {
@@ -143,7 +143,7 @@ fn plan_child(model: &str, world: u32, bf16: bool, recompute: bool) {
     }
     let p = common::compile(model, "a100-80g-roce", world, 8, &cfg).unwrap();
     let secs = t.elapsed().as_secs_f64();
-    println!("{secs} {} {}", vm("VmHWM:"), p.memory.peak_bytes);
+    println!("{secs} {} {}", vm("VmHWM:"), p.memory.rank_bytes);
 }
 
 fn planning() {
