@@ -38,8 +38,10 @@ pub enum PlanError {
     Program { reason: String },
     /// The plan needs more memory per rank than the cluster has.
     #[error(
-        "plan does not fit: needs {needed_bytes} bytes per rank, capacity is {capacity_bytes} \
-         (over by {over_by}); {suggestion}"
+        "plan does not fit: needs {} per rank ({needed_bytes} bytes), capacity is {} \
+         ({capacity_bytes}; over by {over_by}); {suggestion}",
+        fsdpc_plan::readable::human_bytes(*needed_bytes),
+        fsdpc_plan::readable::human_bytes(*capacity_bytes)
     )]
     DoesNotFit {
         needed_bytes: u64,

@@ -10,6 +10,7 @@
 use crate::config::FsdpConfig;
 use crate::error::PlanError;
 use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::readable::human_bytes;
 use fsdpc_plan::*;
 
 /// The `DoesNotFit` error for `plan`, with a suggestion.
@@ -117,9 +118,10 @@ fn smallest_world(plan: &Plan, cluster: &Cluster, strategy: &str) -> String {
     let capacity = cluster.memory_bytes;
     if transient >= capacity {
         return format!(
-            "it does not fit at any world size: the unsharded working set (gathered parameters, \
-             flat gradients, activations) alone needs {transient} bytes; use a finer wrap policy \
-             or a smaller batch"
+            "{strategy} does not fit at any world size: the unsharded working set (gathered \
+             parameters, flat gradients, activations) alone needs {} ({transient} bytes); use a \
+             finer wrap policy or a smaller batch",
+            human_bytes(transient)
         );
     }
     let rpn = u64::from(cluster.ranks_per_node.max(1));

@@ -167,3 +167,21 @@ fn gpt3_175b_checkpointed_plans_validate_and_fit() {
         assert!(after.memory.peak_bytes <= after.cluster.memory_bytes);
     }
 }
+
+#[test]
+fn a_plan_that_fits_nowhere_names_each_candidate_once_in_readable_units() {
+    // 4 MiB ranks: not even one layer's gathered parameters of gpt2 fit,
+    // with or without checkpointing.
+    let (p, info) = program("gpt2");
+    let cluster = Cluster {
+        memory_bytes: 4 << 20,
+        ..fsdpc_planner::preset("cpu-local", 2, 2).unwrap()
+    };
+    let err = compile(p, info, &cluster, &FsdpConfig::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("capacity is 4.00 MiB (4194304;"), "{text}");
+    for label in ["full_shard", "full_shard with activation checkpointing"] {
+        let clause = format!("; {label} does not fit at any world size");
+        assert_eq!(text.matches(&clause).count(), 1, "{label}: {text}");
+    }
+}
