@@ -276,10 +276,10 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
     print_out(&format!(
-        "trained {} for {} steps on {} ranks ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak per rank {} measured, {} planned\n",
+        "trained {} for {} on {} ({}): loss {:.4} -> {:.4}, {:.0} tokens/s, peak per rank {} measured, {} planned\n",
         plan.model.name,
-        report.losses.len(),
-        plan.cluster.world,
+        plural(report.losses.len() as u64, "step"),
+        plural(u64::from(plan.cluster.world), "rank"),
         plan.config.strategy.name(),
         first,
         last,
@@ -437,6 +437,15 @@ fn save(
         ))?;
     }
     Ok(())
+}
+
+/// `n thing` or `n things`.
+fn plural(n: u64, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
 }
 
 /// Writes the Hugging Face directory `out` of the trained `params`.
