@@ -128,18 +128,26 @@ pub(crate) fn train_only_lora(g: &mut Graph) {
 }
 
 /// The causal-LM head and loss: `x: [.., hidden]` flattened to `[rows,
-/// hidden]`, logits `x @ w^T` in the `lm_head` module, and the mean
-/// cross-entropy against `labels` flattened to `[rows]` (PyTorch's default
-/// ignore_index, -100, marks padding labels).
+/// hidden]`, logits `x @ w^T` in the `lm_head` module, with `w` the tied
+/// embedding or a new `lm_head.weight` `[vocab, hidden]` drawn from
+/// Normal(0, std), and the mean cross-entropy against `labels` flattened to
+/// `[rows]` (PyTorch's default ignore_index, -100, marks padding labels).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn causal_lm_loss(
     b: &mut Builder,
     x: ValueId,
-    w: ValueId,
+    tied: Option<ValueId>,
     labels: ValueId,
     rows: usize,
     hidden: usize,
+    vocab: usize,
+    std: f64,
 ) -> Result<ValueId, IrError> {
     let m = b.module("lm_head", "Linear");
+    let w = match tied {
+        Some(w) => w,
+        None => b.param(m, "weight", &[vocab, hidden], Init::Normal { std }),
+    };
     let x = b.op(m, "flatten", reshape(&[rows, hidden]), &[x])?;
     let logits = b.op(m, "matmul", matmul(true), &[x, w])?;
     let labels = b.op(ModuleId::ROOT, "labels_flat", reshape(&[rows]), &[labels])?;

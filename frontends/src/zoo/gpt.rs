@@ -205,7 +205,9 @@ pub(crate) fn build(name: &str, cfg: &GptConfig) -> Result<ZooModel, FrontendErr
         x = block(&mut b, cfg, x, &format!("transformer.h.{i}"))?;
     }
     x = b.layer_norm(x, "transformer.ln_f", cfg.hidden, LN_EPS)?;
-    let loss = lm_head_and_loss(&mut b, cfg, x, wte, labels)?;
+    let tied = cfg.tie.then_some(wte);
+    let rows = cfg.batch * cfg.seq;
+    let loss = causal_lm_loss(&mut b, x, tied, labels, rows, cfg.hidden, cfg.vocab, STD)?;
     b.g.outputs = vec![loss];
     if cfg.lora > 0 {
         train_only_lora(&mut b.g);
@@ -392,27 +394,4 @@ fn mlp(b: &mut Builder, cfg: &GptConfig, x: ValueId, path: &str) -> Result<Value
         proj_std(cfg),
     )?;
     b.dropout(y, m, "dropout", cfg.dropout)
-}
-
-/// Logits `x @ wte^T` (or an untied `lm_head.weight`) as `[b*s, vocab]`, and
-/// the mean cross-entropy against `labels`.
-fn lm_head_and_loss(
-    b: &mut Builder,
-    cfg: &GptConfig,
-    x: ValueId,
-    wte: ValueId,
-    labels: ValueId,
-) -> Result<ValueId, IrError> {
-    let m = b.module("lm_head", "Linear");
-    let w = if cfg.tie {
-        wte
-    } else {
-        b.param(
-            m,
-            "weight",
-            &[cfg.vocab, cfg.hidden],
-            Init::Normal { std: STD },
-        )
-    };
-    causal_lm_loss(b, x, w, labels, cfg.batch * cfg.seq, cfg.hidden)
 }

@@ -61,7 +61,10 @@ pub(crate) fn build(name: &str, cfg: &LlamaConfig) -> Result<ZooModel, FrontendE
         cfg.eps,
         &format!("{p}RMSNorm"),
     )?;
-    let loss = head_and_loss(&mut b, cfg, x, emb, labels)?;
+    // Labels are already shifted: label `t` is the token after position `t`.
+    let tied = cfg.tie.then_some(emb);
+    let rows = cfg.batch * cfg.seq;
+    let loss = causal_lm_loss(&mut b, x, tied, labels, rows, cfg.hidden, cfg.vocab, STD)?;
     b.g.outputs = vec![loss];
     if cfg.lora > 0 {
         train_only_lora(&mut b.g);
@@ -465,28 +468,4 @@ fn mlp(b: &mut Builder, cfg: &LlamaConfig, x: ValueId, path: &str) -> Result<Val
         false,
         false,
     )
-}
-
-/// Logits `x @ lm_head^T` (or the tied embedding) as `[b*s, vocab]`, and the
-/// mean cross-entropy against `labels` (already shifted: label `t` is the
-/// token after position `t`).
-fn head_and_loss(
-    b: &mut Builder,
-    cfg: &LlamaConfig,
-    x: ValueId,
-    emb: ValueId,
-    labels: ValueId,
-) -> Result<ValueId, IrError> {
-    let m = b.module("lm_head", "Linear");
-    let w = if cfg.tie {
-        emb
-    } else {
-        b.param(
-            m,
-            "weight",
-            &[cfg.vocab, cfg.hidden],
-            Init::Normal { std: STD },
-        )
-    };
-    causal_lm_loss(b, x, w, labels, cfg.batch * cfg.seq, cfg.hidden)
 }
