@@ -141,6 +141,31 @@ fn device_summary(
     )
 }
 
+/// The checkpoint to resume from: `--resume`'s, except on the first run
+/// of a job that resumes from its own `--checkpoint-dir` (the command a
+/// scheduler requeues), where that directory holds no checkpoint yet and
+/// the run starts at step 0, saying so.
+fn first_run_resume(a: &TrainArgs, lead: bool) -> Result<Option<PathBuf>, CliError> {
+    let (Some(resume), Some(ckpt)) = (&a.resume, &a.checkpoint_dir) else {
+        return Ok(a.resume.clone());
+    };
+    let same = resume == ckpt
+        || std::fs::canonicalize(resume).ok() == std::fs::canonicalize(ckpt).ok()
+            && resume.exists();
+    use fsdpc_runtime::checkpoint::manifest::{LATEST, MANIFEST};
+    let empty = !resume.join(LATEST).exists() && !resume.join(MANIFEST).exists();
+    if !(same && empty) {
+        return Ok(a.resume.clone());
+    }
+    if lead {
+        print_out(&format!(
+            "no checkpoint in {} yet: starting at step 0\n",
+            resume.display()
+        ))?;
+    }
+    Ok(None)
+}
+
 /// Whether the checkpoint `--resume` names already completed `--steps`:
 /// a job its scheduler requeued re-runs the same command, and there is
 /// nothing left to do (said by the lead rank). Further than `--steps` is
@@ -167,7 +192,8 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     // Only rank 0 reports: metrics, the progress bar and the summary.
     let lead = target.rank() == 0;
-    if let Some(dir) = &a.resume {
+    let resume = first_run_resume(&a, lead)?;
+    if let Some(dir) = &resume {
         if nothing_left(dir, a.steps, lead)? {
             return Ok(());
         }
@@ -229,7 +255,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             .clone()
             .zip(a.checkpoint_every)
             .map(|(dir, every)| CheckpointConfig { dir, every }),
-        resume: a.resume.clone(),
+        resume,
         comm_timeout: timeout,
         fault: fault()?,
         trace_steps: if a.trace.is_some() { a.trace_steps } else { 0 },

@@ -527,9 +527,11 @@ fn cli_checkpoints_resumes_and_exports() {
     assert!(!text(&bad).contains("panicked"), "{}", text(&bad));
 }
 
-/// A requeued job re-runs its command: `--resume` of a checkpoint already
-/// at `--steps` has nothing left to do and exits 0, changing nothing; a
-/// step directory given to `--resume` continues from that step.
+/// A requeued job re-runs its command: on its first run `--resume` of its
+/// own empty `--checkpoint-dir` starts at step 0; `--resume` of a
+/// checkpoint already at `--steps` has nothing left to do and exits 0,
+/// changing nothing; a step directory given to `--resume` continues from
+/// that step.
 #[test]
 fn cli_resume_at_steps_has_nothing_left_to_do() {
     let dir = tmp();
@@ -554,8 +556,19 @@ fn cli_resume_at_steps_has_nothing_left_to_do() {
         }
         fsdpc(&a)
     };
-    let first = train("6", None);
+    // A typo in --resume is not taken for a first run.
+    let elsewhere = format!("{d}-typo");
+    let typo = train("6", Some(&elsewhere));
+    assert!(!typo.status.success(), "{}", text(&typo));
+    // The requeued command's first run: its own checkpoint directory holds
+    // nothing yet, so it starts at step 0.
+    let first = train("6", Some(&d));
     assert!(first.status.success(), "{}", text(&first));
+    assert!(
+        text(&first).contains("yet: starting at step 0") && text(&first).contains("for 6 steps"),
+        "{}",
+        text(&first)
+    );
     let before = snapshot(dir.path());
     let again = train("6", Some(&d));
     assert!(again.status.success(), "{}", text(&again));
