@@ -146,6 +146,24 @@ fn plan_child(model: &str, world: u32, bf16: bool, recompute: bool) {
     println!("{secs} {} {}", vm("VmHWM:"), p.memory.rank_bytes);
 }
 
+/// Runs this bench again with `args` and returns the numbers it prints.
+fn child_numbers(args: &[&str]) -> Vec<f64> {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
+}
+
 fn planning() {
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/hf");
     println!("model                        world  precision  recompute  plan (s)  RSS (MiB)  peak per rank (GiB)");
@@ -153,26 +171,13 @@ fn planning() {
         let model = format!("hf:{}", examples.join(name).display());
         for bf16 in [false, true] {
             for recompute in [false, true] {
-                let out = std::process::Command::new(std::env::current_exe().unwrap())
-                    .args([
-                        "--plan-child",
-                        &model,
-                        &world.to_string(),
-                        &bf16.to_string(),
-                        &recompute.to_string(),
-                    ])
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let text = String::from_utf8(out.stdout).unwrap();
-                let v: Vec<f64> = text
-                    .split_whitespace()
-                    .map(|x| x.parse().unwrap())
-                    .collect();
+                let v = child_numbers(&[
+                    "--plan-child",
+                    &model,
+                    &world.to_string(),
+                    &bf16.to_string(),
+                    &recompute.to_string(),
+                ]);
                 println!(
                     "hf:examples/hf/{name:<13} {world:>6}  {:>9}  {:>9}  {:>8.2}  {:>9.0}  {:>19.2}",
                     if bf16 { "bf16" } else { "f32" },
@@ -238,19 +243,8 @@ fn main() {
         let mut ranks = vec![0, u64::from(world) - 1];
         ranks.dedup();
         for pos in ranks {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--child", &world.to_string(), &pos.to_string()])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let text = String::from_utf8(out.stdout).unwrap();
-            let mut it = text.split_whitespace();
-            let secs: f64 = it.next().unwrap().parse().unwrap();
-            let grown: u64 = it.next().unwrap().parse().unwrap();
+            let v = child_numbers(&["--child", &world.to_string(), &pos.to_string()]);
+            let (secs, grown) = (v[0], v[1] as u64);
             println!(
                 "{world:>5}  {pos:>4}  {secs:>8.3}  {:>16.1}  {:>19.1}  {:>16.3}",
                 common::mib(grown),

@@ -157,6 +157,44 @@ pub(crate) fn causal_lm_loss(
     b.op(ModuleId::ROOT, "loss", ce, &[logits, labels])
 }
 
+/// What ends a causal LM: its head and loss (`causal_lm_loss`), the loss
+/// as the graph's output, LoRA's freeze when `lora`, as a `ZooModel`.
+pub(crate) struct CausalLm {
+    pub tied: Option<ValueId>,
+    pub batch: usize,
+    pub seq: usize,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub std: f64,
+    pub lora: bool,
+}
+
+impl Builder {
+    /// The model whose last hidden state is `x`, finished as `lm` says.
+    pub(crate) fn finish_causal_lm(
+        mut self,
+        name: &str,
+        x: ValueId,
+        labels: ValueId,
+        lm: CausalLm,
+    ) -> Result<super::ZooModel, IrError> {
+        let rows = lm.batch * lm.seq;
+        let loss = causal_lm_loss(
+            &mut self, x, lm.tied, labels, rows, lm.hidden, lm.vocab, lm.std,
+        )?;
+        self.g.outputs = vec![loss];
+        if lm.lora {
+            train_only_lora(&mut self.g);
+        }
+        Ok(super::ZooModel {
+            name: name.to_string(),
+            graph: self.g,
+            loss,
+            tokens_per_sample: lm.seq as u64,
+        })
+    }
+}
+
 /// Swaps the sequence and head axes of `[batch, seq, heads, head_dim]`.
 pub(crate) fn transpose_heads() -> Op {
     Op::Transpose {

@@ -12,10 +12,7 @@
 //! other parameter is frozen (`requires_grad: false`), so an adapter and its
 //! frozen base share a module, and an FSDP unit.
 
-use super::builder::{
-    binary, causal_lm_loss, matmul, reshape, train_only_lora, transpose_heads, Builder, LORA_A,
-    LORA_B,
-};
+use super::builder::{binary, matmul, reshape, transpose_heads, Builder, CausalLm, LORA_A, LORA_B};
 use super::spec::{required, Spec};
 use super::ZooModel;
 use crate::error::FrontendError;
@@ -205,19 +202,16 @@ pub(crate) fn build(name: &str, cfg: &GptConfig) -> Result<ZooModel, FrontendErr
         x = block(&mut b, cfg, x, &format!("transformer.h.{i}"))?;
     }
     x = b.layer_norm(x, "transformer.ln_f", cfg.hidden, LN_EPS)?;
-    let tied = cfg.tie.then_some(wte);
-    let rows = cfg.batch * cfg.seq;
-    let loss = causal_lm_loss(&mut b, x, tied, labels, rows, cfg.hidden, cfg.vocab, STD)?;
-    b.g.outputs = vec![loss];
-    if cfg.lora > 0 {
-        train_only_lora(&mut b.g);
-    }
-    Ok(ZooModel {
-        name: name.to_string(),
-        graph: b.g,
-        loss,
-        tokens_per_sample: seq as u64,
-    })
+    let lm = CausalLm {
+        tied: cfg.tie.then_some(wte),
+        batch,
+        seq,
+        hidden: cfg.hidden,
+        vocab: cfg.vocab,
+        std: STD,
+        lora: cfg.lora > 0,
+    };
+    Ok(b.finish_causal_lm(name, x, labels, lm)?)
 }
 
 /// `drop(wte[ids] + wpe[0..seq])`; returns the sum and the `wte` parameter.

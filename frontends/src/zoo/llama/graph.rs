@@ -2,8 +2,7 @@
 //! architecture and the parameters' names).
 
 use super::super::builder::{
-    binary, causal_lm_loss, matmul, reshape, train_only_lora, transpose_heads, Builder, LORA_A,
-    LORA_B,
+    binary, matmul, reshape, transpose_heads, Builder, CausalLm, LORA_A, LORA_B,
 };
 use super::super::rope;
 use super::super::ZooModel;
@@ -62,19 +61,16 @@ pub(crate) fn build(name: &str, cfg: &LlamaConfig) -> Result<ZooModel, FrontendE
         &format!("{p}RMSNorm"),
     )?;
     // Labels are already shifted: label `t` is the token after position `t`.
-    let tied = cfg.tie.then_some(emb);
-    let rows = cfg.batch * cfg.seq;
-    let loss = causal_lm_loss(&mut b, x, tied, labels, rows, cfg.hidden, cfg.vocab, STD)?;
-    b.g.outputs = vec![loss];
-    if cfg.lora > 0 {
-        train_only_lora(&mut b.g);
-    }
-    Ok(ZooModel {
-        name: name.to_string(),
-        graph: b.g,
-        loss,
-        tokens_per_sample: seq as u64,
-    })
+    let lm = CausalLm {
+        tied: cfg.tie.then_some(emb),
+        batch,
+        seq,
+        hidden: cfg.hidden,
+        vocab: cfg.vocab,
+        std: STD,
+        lora: cfg.lora > 0,
+    };
+    Ok(b.finish_causal_lm(name, x, labels, lm)?)
 }
 
 /// Constants every layer reads.
