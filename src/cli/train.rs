@@ -238,6 +238,12 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             target.host_gemm(),
         )?
     };
+    // What --save-hf writes beside the weights, known before any step: a
+    // model it cannot write is refused before training, not after.
+    let hf_config = match &a.save_hf {
+        Some(_) => Some(fsdpc_frontends::hf::saved_config(&plan.model.name)?),
+        None => None,
+    };
     let opts = TrainOptions {
         steps: a.steps,
         seed: a.seed,
@@ -318,7 +324,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     if let Some(d) = &report.device {
         print_out(&device_summary(&plan, d))?;
     }
-    save(&a, &plan, &report.final_params)?;
+    save(&a, &plan, &report.final_params, hf_config)?;
     match (metrics_error, &a.metrics) {
         (Some(source), Some(path)) => Err(CliError::Io {
             path: path.display().to_string(),
@@ -437,6 +443,7 @@ fn save(
     a: &TrainArgs,
     plan: &fsdpc_plan::Plan,
     params: &[(String, Vec<f32>)],
+    hf_config: Option<(serde_json::Value, Vec<PathBuf>)>,
 ) -> Result<(), CliError> {
     if let Some(out) = &a.save_safetensors {
         fsdpc_runtime::export::save_params(plan, params, out)?;
@@ -446,8 +453,8 @@ fn save(
             params.len()
         ))?;
     }
-    if let Some(out) = &a.save_hf {
-        save_hf(plan, params, out)?;
+    if let (Some(out), Some(config)) = (&a.save_hf, hf_config) {
+        save_hf(plan, params, config, out)?;
     }
     if let Some(out) = &a.save_onnx {
         let map: HashMap<String, Vec<f32>> = params.iter().cloned().collect();
@@ -478,9 +485,9 @@ fn plural(n: u64, thing: &str) -> String {
 fn save_hf(
     plan: &fsdpc_plan::Plan,
     params: &[(String, Vec<f32>)],
+    (config, companions): (serde_json::Value, Vec<PathBuf>),
     out: &Path,
 ) -> Result<(), CliError> {
-    let config = fsdpc_frontends::hf::saved_config(&plan.model.name)?;
     let io = |path: &Path, source| CliError::Io {
         path: path.display().to_string(),
         source,
@@ -500,7 +507,7 @@ fn save_hf(
     let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n";
     let cfg = out.join("config.json");
     std::fs::write(&cfg, text).map_err(|e| io(&cfg, e))?;
-    for f in fsdpc_frontends::hf::companion_files(&plan.model.name) {
+    for f in companions {
         let to = out.join(f.file_name().expect("a file"));
         std::fs::copy(&f, &to).map_err(|e| io(&to, e))?;
     }

@@ -406,3 +406,24 @@ fn inspect_names_the_checkpoint() {
         "{text}"
     );
 }
+
+/// `--save-hf` of a model it cannot write is refused before any step.
+#[test]
+fn save_hf_of_a_family_without_a_config_is_refused_before_training() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("t5");
+    let o = crate::common::cli::fsdpc(&[
+        "train",
+        "t5-mini",
+        "--steps",
+        "1",
+        "--save-hf",
+        crate::common::cli::s(&dir),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(stderr.contains("--save-hf writes Llama-family"), "{stderr}");
+    assert!(!stdout.contains("trained"), "{stdout}");
+    assert!(!dir.exists());
+}

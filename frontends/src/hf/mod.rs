@@ -92,44 +92,37 @@ pub fn build(text: &str) -> Result<(ZooModel, Option<usize>), FrontendError> {
     Ok((model, tensors))
 }
 
-/// The `config.json` of a model `fsdpc train --save-hf` writes: the source
-/// directory's own for `hf:` models, else one written from the zoo config
-/// (Llama family and GPT-2).
-pub fn saved_config(model: &str) -> Result<Value, FrontendError> {
+/// What `fsdpc train --save-hf` writes beside the weights: the
+/// `config.json` (the source directory's own for `hf:` models, else one
+/// written from the zoo config: Llama family and GPT-2) and the source
+/// directory's files a saved model keeps (tokenizer and generation
+/// settings; none for a zoo model).
+pub fn saved_config(model: &str) -> Result<(Value, Vec<PathBuf>), FrontendError> {
     if let Some(rest) = model.strip_prefix("hf:") {
-        return Ok(parse(rest)?.config);
+        let m = parse(rest)?;
+        let companions = [
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "tokenizer.model",
+            "special_tokens_map.json",
+            "vocab.json",
+            "merges.txt",
+        ]
+        .iter()
+        .map(|f| m.dir.join(f))
+        .filter(|p| p.is_file())
+        .collect();
+        return Ok((m.config, companions));
     }
     let cfg = zoo::parse(model)?;
-    config::hf_config(&cfg).ok_or_else(|| {
+    let config = config::hf_config(&cfg).ok_or_else(|| {
         FrontendError::bad_spec(
             model,
             "--save-hf writes Llama-family, GPT-2 and hf: models; this family has no Hugging Face config here",
         )
-    })
-}
-
-/// Files of the source directory a saved model keeps (tokenizer and
-/// generation settings), for `hf:` models.
-pub fn companion_files(model: &str) -> Vec<PathBuf> {
-    let Some(rest) = model.strip_prefix("hf:") else {
-        return vec![];
-    };
-    let Ok(m) = parse(rest) else {
-        return vec![];
-    };
-    [
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "tokenizer.model",
-        "special_tokens_map.json",
-        "vocab.json",
-        "merges.txt",
-    ]
-    .iter()
-    .map(|f| m.dir.join(f))
-    .filter(|p| p.is_file())
-    .collect()
+    })?;
+    Ok((config, Vec::new()))
 }
 
 /// Folds LoRA adapters into the weights they adapt (`W += B A` for the
