@@ -10,6 +10,7 @@ use crate::buffer::{Buffer, Location, Slot};
 use crate::cluster::Cluster;
 use crate::config::{PlanConfig, ReshardAfterForward};
 use crate::error::LoadError;
+use crate::eval::EvalPass;
 use crate::group::Geometry;
 use crate::ids::UnitId;
 use crate::instr::{Instr, InstrOp, Stream};
@@ -41,6 +42,10 @@ pub struct Plan {
     pub loss: Slot,
     /// Every rank executes these in order on their streams.
     pub instructions: Vec<Instr>,
+    /// The forward-only prefix of `instructions` a runtime runs to
+    /// evaluate held-out data (`eval`); absent in a plan that has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalPass>,
     pub memory: MemorySummary,
     pub estimates: Estimates,
     /// The program the kernels refer to (nodes by id).

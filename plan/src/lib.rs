@@ -6,7 +6,7 @@
 //!
 //! This crate holds what both sides must agree on and nothing either side
 //! decides: the schema (`document`, `config`, `unit`, `buffer`, `instr`,
-//! `memory`), what a group of ranks is (`group`), the wire formats
+//! `memory`, `eval`), what a group of ranks is (`group`), the wire formats
 //! (`wire`), offload (`offload`), the cluster description (`cluster`), the
 //! kernels' workspace rules (`workspace`), what a target can run (`target`)
 //! and the verifier (`validate`) every plan passes on every load.
@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod config;
 pub mod document;
 pub mod error;
+pub mod eval;
 pub mod group;
 pub mod ids;
 pub mod instr;
@@ -42,6 +43,7 @@ pub use config::{
 };
 pub use document::{ModelInfo, Plan, RewriteReport, RuleFired, SCHEMA};
 pub use error::{ConfigError, LoadError};
+pub use eval::EvalPass;
 pub use group::{
     hier_gather_staging_bytes, hier_reduce_staging_bytes, hierarchical_shape, CollectiveAlgorithm,
     Geometry, Group,

@@ -71,6 +71,10 @@ pub struct Estimates {
     /// Model FLOPs utilisation against the preset's peak (recomputation
     /// does not count).
     pub mfu: f64,
+    /// Simulated time of one evaluation batch (`Plan::eval`): when the
+    /// evaluation prefix's last instruction ends in the simulated step.
+    #[serde(default)]
+    pub eval_s: f64,
 }
 
 /// Sets each buffer's `start` (first write; 0 for persistent buffers) and

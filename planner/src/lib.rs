@@ -13,6 +13,7 @@ pub mod clip;
 pub mod config;
 pub mod cost;
 pub mod error;
+mod eval;
 pub mod fit;
 pub mod flat;
 pub mod freeze;

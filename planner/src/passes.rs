@@ -23,7 +23,7 @@ use crate::offload::UnitOffload;
 use crate::schedule::{self, Schedule};
 use crate::units::{self, UnitAssignment};
 use crate::{
-    clip, flat, freeze, offload, overlap, precision, quantize, recompute, rewrite, scaler,
+    clip, eval, flat, freeze, offload, overlap, precision, quantize, recompute, rewrite, scaler,
     workspace, Prepared,
 };
 use fsdpc_ir::TrainingProgram;
@@ -347,6 +347,7 @@ impl ScheduleData<'_> {
             events: 0,
             loss: sched.loss,
             instructions: Vec::new(),
+            eval: None,
             memory: MemorySummary::default(),
             estimates: Estimates::default(),
             training: self.program,
@@ -446,7 +447,7 @@ fn workspace(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
 
 // The memory passes.
 
-fn memory_passes<'a>() -> [Pass<MemoryData<'a>>; 2] {
+fn memory_passes<'a>() -> [Pass<MemoryData<'a>>; 3] {
     [
         Pass {
             name: "memory",
@@ -459,6 +460,13 @@ fn memory_passes<'a>() -> [Pass<MemoryData<'a>>; 2] {
             decides: "which stalling fences to trade for arena bytes (the step simulated, \
                       the memory planned again), and the plan's estimates",
             run: overlap,
+        },
+        Pass {
+            name: "eval",
+            decides: "the forward-only prefix of the step a runtime runs to evaluate \
+                      held-out data (up to micro-batch 0's loss, no gradient, no state \
+                      written) and its predicted time",
+            run: eval,
         },
     ]
 }
@@ -510,5 +518,14 @@ fn memory(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
 fn overlap(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
     let fences = std::mem::take(&mut d.fences);
     overlap::relieve_stalls(&mut d.plan, &d.scheduled, fences, d.heap_bytes, d.cluster);
+    Ok(d)
+}
+
+fn eval(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
+    d.plan.eval = eval::prefix(&d.plan);
+    if d.plan.eval.is_some() {
+        let tl = crate::simulate::simulate(&d.plan, d.cluster);
+        d.plan.estimates.eval_s = crate::simulate::eval_time(&d.plan, &tl);
+    }
     Ok(d)
 }

@@ -370,7 +370,16 @@ pub fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
         exposed_comm_s: tl.exposed_comm_s,
         tflops_per_rank: achieved / 1e12,
         mfu: if peak > 0.0 { achieved / peak } else { 0.0 },
+        eval_s: eval_time(plan, tl),
     }
+}
+
+/// The simulated time of one evaluation batch (`Estimates::eval_s`): the
+/// latest end of an instruction of the evaluation prefix in `tl`; 0
+/// without one.
+pub fn eval_time(plan: &Plan, tl: &Timeline) -> f64 {
+    let n = plan.eval.map_or(0, |e| e.instructions as usize);
+    tl.end.iter().take(n).fold(0.0, |a: f64, &b| a.max(b))
 }
 
 /// Live bytes over simulated time: one `(time_s, bytes)` point per

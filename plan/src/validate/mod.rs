@@ -11,6 +11,7 @@
 //! communicator: collectives are matched across ranks by their order on
 //! their stream, which is the same on every rank because the list is SPMD.
 
+mod eval;
 mod fsdp;
 mod hb;
 mod layout;
@@ -169,6 +170,8 @@ pub enum PlanViolation {
     Wire { instr: u32, reason: String },
     #[error("collective rewrite (instruction {instr}): {reason}")]
     Rewrite { instr: u32, reason: String },
+    #[error("evaluation pass (instruction {instr:?}): {reason}")]
+    Eval { instr: Option<u32>, reason: String },
     #[error("planned peak {planned} bytes, the buffers' lifetimes give {recomputed}")]
     PeakMismatch { planned: u64, recomputed: u64 },
     #[error(transparent)]
@@ -204,6 +207,7 @@ impl Plan {
             layout::check(self, &mut c.out);
             self::offload::check(self, &clocks, &mut c.out);
             wire::check(self, &mut c.out);
+            eval::check(self, &mut c.out);
         }
         rewrite::check(self, &mut c.out);
         if c.out.is_empty() {

@@ -194,3 +194,37 @@ fn tampered_ids_are_errors_not_panics() {
         r => panic!("expected violations, got {r:?}"),
     }
 }
+
+/// An evaluation prefix that reaches past the loss into backward, or past
+/// the list, is rejected; one that stops before the loss kernel too.
+#[test]
+fn an_evaluation_prefix_holds_forward_only_and_ends_at_the_loss() {
+    let eval_violation = |p: &Plan, needle: &str| {
+        let v = violations(p);
+        assert!(
+            v.iter().any(
+                |v| matches!(v, PlanViolation::Eval { reason, .. } if reason.contains(needle))
+            ),
+            "{needle}: {v:#?}"
+        );
+    };
+    let plan = tiny();
+    let end = plan.eval.expect("the planner writes one").instructions;
+    let mut p = plan.clone();
+    let rs = position(&p, |op| matches!(op, InstrOp::ReduceScatter { .. }));
+    p.eval = Some(EvalPass {
+        instructions: rs as u32 + 1,
+    });
+    eval_violation(&p, "last instruction is not the kernel");
+    eval_violation(&p, "reduce_scatter");
+    let mut p = plan.clone();
+    p.eval = Some(EvalPass {
+        instructions: end - 1,
+    });
+    eval_violation(&p, "last instruction is not the kernel");
+    let mut p = plan;
+    p.eval = Some(EvalPass {
+        instructions: p.instructions.len() as u32 + 1,
+    });
+    eval_violation(&p, "not inside the list");
+}

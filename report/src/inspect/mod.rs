@@ -121,6 +121,12 @@ pub struct Summary {
     pub reduce_scatters: usize,
     pub all_reduces: usize,
     pub instructions: usize,
+    /// Instructions of the forward-only evaluation prefix (`Plan::eval`;
+    /// absent: the plan has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_instructions: Option<u32>,
+    /// Simulated time of one evaluation batch.
+    pub eval_s: f64,
     pub instructions_per_stream: Vec<(Stream, usize)>,
     pub buffers: usize,
     pub events: u32,
@@ -301,6 +307,8 @@ pub fn summary(plan: &Plan) -> Summary {
             )
         }),
         instructions: plan.instructions.len(),
+        eval_instructions: plan.eval.map(|e| e.instructions),
+        eval_s: e.eval_s,
         instructions_per_stream: per_stream,
         buffers: plan.buffers.len(),
         events: plan.events,

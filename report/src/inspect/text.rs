@@ -238,6 +238,14 @@ fn header(out: &mut String, s: &Summary) {
         s.buffers,
         s.events
     );
+    if let Some(n) = s.eval_instructions {
+        let _ = writeln!(
+            out,
+            "eval      the first {n} instructions (forward to the loss, no gradients), \
+             {:.6} s a batch (`train --eval-data`)",
+            s.eval_s
+        );
+    }
 }
 
 /// The policy: what is computed, communicated and kept in which dtype.
