@@ -15,6 +15,9 @@ pub struct KernelCtx {
     pub sample_offset: u64,
     /// The run's seed.
     pub seed: u64,
+    /// Evaluation (`model.eval()` in PyTorch): dropout passes its input
+    /// through unchanged.
+    pub eval: bool,
 }
 
 /// Scratch memory a kernel may use (attention tiles, normalisation rows,

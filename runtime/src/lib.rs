@@ -51,4 +51,4 @@ pub use exec::ExecMode;
 pub use targets::threads::{train, train_with_data};
 pub use targets::Target;
 pub use tensor::{HostTensor, TensorMut, TensorRef};
-pub use train::{StepReport, StepScalars, TrainOptions, TrainReport};
+pub use train::{EvalOptions, EvalReport, StepReport, StepScalars, TrainOptions, TrainReport};

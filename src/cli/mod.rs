@@ -16,6 +16,7 @@ mod inspect;
 mod json_kind;
 mod model;
 mod report;
+mod save;
 mod simulate;
 mod trace;
 mod train;

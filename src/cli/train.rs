@@ -9,10 +9,9 @@ use super::json_kind::{is_json, sniff, JsonKind};
 use super::{print_out, read_file, CliError, ModelFlags, PlanFlags};
 use clap::Args;
 use fsdpc_plan::readable::human_bytes;
-use fsdpc_runtime::train::CheckpointConfig;
+use fsdpc_runtime::train::{CheckpointConfig, EvalOptions};
 use fsdpc_runtime::{DataSpec, ExecMode, StepReport, TrainOptions};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -111,6 +110,20 @@ pub struct TrainArgs {
     /// How many of the last steps --trace records.
     #[arg(long, value_name = "N", default_value_t = 1, requires = "trace")]
     pub trace_steps: u64,
+    /// Held-out data to evaluate the loss on: a file as for --data, read in
+    /// order window after window, or `synthetic` (samples of the built-in
+    /// task no training step draws). Evaluated after the last step and with
+    /// --eval-every after every N steps: the plan's forward-only evaluation
+    /// pass, no gradients, dropout off, the parameters unchanged.
+    #[arg(long, value_name = "FILE|synthetic")]
+    pub eval_data: Option<String>,
+    /// Steps between evaluations (default: only after the last step).
+    #[arg(long, value_name = "N", requires = "eval_data")]
+    pub eval_every: Option<u64>,
+    /// Evaluation batches, each one micro-batch per rank (default: every
+    /// whole batch the file holds; 4 of synthetic data).
+    #[arg(long, value_name = "N", requires = "eval_data")]
+    pub eval_batches: Option<u64>,
 }
 
 /// The device and its memory after a `--target cuda` run: the planned
@@ -265,6 +278,14 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         comm_timeout: timeout,
         fault: fault()?,
         trace_steps: if a.trace.is_some() { a.trace_steps } else { 0 },
+        eval: a.eval_data.as_ref().map(|d| EvalOptions {
+            data: match d.as_str() {
+                "synthetic" => DataSpec::Synthetic,
+                file => data_spec(&Some(PathBuf::from(file))),
+            },
+            every: a.eval_every.unwrap_or(0),
+            batches: a.eval_batches,
+        }),
     };
     let mut metrics_error = None;
     let bar = if lead {
@@ -272,9 +293,16 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     } else {
         ProgressBar::hidden()
     };
+    let mut eval_msg = String::new();
     let mut on_step = |r: &StepReport| {
         bar.set_position(r.step + 1);
-        bar.set_message(format!("loss {:.4}  {:.0} tok/s", r.loss, r.tokens_per_s));
+        if let Some(e) = &r.eval {
+            eval_msg = format!("  eval {:.4}", e.loss);
+        }
+        bar.set_message(format!(
+            "loss {:.4}{eval_msg}  {:.0} tok/s",
+            r.loss, r.tokens_per_s
+        ));
         if let Some(m) = metrics.as_mut() {
             let mut line = serde_json::json!({
                 "step": r.step, "loss": r.loss, "lr": plan.lr_at(r.step),
@@ -289,6 +317,11 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             if let Some(s) = r.loss_scale {
                 line["loss_scale"] = serde_json::json!(s);
                 line["skipped"] = serde_json::json!(r.skipped);
+            }
+            if let Some(e) = &r.eval {
+                line["eval_loss"] = serde_json::json!(e.loss);
+                line["eval_batches"] = serde_json::json!(e.batches);
+                line["eval_time_s"] = serde_json::json!(e.time.as_secs_f64());
             }
             // A metrics write failure must not kill a training run; the
             // first one is reported at the end.
@@ -321,10 +354,25 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             .map_or_else(|| "not".to_string(), human_bytes),
         human_bytes(report.planned_peak_bytes),
     ))?;
+    if let Some(e) = report.evals.last() {
+        print_out(&format!(
+            "eval loss {:.4} (perplexity {:.2}) after {}: {} on every rank in {:.2} s, {:.2} ms a batch ({:.2} ms predicted)\n",
+            e.loss,
+            f64::from(e.loss).exp(),
+            plural(e.steps_done, "step"),
+            match e.batches {
+                1 => "1 batch".to_string(),
+                n => format!("{n} batches"),
+            },
+            e.time.as_secs_f64(),
+            e.time.as_secs_f64() * 1e3 / e.batches.max(1) as f64,
+            plan.estimates.eval_s * 1e3,
+        ))?;
+    }
     if let Some(d) = &report.device {
         print_out(&device_summary(&plan, d))?;
     }
-    save(&a, &plan, &report.final_params, hf_config)?;
+    super::save::save(&a, &plan, &report.final_params, hf_config)?;
     match (metrics_error, &a.metrics) {
         (Some(source), Some(path)) => Err(CliError::Io {
             path: path.display().to_string(),
@@ -394,6 +442,8 @@ fn check_flags(a: &TrainArgs) -> Result<(), CliError> {
         ("--threads-per-rank", a.threads_per_rank as u64),
         ("--checkpoint-every", a.checkpoint_every.unwrap_or(1)),
         ("--trace-steps", a.trace_steps),
+        ("--eval-every", a.eval_every.unwrap_or(1)),
+        ("--eval-batches", a.eval_batches.unwrap_or(1)),
     ] {
         if value == 0 {
             return Err(CliError::Usage(format!("{flag} must be at least 1")));
@@ -438,40 +488,6 @@ fn is_onnx(model: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
 }
 
-/// Writes the trained parameters where `--save-onnx`/`--save-safetensors` ask.
-fn save(
-    a: &TrainArgs,
-    plan: &fsdpc_plan::Plan,
-    params: &[(String, Vec<f32>)],
-    hf_config: Option<(serde_json::Value, Vec<PathBuf>)>,
-) -> Result<(), CliError> {
-    if let Some(out) = &a.save_safetensors {
-        fsdpc_runtime::export::save_params(plan, params, out)?;
-        print_out(&format!(
-            "wrote {} ({} parameters)\n",
-            out.display(),
-            params.len()
-        ))?;
-    }
-    if let (Some(out), Some(config)) = (&a.save_hf, hf_config) {
-        save_hf(plan, params, config, out)?;
-    }
-    if let Some(out) = &a.save_onnx {
-        let map: HashMap<String, Vec<f32>> = params.iter().cloned().collect();
-        let s = fsdpc_frontends::onnx::write_with_params(Path::new(&a.model), &map, out)?;
-        let ext = s
-            .external_data
-            .map(|p| format!(", data in {}", p.display()))
-            .unwrap_or_default();
-        print_out(&format!(
-            "wrote {} ({} initializers updated{ext})\n",
-            out.display(),
-            s.replaced
-        ))?;
-    }
-    Ok(())
-}
-
 /// `n thing` or `n things`.
 fn plural(n: u64, thing: &str) -> String {
     if n == 1 {
@@ -479,48 +495,6 @@ fn plural(n: u64, thing: &str) -> String {
     } else {
         format!("{n} {thing}s")
     }
-}
-
-/// Writes the Hugging Face directory `out` of the trained `params`.
-fn save_hf(
-    plan: &fsdpc_plan::Plan,
-    params: &[(String, Vec<f32>)],
-    (config, companions): (serde_json::Value, Vec<PathBuf>),
-    out: &Path,
-) -> Result<(), CliError> {
-    let io = |path: &Path, source| CliError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
-    let shapes: HashMap<&str, Vec<usize>> = plan
-        .training
-        .graph
-        .params
-        .iter()
-        .map(|p| (p.name.as_str(), p.ty.shape.dims().to_vec()))
-        .collect();
-    let mut params = params.to_vec();
-    let merged = fsdpc_frontends::hf::merge_lora(&mut params, |n| shapes.get(n).cloned())
-        .map_err(|e| CliError::Usage(format!("--save-hf: {e}")))?;
-    fsdpc_runtime::export::save_params(plan, &params, &out.join("model.safetensors"))?;
-    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n";
-    let cfg = out.join("config.json");
-    std::fs::write(&cfg, text).map_err(|e| io(&cfg, e))?;
-    for f in companions {
-        let to = out.join(f.file_name().expect("a file"));
-        std::fs::copy(&f, &to).map_err(|e| io(&to, e))?;
-    }
-    let lora = if merged > 0 {
-        format!(", {merged} LoRA adapters merged")
-    } else {
-        String::new()
-    };
-    print_out(&format!(
-        "wrote {} (Hugging Face directory: config.json, model.safetensors with {} tensors{lora})\n",
-        out.display(),
-        params.len()
-    ))
 }
 
 /// The text of `model` if it is a plan file, read once; `None` for a model

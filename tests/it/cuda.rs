@@ -362,6 +362,7 @@ fn dropout_draws_the_cpus_mask_exactly() {
         step: 3,
         sample_offset: 8,
         seed: 11,
+        eval: false,
     };
     let op = Op::Dropout { p: 0.3, seed: 5 };
     let n = node(op, &[ty(DType::F32, &[4, 33])]);

@@ -21,6 +21,7 @@ mod cuda;
 mod data;
 mod docs;
 mod equivalence;
+mod eval;
 mod examples;
 mod exec;
 mod failure;

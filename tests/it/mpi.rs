@@ -376,3 +376,45 @@ fn mpi_no_shard_checkpoints_from_rank_0_only() {
     assert_eq!(bits(&full), bits(&parts), "threads {full:?}, MPI {parts:?}");
     assert_eq!(tensors(&procs), tensors(&threads));
 }
+
+/// The `eval_loss` of every line of a `--metrics` file that has one.
+fn eval_losses(path: &Path) -> Vec<f32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["eval_loss"].as_f64().map(|x| x as f32))
+        .collect()
+}
+
+/// Evaluations on MPI process ranks, across a resume, are the thread
+/// ranks' evaluations bit for bit (the losses are gathered and averaged in
+/// rank order by both).
+#[test]
+fn mpi_evaluations_equal_the_thread_runs_across_a_resume() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let eval: Vec<std::ffi::OsString> = [
+        "--eval-data",
+        "synthetic",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.into())
+    .collect();
+    train(false, 2, 4, &p.join("full.jsonl"), &os(&eval));
+    let d = p.join("ck");
+    let mut first = ckpt(&d, 2);
+    first.extend(eval.iter().cloned());
+    train(true, 2, 2, &p.join("a.jsonl"), &os(&first));
+    let mut rest = first.clone();
+    rest.extend(["--resume".into(), d.clone().into()]);
+    train(true, 2, 4, &p.join("b.jsonl"), &os(&rest));
+    let full = eval_losses(&p.join("full.jsonl"));
+    let mut parts = eval_losses(&p.join("a.jsonl"));
+    parts.extend(eval_losses(&p.join("b.jsonl")));
+    assert_eq!(full.len(), 2);
+    assert_eq!(bits(&full), bits(&parts), "threads {full:?}, MPI {parts:?}");
+}

@@ -379,6 +379,7 @@ fn training_dropout_mask_marks_the_kept_elements() {
         step: 3,
         sample_offset: 0,
         seed: 5,
+        eval: false,
     };
     let vals = eval_graph(&f.graph, &feeds, &HashMap::new(), &ctx);
     let vals = vals.unwrap_or_else(|e| panic!("{e}"));

@@ -18,7 +18,8 @@
 //!   drives the loss from about `ln(vocab)` toward 0.
 //! - Corpus (`corpus`: a text file as bytes, or a memory-mapped nanoGPT
 //!   `.bin` of u16 tokens): the window starts at a position drawn from
-//!   (seed, step, sample).
+//!   (seed, step, sample); held-out data (`Lm::held_out`) is read in file
+//!   order instead, window after window.
 
 mod corpus;
 
@@ -60,6 +61,9 @@ pub struct Lm {
     vocab: i64,
     tokens: Tokens,
     seed: u64,
+    /// Held-out corpus data (`held_out`): windows in file order, `Batch::step`
+    /// counting batches of this many windows, instead of drawn positions.
+    sequential: Option<u64>,
 }
 
 impl Lm {
@@ -125,7 +129,40 @@ impl Lm {
             vocab,
             tokens,
             seed,
+            sequential: None,
         }))
+    }
+
+    /// The same task reading held-out data: a corpus in file order, window
+    /// `step * global_batch + sample` starting at token `window * seq` (so
+    /// every token after the first is a label once), and `Some` of the
+    /// number of whole batches the corpus holds; synthetic data as it is
+    /// (`None`: its held-out samples are keyed apart by the caller).
+    pub fn held_out(mut self, global_batch: u64) -> (Lm, Option<u64>) {
+        let Tokens::Corpus(c) = &self.tokens else {
+            return (self, None);
+        };
+        let windows = (c.len() as u64 - 1) / self.seq.max(1) as u64;
+        self.sequential = Some(global_batch);
+        (self, Some(windows / global_batch.max(1)))
+    }
+
+    /// Tokens in the corpus (0 for synthetic data).
+    pub fn corpus_tokens(&self) -> usize {
+        match &self.tokens {
+            Tokens::Corpus(c) => c.len(),
+            Tokens::Synthetic { .. } => 0,
+        }
+    }
+
+    /// The token-id input's name.
+    pub fn ids_name(&self) -> &str {
+        &self.ids
+    }
+
+    /// Tokens one window reads.
+    pub fn window_tokens(&self) -> usize {
+        self.seq + 1
     }
 
     /// Passes token `i` (0..=seq) of the window of global sample `sample`
@@ -147,10 +184,27 @@ impl Lm {
                 }
             }
             Tokens::Corpus(c) => {
-                let start = below(
-                    &[self.seed, step, sample, START_KEY],
-                    (c.len() - self.seq) as u64,
-                ) as usize;
+                let start = match self.sequential {
+                    None => below(
+                        &[self.seed, step, sample, START_KEY],
+                        (c.len() - self.seq) as u64,
+                    ) as usize,
+                    Some(global) => {
+                        let window = step.saturating_mul(global).saturating_add(sample);
+                        let start = window.saturating_mul(self.seq as u64);
+                        if start.saturating_add(self.seq as u64) >= c.len() as u64 {
+                            return Err(RuntimeError::data(
+                                &self.ids,
+                                format!(
+                                    "held-out window {window} (tokens {start}..) is past the end of the \
+                                     data's {} tokens",
+                                    c.len()
+                                ),
+                            ));
+                        }
+                        start as usize
+                    }
+                };
                 for (i, &t) in c[start..].iter().take(self.seq + 1).enumerate() {
                     if t as i64 >= self.vocab {
                         return Err(RuntimeError::data(

@@ -41,6 +41,16 @@ pub enum DataSpec {
     TokenBin(PathBuf),
 }
 
+impl std::fmt::Display for DataSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataSpec::Synthetic => write!(f, "the synthetic task"),
+            DataSpec::TextFile(p) => write!(f, "text file {}", p.display()),
+            DataSpec::TokenBin(p) => write!(f, "token file {}", p.display()),
+        }
+    }
+}
+
 /// Which of a rank's samples an input request covers.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
@@ -74,7 +84,16 @@ pub struct GraphData {
     inputs: HashMap<String, InputDesc>,
     task: Task,
     seed: u64,
+    /// Held-out samples drawn from the training distribution (synthetic
+    /// data): `Batch::step` is keyed apart from every training step.
+    held_out: bool,
 }
+
+/// The bit that keys held-out synthetic samples apart from training steps.
+const HELD_OUT: u64 = 1 << 63;
+
+/// Evaluation batches of synthetic held-out data when none are asked for.
+pub const SYNTHETIC_EVAL_BATCHES: u64 = 4;
 
 /// Opens the data source `spec` for the inputs of `graph`.
 pub fn open(
@@ -82,6 +101,65 @@ pub fn open(
     graph: &Graph,
     seed: u64,
 ) -> Result<Arc<dyn DataSource>, RuntimeError> {
+    Ok(Arc::new(open_graph(spec, graph, seed)?))
+}
+
+/// Opens held-out data `spec` for the inputs of `graph`, for evaluation
+/// batches of `global_batch` samples (every rank's, `Batch::step` counting
+/// batches): a corpus is read in file order, window after window, and
+/// holds as many whole batches as fit; synthetic data draws samples no
+/// training step draws. Returns the source and the number of batches an
+/// evaluation runs: `asked`, or all the corpus holds, or
+/// `SYNTHETIC_EVAL_BATCHES`; asking for more than the corpus holds is an
+/// error, as is a corpus too short for one batch.
+pub fn open_eval(
+    spec: &DataSpec,
+    graph: &Graph,
+    seed: u64,
+    global_batch: u64,
+    asked: Option<u64>,
+) -> Result<(Arc<dyn DataSource>, u64), RuntimeError> {
+    let mut d = open_graph(spec, graph, seed)?;
+    let mut held = None;
+    if let Task::Lm(l) = &d.task {
+        let (windows, whole) = l.clone().held_out(global_batch);
+        if let Some(n) = whole {
+            let what = format!("the held-out {spec}");
+            let per = l.window_tokens() - 1;
+            let ids = l.ids_name().to_string();
+            if n == 0 {
+                return Err(RuntimeError::data(
+                    &ids,
+                    format!(
+                        "{what} has {} tokens; one evaluation batch is {global_batch} windows of \
+                         {per} tokens (+1), {} tokens",
+                        l.corpus_tokens(),
+                        global_batch * per as u64 + 1
+                    ),
+                ));
+            }
+            if let Some(k) = asked.filter(|&k| k > n) {
+                return Err(RuntimeError::data(
+                    &ids,
+                    format!(
+                        "{k} evaluation batches asked for; {what} holds {n} batches of \
+                         {global_batch} windows of {per} tokens"
+                    ),
+                ));
+            }
+            held = Some(n);
+        }
+        d.task = Task::Lm(windows);
+    }
+    d.held_out = held.is_none();
+    let batches = asked.or(held).unwrap_or(SYNTHETIC_EVAL_BATCHES);
+    if batches == 0 {
+        return Err(RuntimeError::plan("0 evaluation batches asked for"));
+    }
+    Ok((Arc::new(d), batches))
+}
+
+fn open_graph(spec: &DataSpec, graph: &Graph, seed: u64) -> Result<GraphData, RuntimeError> {
     let inputs: HashMap<String, InputDesc> = analyse(graph)
         .into_iter()
         .map(|d| (d.name.clone(), d))
@@ -99,7 +177,12 @@ pub fn open(
     } else {
         Task::Generic
     };
-    Ok(Arc::new(GraphData { inputs, task, seed }))
+    Ok(GraphData {
+        inputs,
+        task,
+        seed,
+        held_out: false,
+    })
 }
 
 impl DataSource for GraphData {
@@ -117,6 +200,13 @@ impl DataSource for GraphData {
                 ),
             ));
         }
+        let batch = match self.held_out {
+            true => Batch {
+                step: HELD_OUT | batch.step,
+                ..batch
+            },
+            false => batch,
+        };
         let handled = match &self.task {
             Task::Lm(l) => l.fill(name, batch, out)?,
             Task::Mixture(t) => t.fill(name, batch, out)?,

@@ -15,7 +15,7 @@ use crate::exec::memory::Arena;
 use crate::exec::resolve::resolve;
 use crate::exec::ExecMode;
 use crate::train::params::{cut_params, unshard};
-use crate::train::rank::{RankCtx, Saver};
+use crate::train::rank::{RankCtx, RankStep, Saver};
 use crate::train::*;
 use fsdpc_plan::Plan;
 use std::time::{Duration, Instant};
@@ -127,7 +127,9 @@ pub fn train_rank(
         .communicator(&all, "loss", rank)
         .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
     let losses_comm = &*comm;
-    let (opts, resume) = open_resume_ranks(plan, opts, losses_comm, rank)?;
+    let (opts, resume, eval) = open_resume_eval(plan, opts, n, |o| {
+        open_resume_ranks(plan, o, losses_comm, rank)
+    })?;
     let opts = &opts;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
     let prep = resolve(plan)?;
@@ -149,35 +151,43 @@ pub fn train_rank(
         prep: &prep,
         backend: &backend,
         data: &*data,
+        eval: eval.as_ref().map(|(d, k)| (&**d, *k)),
         opts,
         resume: resume.as_ref(),
         saver: Saver::Process(losses_comm),
         epoch: Instant::now(),
     };
-    let mut log = StepLog::new(plan, n);
+    let mut log = StepLog::new(plan, n, eval.as_ref().map_or(0, |e| e.1));
     let start = Instant::now();
-    let mut report =
-        |step: u64, loss: f32, scalars: StepScalars, measured: Option<u64>, time: Duration| {
-            let mut all_losses = vec![0u8; 4 * n];
-            losses_comm
-                .all_gather(
-                    crate::comm::Buf {
-                        dtype: fsdpc_ir::DType::F32,
-                        bytes: &loss.to_le_bytes(),
-                    },
-                    BufMut {
-                        dtype: fsdpc_ir::DType::F32,
-                        bytes: &mut all_losses,
-                    },
-                )
-                .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
-            // The same order and arithmetic as the thread launcher's `collect`.
-            let rank_losses = all_losses
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            log.record(step, rank_losses, (scalars, measured, time), on_step);
-            Ok(())
-        };
+    let mut report = |step: u64, out: RankStep| {
+        // Each rank's loss and evaluation loss (every rank evaluates after
+        // the same steps).
+        let mine = [out.loss, out.eval.map_or(0.0, |e| e.0)];
+        let mut all = vec![0u8; 8 * n];
+        losses_comm
+            .all_gather(
+                crate::comm::Buf {
+                    dtype: fsdpc_ir::DType::F32,
+                    bytes: bytemuck::cast_slice(&mine),
+                },
+                BufMut {
+                    dtype: fsdpc_ir::DType::F32,
+                    bytes: &mut all,
+                },
+            )
+            .map_err(|e| crate::exec::rank::comm_err(rank, e))?;
+        let all: Vec<f32> = all
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        // The same order and arithmetic as the thread launcher's `collect`.
+        let rank_losses = all.iter().step_by(2).copied();
+        let eval_losses: Vec<f32> = all.iter().skip(1).step_by(2).copied().collect();
+        let eval = out.eval.map(|e| (eval_losses.as_slice(), e.1));
+        let after = (out.scalars, out.measured, out.time);
+        log.record(step, rank_losses, after, eval, on_step);
+        Ok(())
+    };
     let mut out = ctx.run(arena.as_mut(), &mut report)?;
     let elapsed = start.elapsed();
     // The arena goes before the full parameters are gathered.

@@ -16,7 +16,7 @@ use crate::exec::rank::panic_text;
 use crate::exec::resolve::resolve;
 use crate::exec::ExecMode;
 use crate::train::params::assemble;
-use crate::train::rank::{Msg, RankCtx, RankOut, Saver};
+use crate::train::rank::{Msg, RankCtx, RankOut, RankStep, Saver};
 use crate::train::*;
 use fsdpc_plan::Plan;
 use std::collections::BTreeMap;
@@ -78,9 +78,10 @@ pub fn train(
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
-    let (opts, resume) = open_resume(plan, opts, true)?;
+    let world = plan.cluster.world as usize;
+    let (opts, resume, eval) = open_resume_eval(plan, opts, world, |o| open_resume(plan, o, true))?;
     let data = data::open(&opts.data, &plan.training.graph, opts.seed)?;
-    execute_detached(plan, opts, resume, data, on_step)
+    execute_detached(plan, opts, resume, (data, eval), on_step)
 }
 
 /// `train` with a caller-supplied data source (`opts.data` is ignored).
@@ -94,8 +95,9 @@ pub fn train_with_data(
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     validate(plan)?;
-    let (opts, resume) = open_resume(plan, opts, true)?;
-    execute_detached(plan, opts, resume, data, on_step)
+    let world = plan.cluster.world as usize;
+    let (opts, resume, eval) = open_resume_eval(plan, opts, world, |o| open_resume(plan, o, true))?;
+    execute_detached(plan, opts, resume, (data, eval), on_step)
 }
 
 /// What the training thread hands the caller of `train`.
@@ -117,7 +119,7 @@ fn execute_detached(
     plan: &Plan,
     opts: TrainOptions,
     resume: Option<Checkpoint>,
-    data: Arc<dyn DataSource>,
+    data: (Arc<dyn DataSource>, EvalData),
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<TrainReport, RuntimeError> {
     let plan = plan.clone();
@@ -148,10 +150,11 @@ fn execute(
     plan: &Plan,
     opts: &TrainOptions,
     resume: Option<&Checkpoint>,
-    data: Arc<dyn DataSource>,
+    (data, eval): (Arc<dyn DataSource>, EvalData),
     events: &mpsc::Sender<Event>,
 ) -> Result<TrainReport, RuntimeError> {
     let prep = resolve(plan)?;
+    let eval = eval.as_ref().map(|(d, n)| (&**d, *n));
     let world = plan.cluster.world as usize;
     if world == 0 {
         return Err(RuntimeError::plan("the cluster has no ranks"));
@@ -198,20 +201,14 @@ fn execute(
                     prep,
                     backend,
                     data,
+                    eval,
                     opts,
                     resume,
                     saver: Saver::Thread(&tx),
                     epoch: start,
                 };
-                let mut report = |step, loss, scalars, measured, time| {
-                    let _ = tx.send(Msg::Step {
-                        rank,
-                        step,
-                        loss,
-                        scalars,
-                        measured,
-                        time,
-                    });
+                let mut report = |step, out| {
+                    let _ = tx.send(Msg::Step { rank, step, out });
                     Ok(())
                 };
                 let run = || ctx.run(arena, &mut report);
@@ -238,6 +235,7 @@ fn execute(
                 plan,
                 opts,
                 first_step: first_step(resume),
+                eval_batches: eval.map_or(0, |e| e.1),
                 shm: &shm,
             },
             &mut on_step,
@@ -255,6 +253,7 @@ fn execute(
         grad_norms,
         loss_scales,
         skipped_steps,
+        evals,
         ..
     } = log;
     // A failed checkpoint stopped the ranks: its error is the cause.
@@ -271,16 +270,18 @@ fn execute(
         Vec::new()
     };
     let tokens = (plan.model.tokens_per_rank_step * world as u64 * losses.len() as u64) as f64;
+    let training = training_time(elapsed, &evals);
     Ok(TrainReport {
         losses,
         grad_norms,
         loss_scales,
         skipped_steps,
+        evals,
         final_params,
         measured_peak_bytes: outs.iter().filter_map(|o| o.measured).max(),
         planned_peak_bytes: plan.memory.rank_bytes,
         debug_peak_bytes: outs.iter().filter_map(|o| o.debug_peak).max(),
-        tokens_per_s: tokens / elapsed.as_secs_f64().max(1e-9),
+        tokens_per_s: tokens / training.as_secs_f64().max(1e-9),
         elapsed,
         world,
         timelines,
@@ -288,16 +289,14 @@ fn execute(
     })
 }
 
-/// One rank's loss, pre-clip gradient norm, measured peak and step time
-/// after a step.
-type RankStep = (f32, StepScalars, Option<u64>, Duration);
-
 /// What `collect` needs besides the messages.
 struct Collect<'a> {
     world: usize,
     plan: &'a Plan,
     opts: &'a TrainOptions,
     first_step: u64,
+    /// Batches of each evaluation.
+    eval_batches: u64,
     shm: &'a ShmWorld,
 }
 
@@ -318,7 +317,7 @@ fn collect(
     let mut files: BTreeMap<u64, Vec<FileEntry>> = BTreeMap::new();
     let mut saved = Ok(());
     let mut outs: Vec<Option<Result<RankOut, RuntimeError>>> = (0..world).map(|_| None).collect();
-    let mut log = StepLog::new(plan, world);
+    let mut log = StepLog::new(plan, world, c.eval_batches);
     // Once a failure is known, the ranks have one more timeout to stop.
     let mut deadline = None;
     loop {
@@ -337,16 +336,10 @@ fn collect(
             },
         };
         match msg {
-            Msg::Step {
-                rank,
-                step,
-                loss,
-                scalars,
-                measured,
-                time,
-            } => {
-                pending.entry(step).or_insert_with(|| vec![None; world])[rank] =
-                    Some((loss, scalars, measured, time))
+            Msg::Step { rank, step, out } => {
+                pending
+                    .entry(step)
+                    .or_insert_with(|| (0..world).map(|_| None).collect())[rank] = Some(out)
             }
             Msg::Done { rank, out } => outs[rank] = Some(out),
             Msg::Saved { step, file } => {
@@ -365,16 +358,26 @@ fn collect(
             }
         }
         while let Some(entry) = pending.get(&(c.first_step + log.losses.len() as u64)) {
-            let Some(vals) = entry.iter().copied().collect::<Option<Vec<RankStep>>>() else {
+            if entry.iter().any(Option::is_none) {
+                break;
+            }
+            let step = c.first_step + log.losses.len() as u64;
+            let Some(vals) = pending.remove(&step) else {
                 break;
             };
-            let step = c.first_step + log.losses.len() as u64;
-            pending.remove(&step);
-            let measured = vals.iter().filter_map(|v| v.2).max();
-            let scalars = vals.first().map(|v| v.1).unwrap_or_default();
-            let time = vals.iter().map(|v| v.3).max().unwrap_or_default();
+            let vals: Vec<RankStep> = vals.into_iter().flatten().collect();
+            let measured = vals.iter().filter_map(|v| v.measured).max();
+            let scalars = vals.first().map(|v| v.scalars).unwrap_or_default();
+            let time = vals.iter().map(|v| v.time).max().unwrap_or_default();
             let after = (scalars, measured, time);
-            log.record(step, vals.iter().map(|v| v.0), after, on_step);
+            // Every rank evaluates after the same steps.
+            let evals: Option<Vec<RankEval>> = vals.iter().map(|v| v.eval).collect();
+            let eval = evals.as_ref().map(|e| {
+                let losses: Vec<f32> = e.iter().map(|x| x.0).collect();
+                (losses, e.iter().map(|x| x.1).max().unwrap_or_default())
+            });
+            let eval = eval.as_ref().map(|(l, t)| (l.as_slice(), *t));
+            log.record(step, vals.iter().map(|v| v.loss), after, eval, on_step);
         }
     }
     ((log, saved), outs)

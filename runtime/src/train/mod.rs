@@ -19,7 +19,7 @@ use crate::cpu::CpuBackend;
 use crate::data::{DataSource, DataSpec};
 use crate::error::RuntimeError;
 use crate::exec::memory::{Arena, Memory};
-use crate::exec::rank::RankEnv;
+use crate::exec::rank::{Pass, RankEnv};
 use crate::exec::resolve::Resolved;
 use crate::exec::resolve::Step;
 use crate::exec::timeline::RankTimeline;
@@ -27,7 +27,7 @@ use crate::exec::ExecMode;
 use crate::fault::Fault;
 use fsdpc_plan::{BufferId, BufferKind, Plan};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// How to train.
@@ -61,7 +61,51 @@ pub struct TrainOptions {
     /// Record the measured timeline of the last `trace_steps` steps
     /// (`TrainReport::timelines`; 0: none).
     pub trace_steps: u64,
+    /// Evaluate the loss on held-out data (`EvalOptions`).
+    pub eval: Option<EvalOptions>,
 }
+
+/// Evaluation on held-out data: the plan's evaluation prefix (`Plan::eval`:
+/// forward to the loss, no gradient, dropout off) on each evaluation batch,
+/// between steps, with the parameters as they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvalOptions {
+    /// The held-out data (`data::open_eval`).
+    pub data: DataSpec,
+    /// Evaluate after every `every` steps; 0: only after the run's last
+    /// step, which is always evaluated.
+    pub every: u64,
+    /// Evaluation batches, each one micro-batch on every rank; `None`: all
+    /// the held-out corpus holds (`data::SYNTHETIC_EVAL_BATCHES` of
+    /// synthetic data).
+    pub batches: Option<u64>,
+}
+
+impl EvalOptions {
+    /// Whether an evaluation follows 0-based step `step` of a run of
+    /// `steps` steps.
+    pub fn due(&self, step: u64, steps: u64) -> bool {
+        let done = step + 1;
+        done == steps || (self.every > 0 && done.is_multiple_of(self.every))
+    }
+}
+
+/// One evaluation.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct EvalReport {
+    /// Optimizer steps completed before it.
+    pub steps_done: u64,
+    /// The global mean loss over the evaluation batches: every rank's mean
+    /// over its batches, averaged in rank order.
+    pub loss: f32,
+    /// Evaluation batches run.
+    pub batches: u64,
+    /// Its wall time, the slowest rank's (process ranks: this rank's).
+    pub time: Duration,
+}
+
+/// One rank's evaluation: its mean loss over the batches and its time.
+pub(crate) type RankEval = (f32, Duration);
 
 /// Where and how often to checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,6 +130,7 @@ impl Default for TrainOptions {
             resume: None,
             fault: None,
             trace_steps: 0,
+            eval: None,
         }
     }
 }
@@ -120,6 +165,8 @@ pub struct StepReport {
     /// With the fp16 loss scaler: whether this step was skipped (a
     /// gradient was inf or NaN on some rank; the parameters did not move).
     pub skipped: bool,
+    /// The evaluation that followed this step, if one was due.
+    pub eval: Option<EvalReport>,
 }
 
 /// What a rank reports after a step besides its loss (equal on every
@@ -147,6 +194,8 @@ pub struct TrainReport {
     pub loss_scales: Vec<f32>,
     /// With the fp16 loss scaler: the steps that were skipped.
     pub skipped_steps: Vec<u64>,
+    /// Every evaluation, in order.
+    pub evals: Vec<EvalReport>,
     /// Full parameters by original name, in unit and layout order (empty
     /// unless `TrainOptions::keep_params`).
     pub final_params: Vec<(String, Vec<f32>)>,
@@ -224,6 +273,51 @@ pub(crate) fn validate(plan: &Plan) -> Result<(), RuntimeError> {
         .map_err(|violations| RuntimeError::InvalidPlan { violations })
 }
 
+/// The held-out data of an evaluating run and the batches of each
+/// evaluation (`TrainOptions::eval`).
+pub(crate) type EvalData = Option<(Arc<dyn DataSource>, u64)>;
+
+/// Opens the held-out data `opts.eval` names for `plan` on `world` ranks
+/// (`data::open_eval`); a plan without an evaluation prefix is refused.
+pub(crate) fn open_eval(
+    plan: &Plan,
+    opts: &TrainOptions,
+    world: usize,
+) -> Result<EvalData, RuntimeError> {
+    let Some(e) = &opts.eval else {
+        return Ok(None);
+    };
+    if plan.eval.is_none() {
+        return Err(crate::exec::rank::no_eval_pass());
+    }
+    let graph = &plan.training.graph;
+    let global = (world * crate::exec::resolve::batch_size(graph)) as u64;
+    crate::data::open_eval(&e.data, graph, opts.seed, global, e.batches).map(Some)
+}
+
+/// `open_resume` with the held-out data opened first, so that a bad
+/// evaluation file is refused before the checkpoint directory is readied,
+/// and again under a resumed checkpoint's seed when it differs.
+pub(crate) fn open_resume_eval(
+    plan: &Plan,
+    opts: &TrainOptions,
+    world: usize,
+    resume: impl FnOnce(&TrainOptions) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError>,
+) -> Result<(TrainOptions, Option<Checkpoint>, EvalData), RuntimeError> {
+    let eval = open_eval(plan, opts, world)?;
+    let (resumed, ckpt) = resume(opts)?;
+    let eval = match resumed.seed == opts.seed {
+        true => eval,
+        false => open_eval(plan, &resumed, world)?,
+    };
+    Ok((resumed, ckpt, eval))
+}
+
+/// A run's wall time without its evaluations.
+pub(crate) fn training_time(elapsed: Duration, evals: &[EvalReport]) -> Duration {
+    elapsed.saturating_sub(evals.iter().map(|e| e.time).sum())
+}
+
 /// The first step a run executes.
 pub(crate) fn first_step(resume: Option<&Checkpoint>) -> u64 {
     resume.map_or(0, |c| c.manifest.step)
@@ -242,10 +336,13 @@ pub(crate) struct StepLog {
     pub(crate) grad_norms: Vec<f32>,
     pub(crate) loss_scales: Vec<f32>,
     pub(crate) skipped_steps: Vec<u64>,
+    pub(crate) evals: Vec<EvalReport>,
+    /// Evaluation batches of each evaluation.
+    eval_batches: u64,
 }
 
 impl StepLog {
-    pub(crate) fn new(plan: &Plan, world: usize) -> StepLog {
+    pub(crate) fn new(plan: &Plan, world: usize, eval_batches: u64) -> StepLog {
         StepLog {
             tokens: (plan.model.tokens_per_rank_step * world as u64) as f64,
             planned: plan.memory.rank_bytes,
@@ -255,6 +352,8 @@ impl StepLog {
             grad_norms: Vec::new(),
             loss_scales: Vec::new(),
             skipped_steps: Vec::new(),
+            evals: Vec::new(),
+            eval_batches,
         }
     }
 
@@ -268,11 +367,13 @@ impl StepLog {
         final_params: Vec<(String, Vec<f32>)>,
     ) -> TrainReport {
         TrainReport {
-            tokens_per_s: self.tokens * self.losses.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+            tokens_per_s: self.tokens * self.losses.len() as f64
+                / training_time(elapsed, &self.evals).as_secs_f64().max(1e-9),
             losses: self.losses,
             grad_norms: self.grad_norms,
             loss_scales: self.loss_scales,
             skipped_steps: self.skipped_steps,
+            evals: self.evals,
             final_params,
             measured_peak_bytes: None,
             planned_peak_bytes: self.planned,
@@ -286,12 +387,16 @@ impl StepLog {
 
     /// Records `step` from every rank's local-mean loss, summed in rank
     /// order (so both launchers compute the same bits), and reports it with
-    /// the step's scalars, measured peak and step time.
+    /// the step's scalars, measured peak and step time, and the evaluation
+    /// that followed it (every rank's mean loss in rank order, the slowest
+    /// rank's time), if any. The step's throughput leaves the evaluation's
+    /// time out.
     pub(crate) fn record(
         &mut self,
         step: u64,
         rank_losses: impl ExactSizeIterator<Item = f32>,
         (scalars, measured, step_time): (StepScalars, Option<u64>, Duration),
+        eval: Option<(&[f32], Duration)>,
         on_step: &mut dyn FnMut(&StepReport),
     ) {
         let StepScalars {
@@ -303,6 +408,14 @@ impl StepLog {
         self.peak = self.peak.max(measured);
         let elapsed = self.last.elapsed();
         self.last = Instant::now();
+        let eval = eval.map(|(losses, time)| EvalReport {
+            steps_done: step + 1,
+            loss: losses.iter().fold(0.0f32, |a, b| a + b) / losses.len().max(1) as f32,
+            batches: self.eval_batches,
+            time,
+        });
+        self.evals.extend(eval);
+        let training = elapsed.saturating_sub(eval.map_or(Duration::ZERO, |e| e.time));
         self.losses.push(loss);
         self.grad_norms.extend(grad_norm);
         self.loss_scales.extend(loss_scale.map(|s| s.0));
@@ -313,7 +426,7 @@ impl StepLog {
         on_step(&StepReport {
             step,
             loss,
-            tokens_per_s: self.tokens / elapsed.as_secs_f64().max(1e-9),
+            tokens_per_s: self.tokens / training.as_secs_f64().max(1e-9),
             measured_peak_bytes: self.peak,
             planned_peak_bytes: self.planned,
             elapsed,
@@ -321,6 +434,7 @@ impl StepLog {
             grad_norm,
             loss_scale: loss_scale.map(|s| s.0),
             skipped,
+            eval,
         });
     }
 }

@@ -9,10 +9,7 @@ pub(crate) enum Msg {
     Step {
         rank: usize,
         step: u64,
-        loss: f32,
-        scalars: StepScalars,
-        measured: Option<u64>,
-        time: Duration,
+        out: RankStep,
     },
     Done {
         rank: usize,
@@ -35,10 +32,18 @@ pub(crate) struct RankOut {
     pub(crate) timeline: Option<RankTimeline>,
 }
 
-/// Reports one rank's loss, pre-clip gradient norm, measured peak and step
-/// time after a step.
-type Report<'r> =
-    dyn FnMut(u64, f32, StepScalars, Option<u64>, Duration) -> Result<(), RuntimeError> + 'r;
+/// What a rank reports after a step: its loss, pre-clip gradient norm,
+/// measured peak and step time, and its evaluation if one followed.
+pub(crate) struct RankStep {
+    pub(crate) loss: f32,
+    pub(crate) scalars: StepScalars,
+    pub(crate) measured: Option<u64>,
+    pub(crate) time: Duration,
+    pub(crate) eval: Option<RankEval>,
+}
+
+/// Reports one rank's step (`RankStep`).
+type Report<'r> = dyn FnMut(u64, RankStep) -> Result<(), RuntimeError> + 'r;
 
 /// Everything one rank uses, whichever launcher started it.
 pub(crate) struct RankCtx<'a> {
@@ -49,6 +54,9 @@ pub(crate) struct RankCtx<'a> {
     pub(crate) prep: &'a Resolved<'a>,
     pub(crate) backend: &'a CpuBackend,
     pub(crate) data: &'a dyn DataSource,
+    /// The held-out data and the batches of each evaluation
+    /// (`TrainOptions::eval`).
+    pub(crate) eval: Option<(&'a dyn DataSource, u64)>,
     pub(crate) opts: &'a TrainOptions,
     pub(crate) resume: Option<&'a Checkpoint>,
     pub(crate) saver: Saver<'a>,
@@ -90,6 +98,9 @@ impl RankCtx<'_> {
             self.data,
             self.opts.seed,
         )?;
+        if let Some((data, _)) = self.eval {
+            env = env.with_eval_data(data);
+        }
         let mut mem = match arena {
             Some(a) => Memory::arena(plan, a),
             None => {
@@ -138,21 +149,30 @@ impl RankCtx<'_> {
         })
     }
 
-    /// Runs every step, reporting each step's loss.
+    /// Runs every step, reporting each step's loss and the evaluations
+    /// that follow the steps they are due after.
     fn steps(
         &self,
         env: &RankEnv,
         mem: &mut Memory,
         sink: &mut Report,
     ) -> Result<(), RuntimeError> {
-        let mut report = |step: u64, mem: &Memory, time: Duration| -> Result<(), RuntimeError> {
-            let loss = env.read_loss(mem)?;
-            let scalars = StepScalars {
-                grad_norm: env.read_grad_norm(mem)?,
-                loss_scale: env.read_loss_scale(mem)?,
-            };
-            let measured = self.tag.map(|t| account::peak(t).max(0) as u64);
-            sink(step, loss, scalars, measured, time)?;
+        // What the step left (read before an evaluation overwrites the loss).
+        let read = |mem: &Memory, time: Duration| -> Result<RankStep, RuntimeError> {
+            Ok(RankStep {
+                loss: env.read_loss(mem)?,
+                scalars: StepScalars {
+                    grad_norm: env.read_grad_norm(mem)?,
+                    loss_scale: env.read_loss_scale(mem)?,
+                },
+                measured: None,
+                time,
+                eval: None,
+            })
+        };
+        let mut finish = |step: u64, mut out: RankStep, mem: &Memory| {
+            out.measured = self.tag.map(|t| account::peak(t).max(0) as u64);
+            sink(step, out)?;
             if let Some(f) = &self.opts.fault {
                 f.inject(self.world, self.rank, step)?;
             }
@@ -162,20 +182,52 @@ impl RankCtx<'_> {
         match self.opts.mode {
             ExecMode::Arena => {
                 let mem = &*mem;
-                env.run_arena(mem, steps, self.tag, &mut |step, time| {
-                    report(step, mem, time)
+                env.run_arena(mem, steps, self.tag, &mut |step, time, run| {
+                    let mut out = read(mem, time)?;
+                    out.eval = self.evaluate(step, &mut |j| {
+                        run(j)?;
+                        env.read_eval_loss(mem)
+                    })?;
+                    finish(step, out, mem)
                 })
             }
             ExecMode::DebugAlloc => {
                 let _tag = self.tag.map(RankTag::enter);
                 for step in steps {
                     let began = Instant::now();
-                    env.step_debug(mem, step)?;
-                    report(step, mem, began.elapsed())?;
+                    env.pass_debug(mem, Pass::Step(step))?;
+                    let mut out = read(mem, began.elapsed())?;
+                    out.eval = self.evaluate(step, &mut |j| {
+                        env.pass_debug(mem, Pass::Eval(j))?;
+                        env.read_eval_loss(mem)
+                    })?;
+                    finish(step, out, mem)?;
                 }
                 Ok(())
             }
         }
+    }
+
+    /// After `step`, when an evaluation is due: every evaluation batch
+    /// through `batch` (which runs it and returns its loss), and this
+    /// rank's mean over them with the time they took.
+    fn evaluate(
+        &self,
+        step: u64,
+        batch: &mut dyn FnMut(u64) -> Result<f32, RuntimeError>,
+    ) -> Result<Option<RankEval>, RuntimeError> {
+        let (Some(opts), Some((_, batches))) = (&self.opts.eval, self.eval) else {
+            return Ok(None);
+        };
+        if !opts.due(step, self.opts.steps) {
+            return Ok(None);
+        }
+        let began = Instant::now();
+        let mut sum = 0f64;
+        for j in 0..batches {
+            sum += f64::from(batch(j)?);
+        }
+        Ok(Some(((sum / batches as f64) as f32, began.elapsed())))
     }
 
     /// The ShardParams buffer of each unit.

@@ -254,6 +254,7 @@ fn dropout_mask_is_keyed_by_global_element() {
             step: 5,
             sample_offset: offset,
             seed: 1,
+            eval: false,
         };
         CpuBackend::default()
             .run(

@@ -3,7 +3,8 @@
 //! The element key is the *global* element index: this rank's tensor starts
 //! at sample `KernelCtx::sample_offset` (axis 0 is the batch), so a sharded
 //! run draws exactly the mask an unsharded run draws for the same samples.
-//! The op's seed is combined with the run's seed.
+//! The op's seed is combined with the run's seed. In evaluation
+//! (`KernelCtx::eval`) it is the identity.
 
 use crate::backend::KernelCtx;
 use crate::error::KResult;
@@ -26,6 +27,13 @@ pub fn dropout(
         crate::kbail!("dropout probability {p} is not in [0, 1)");
     }
     let (xs, ys) = (x.f32()?, y.f32_mut()?);
+    if xs.len() != ys.len() {
+        crate::kbail!("dropout of {} elements into {}", xs.len(), ys.len());
+    }
+    if ctx.eval {
+        ys.copy_from_slice(xs);
+        return Ok(());
+    }
     let per_sample = match x.dims().first() {
         Some(&b) if b > 0 => xs.len() / b,
         _ => xs.len(),

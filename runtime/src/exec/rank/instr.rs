@@ -10,8 +10,9 @@ impl<'a> RankEnv<'a> {
         &self,
         mem: &Memory,
         i: usize,
-        step: u64,
+        pass: Pass,
     ) -> Result<(), RuntimeError> {
+        let step = pass.index();
         let stream = self.prep.plan.instructions[i].stream;
         let ce = |e: CommError| comm_err(self.rank, e);
         // SAFETY (all `view`/`view_mut` below): regions come from `resolve`;
@@ -100,9 +101,15 @@ impl<'a> RankEnv<'a> {
                         bytes: mem.view_mut(*dst)?,
                     };
                     let first_sample = self.first_sample(*micro);
-                    self.data.fill(name, Batch { step, first_sample }, out)
+                    let data = match pass {
+                        Pass::Step(_) => self.data,
+                        Pass::Eval(_) => self.eval_data.ok_or_else(|| {
+                            RuntimeError::plan("an evaluation pass without evaluation data")
+                        })?,
+                    };
+                    data.fill(name, Batch { step, first_sample }, out)
                 }
-                Step::Kernel { .. } => self.kernel(mem, i, step),
+                Step::Kernel { .. } => self.kernel(mem, i, pass),
                 Step::Copy { src, dst } => {
                     let (from, into) = self.send_recv(mem, *src, *dst)?;
                     into.bytes.copy_from_slice(from.bytes);
@@ -164,7 +171,7 @@ impl<'a> RankEnv<'a> {
         &self,
         mem: &Memory,
         i: usize,
-        step: u64,
+        pass: Pass,
     ) -> Result<(), RuntimeError> {
         let Step::Kernel {
             id,
@@ -199,9 +206,10 @@ impl<'a> RankEnv<'a> {
             None => Workspace::empty(),
         };
         let ctx = KernelCtx {
-            step,
+            step: pass.index(),
             sample_offset: self.first_sample(*micro),
             seed: self.seed,
+            eval: matches!(pass, Pass::Eval(_)),
         };
         self.backend
             .run(node, &xs, &mut ys, &ctx, &mut ws)

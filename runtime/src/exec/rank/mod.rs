@@ -30,6 +30,25 @@ use std::time::{Duration, Instant};
 /// Operand views a kernel call keeps on the stack.
 const VIEWS: usize = 8;
 
+/// What a rank's streams run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Training step `s` (0-based): the whole instruction list.
+    Step(u64),
+    /// Evaluation batch `j` (0-based): the plan's evaluation prefix
+    /// (`Plan::eval`) on the evaluation data, dropout off.
+    Eval(u64),
+}
+
+impl Pass {
+    /// The training step, or the evaluation batch.
+    pub fn index(self) -> u64 {
+        match self {
+            Pass::Step(s) | Pass::Eval(s) => s,
+        }
+    }
+}
+
 /// What one rank needs to execute steps.
 pub struct RankEnv<'a> {
     pub rank: usize,
@@ -37,6 +56,8 @@ pub struct RankEnv<'a> {
     pub prep: &'a Resolved<'a>,
     pub backend: &'a dyn Backend,
     pub data: &'a dyn DataSource,
+    /// The held-out data of `Pass::Eval` (`with_eval_data`).
+    eval_data: Option<&'a dyn DataSource>,
     pub seed: u64,
     comms: Vec<((Stream, Group), Box<dyn Communicator>)>,
     events: Events,
@@ -112,11 +133,36 @@ impl<'a> RankEnv<'a> {
             prep,
             backend,
             data,
+            eval_data: None,
             seed,
             comms,
             events: Events::new(prep.plan.events as usize),
             trace: None,
         })
+    }
+
+    /// Gives the rank the held-out data its evaluation passes load.
+    pub fn with_eval_data(mut self, data: &'a dyn DataSource) -> RankEnv<'a> {
+        self.eval_data = Some(data);
+        self
+    }
+
+    /// The instructions a pass runs: the whole list for a step, the
+    /// evaluation prefix for an evaluation batch (refused when the plan
+    /// has none).
+    pub(in crate::exec) fn pass_end(&self, pass: Pass) -> Result<usize, RuntimeError> {
+        match pass {
+            Pass::Step(_) => Ok(self.prep.steps.len()),
+            Pass::Eval(_) => self.prep.eval_end.ok_or_else(no_eval_pass),
+        }
+    }
+
+    /// The evaluation loss after an evaluation pass: the loss of its one
+    /// micro-batch (`Plan::eval`), this rank's mean over its samples.
+    pub fn read_eval_loss(&self, mem: &Memory) -> Result<f32, RuntimeError> {
+        // SAFETY: called between passes, when no stream runs.
+        let b = unsafe { mem.view(self.prep.loss)? };
+        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     /// Records the spans of the steps from `from_step` on (`steps` of them)
@@ -225,6 +271,14 @@ impl<'a> RankEnv<'a> {
         let sq = f32::from_le_bytes(sq);
         Ok(Some(sq.sqrt()))
     }
+}
+
+/// The error of an evaluation asked of a plan without an evaluation pass.
+pub fn no_eval_pass() -> RuntimeError {
+    RuntimeError::plan(
+        "the plan has no evaluation pass (`eval`): it was written by an older fsdpc; \
+         compile it again to evaluate",
+    )
 }
 
 /// The first error of a set of stream results, preferring a rank's own

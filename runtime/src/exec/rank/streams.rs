@@ -4,26 +4,41 @@
 
 use super::*;
 
+/// What `run_arena` calls after each step: `(step, time, eval)`, `eval(j)`
+/// running evaluation batch `j`.
+pub type AfterStep<'f> = dyn FnMut(
+        u64,
+        Duration,
+        &mut dyn FnMut(u64) -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError>
+    + 'f;
+
 impl<'a> RankEnv<'a> {
-    /// Runs one stream's instructions of a step, in list order.
+    /// Runs one stream's instructions of a pass, in list order (a traced
+    /// step's with their spans).
     pub(in crate::exec) fn run_stream(
         &self,
         mem: &Memory,
         k: usize,
-        step: u64,
+        pass: Pass,
     ) -> Result<(), RuntimeError> {
         let res = catch_unwind(AssertUnwindSafe(|| {
-            let rec = self.trace.as_ref().filter(|t| t.traces(step));
-            let (Some(rec), Some(mut spans)) = (rec, rec.and_then(|t| t.stream(k))) else {
-                for &i in &self.prep.streams[k].1 {
-                    self.exec(mem, i, step)?;
+            let end = self.pass_end(pass)?;
+            let mine = self.prep.streams[k].1.iter().take_while(|&&i| i < end);
+            let traced = match pass {
+                Pass::Step(step) => self.trace.as_ref().filter(|t| t.traces(step)),
+                Pass::Eval(_) => None,
+            };
+            let (Some(rec), Some(mut spans)) = (traced, traced.and_then(|t| t.stream(k))) else {
+                for &i in mine {
+                    self.exec(mem, i, pass)?;
                 }
                 return Ok(());
             };
-            for &i in &self.prep.streams[k].1 {
+            for &i in mine {
                 let start = rec.now_ns();
-                self.exec(mem, i, step)?;
-                rec.push(&mut spans, i, step, start);
+                self.exec(mem, i, pass)?;
+                rec.push(&mut spans, i, pass.index(), start);
             }
             Ok(())
         }))
@@ -44,20 +59,22 @@ impl<'a> RankEnv<'a> {
         res
     }
 
-    /// Arena mode: runs the steps of the range `steps` with one thread per stream, created
-    /// once; every step the streams start together and join at its end,
-    /// then `after_step(step, time)` runs while no stream does, `time` being
-    /// the step's wall time on this rank (its streams' start to their join). The stream threads
-    /// and, once they are started, the calling rank thread carry the
-    /// accounting tag `tag` (`account::RankTag`): starting the threads (their
-    /// handles, made once per run) is the one allocation of the run that is
-    /// not the rank's.
+    /// Arena mode: runs the steps of the range `steps` with one thread per
+    /// stream, created once; every pass the streams start together and join
+    /// at its end. After each step `after_step(step, time, eval)` runs while
+    /// no stream does, `time` being the step's wall time on this rank (its
+    /// streams' start to their join); `eval(j)` runs evaluation batch `j`
+    /// (`Pass::Eval`) on the same threads and returns when it is done. The
+    /// stream threads and, once they are started, the calling rank thread
+    /// carry the accounting tag `tag` (`account::RankTag`): starting the
+    /// threads (their handles, made once per run) is the one allocation of
+    /// the run that is not the rank's.
     pub fn run_arena(
         &self,
         mem: &Memory,
         steps: std::ops::Range<u64>,
         tag: Option<usize>,
-        after_step: &mut dyn FnMut(u64, Duration) -> Result<(), RuntimeError>,
+        after_step: &mut AfterStep,
     ) -> Result<(), RuntimeError> {
         let live = |k: &usize| !self.prep.streams[*k].1.is_empty();
         let is_compute = |k: &usize| self.prep.streams[*k].0 == Stream::Compute;
@@ -69,11 +86,20 @@ impl<'a> RankEnv<'a> {
         let end = Barrier::new(helpers.len() + 1);
         let stop = AtomicBool::new(false);
         let current = AtomicU64::new(0);
+        let evaluating = AtomicBool::new(false);
         let errors: SmallVec<[Mutex<Option<RuntimeError>>; 4]> =
             helpers.iter().map(|_| Mutex::new(None)).collect();
+        let pass_of = |index: u64, eval: bool| {
+            if eval {
+                Pass::Eval(index)
+            } else {
+                Pass::Step(index)
+            }
+        };
         std::thread::scope(|s| {
             for (&k, slot) in helpers.iter().zip(&errors) {
-                let (start, end, stop, current) = (&start, &end, &stop, &current);
+                let (start, end, stop) = (&start, &end, &stop);
+                let (current, evaluating) = (&current, &evaluating);
                 s.spawn(move || {
                     let _tag = tag.map(RankTag::enter);
                     loop {
@@ -81,7 +107,11 @@ impl<'a> RankEnv<'a> {
                         if stop.load(Ordering::Acquire) {
                             return;
                         }
-                        if let Err(e) = self.run_stream(mem, k, current.load(Ordering::Acquire)) {
+                        let pass = pass_of(
+                            current.load(Ordering::Acquire),
+                            evaluating.load(Ordering::Acquire),
+                        );
+                        if let Err(e) = self.run_stream(mem, k, pass) {
                             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                         }
                         end.wait();
@@ -89,18 +119,22 @@ impl<'a> RankEnv<'a> {
                 });
             }
             let _tag = tag.map(RankTag::enter);
+            // One pass on every stream, from the start barrier to the end one.
+            let run_pass = |pass: Pass| {
+                self.events.reset();
+                current.store(pass.index(), Ordering::Release);
+                evaluating.store(matches!(pass, Pass::Eval(_)), Ordering::Release);
+                start.wait();
+                let mine = compute.map_or(Ok(()), |k| self.run_stream(mem, k, pass));
+                end.wait();
+                self.step_result(mine, &errors)
+            };
             let mut out = Ok(());
             for step in steps {
-                self.events.reset();
-                current.store(step, Ordering::Release);
                 let began = Instant::now();
-                start.wait();
-                let mine = compute.map_or(Ok(()), |k| self.run_stream(mem, k, step));
-                end.wait();
+                let done = run_pass(Pass::Step(step));
                 let time = began.elapsed();
-                out = self
-                    .step_result(mine, &errors)
-                    .and_then(|()| after_step(step, time));
+                out = done.and_then(|()| after_step(step, time, &mut |j| run_pass(Pass::Eval(j))));
                 if out.is_err() {
                     break;
                 }
@@ -130,13 +164,18 @@ impl<'a> RankEnv<'a> {
         first_error(all)
     }
 
-    /// Debug mode: every instruction serially in list order, each buffer
-    /// allocated just before its first write and dropped at its `Free`.
-    pub fn step_debug(&self, mem: &mut Memory, step: u64) -> Result<(), RuntimeError> {
+    /// Debug mode: every instruction of the pass serially in list order,
+    /// each buffer allocated just before its first write and dropped at its
+    /// `Free`; after an evaluation prefix, the buffers it left live too.
+    pub fn pass_debug(&self, mem: &mut Memory, pass: Pass) -> Result<(), RuntimeError> {
         self.events.reset();
-        let rec = self.trace.as_ref().filter(|t| t.traces(step));
+        let rec = match pass {
+            Pass::Step(step) => self.trace.as_ref().filter(|t| t.traces(step)),
+            Pass::Eval(_) => None,
+        };
         let res = catch_unwind(AssertUnwindSafe(|| {
-            for i in 0..self.prep.steps.len() {
+            let end = self.pass_end(pass)?;
+            for i in 0..end {
                 let start = rec.map(|t| t.now_ns());
                 for &b in &self.prep.starts[i] {
                     mem.alloc(b);
@@ -149,13 +188,16 @@ impl<'a> RankEnv<'a> {
                             format!("waits on event {e}, which is recorded later in list order"),
                         ));
                     }
-                    _ => self.exec(mem, i, step)?,
+                    _ => self.exec(mem, i, pass)?,
                 }
                 if let (Some(t), Some(start)) = (rec, start) {
                     if let Some(mut spans) = t.stream(t.stream_of(i)) {
-                        t.push(&mut spans, i, step, start);
+                        t.push(&mut spans, i, pass.index(), start);
                     }
                 }
+            }
+            for b in self.prep.starts[..end].iter().flatten() {
+                mem.free(*b);
             }
             Ok(())
         }))

@@ -162,6 +162,8 @@ pub struct Resolved<'p> {
     pub starts: Vec<Vec<BufferId>>,
     /// The loss scalar.
     pub loss: Region,
+    /// The evaluation prefix's length (`Plan::eval`), if the plan has one.
+    pub eval_end: Option<usize>,
     /// The gradient-clipping norm scalar (`GradNorm`), if the plan clips.
     pub grad_norm: Option<BufferId>,
     /// Samples per rank (axis 0 of the data inputs).
@@ -214,6 +216,14 @@ pub fn resolve(plan: &Plan) -> Result<Resolved<'_>, RuntimeError> {
         uncovered: uncovered(plan),
         starts,
         loss,
+        eval_end: match plan.eval.map(|e| e.instructions as usize) {
+            Some(end) if end > plan.instructions.len() => {
+                return Err(RuntimeError::plan(format!(
+                    "the evaluation prefix of {end} instructions is longer than the list"
+                )))
+            }
+            end => end,
+        },
         grad_norm: plan
             .buffers
             .iter()
@@ -510,7 +520,7 @@ fn uncovered(plan: &Plan) -> Vec<Vec<(usize, usize)>> {
 }
 
 /// Samples per rank: axis 0 of the first data input (1 if none).
-fn batch_size(graph: &Graph) -> usize {
+pub(crate) fn batch_size(graph: &Graph) -> usize {
     graph
         .node_ids()
         .find_map(|n| match graph.node(n).op {

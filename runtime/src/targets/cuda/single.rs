@@ -9,6 +9,7 @@ use super::error::CudaError;
 use super::exec::{fault_text, issue_action, BLAS_WORKSPACE, ERR_BYTES};
 use super::ops::{self, Operand};
 use crate::backend::KernelCtx;
+use crate::exec::rank::Pass;
 use crate::tensor::HostTensor;
 use cudarc::driver::result;
 use fsdpc_ir::{Node, TensorType};
@@ -79,7 +80,11 @@ pub fn run_node(
         Ptr::Scratch(off) => base + err_off + ERR_BYTES + off,
     };
     for a in &lowered.actions {
-        issue_action(dev, Some(&blas), &stream, a, ctx.step, &resolve)?;
+        let pass = match ctx.eval {
+            true => Pass::Eval(ctx.step),
+            false => Pass::Step(ctx.step),
+        };
+        issue_action(dev, Some(&blas), &stream, a, pass, &resolve)?;
     }
     stream.synchronize()?;
     let mut code = [0u8; 4];

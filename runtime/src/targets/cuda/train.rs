@@ -222,7 +222,7 @@ mod imp {
     use crate::targets::cuda::libs::{self, Library};
     use crate::targets::cuda::nccl;
     use crate::targets::cuda::CudaError;
-    use crate::train::{assemble_shards, validate, StepLog, StepScalars};
+    use crate::train::{assemble_shards, open_eval, validate, StepLog, StepScalars};
     use fsdpc_plan::{BufferKind, Plan, Stream};
     use std::time::Instant;
 
@@ -388,6 +388,7 @@ mod imp {
         let baseline = used(&dev)?;
         let total = dev.mem_info()?.1 as u64;
         let data = crate::data::open(&opts.data, &plan.training.graph, opts.seed)?;
+        let eval = open_eval(plan, opts, world)?;
         let nccl = match cfg.nccl {
             NcclMode::Auto => NcclUse::Auto,
             NcclMode::Always => NcclUse::Always,
@@ -411,7 +412,7 @@ mod imp {
         let pos = plan.geometry().shard_position(rank) as u64;
         init_shards(plan, &gpu, pos, opts.seed)?;
         let setup_used = used(&gpu.dev)?.saturating_sub(baseline);
-        let mut log = StepLog::new(plan, world);
+        let mut log = StepLog::new(plan, world, eval.as_ref().map_or(0, |e| e.1));
         let mut step_times = Vec::new();
         let mut overlap = None;
         let start = Instant::now();
@@ -427,7 +428,29 @@ mod imp {
                 grad_norm: gpu.read_grad_norm()?,
                 loss_scale: None,
             };
-            log.record(step, losses.into_iter(), (scalars, None, time), on_step);
+            // After the step's loss is read: an evaluation rewrites it.
+            let evaluated = match &eval {
+                Some((held_out, batches))
+                    if opts.eval.as_ref().is_some_and(|e| e.due(step, opts.steps)) =>
+                {
+                    let began = Instant::now();
+                    let mut sum = 0f64;
+                    for j in 0..*batches {
+                        sum += f64::from(gpu.eval(j, &**held_out)?);
+                    }
+                    let mine = (sum / *batches as f64) as f32;
+                    Some((gpu.gather_losses(mine)?, began.elapsed()))
+                }
+                _ => None,
+            };
+            let evaluated = evaluated.as_ref().map(|(l, t)| (l.as_slice(), *t));
+            log.record(
+                step,
+                losses.into_iter(),
+                (scalars, None, time),
+                evaluated,
+                on_step,
+            );
             if let Some(s) = spans {
                 let pick = |want: Stream| {
                     s.iter()

@@ -152,6 +152,7 @@ impl Case {
             step: 3,
             sample_offset: 0,
             seed: 11,
+            eval: false,
         };
         let vals =
             eval_graph(&prog.graph, &self.feeds, &self.params, &ctx).map_err(|e| e.to_string())?;

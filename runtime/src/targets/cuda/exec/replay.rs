@@ -8,8 +8,9 @@ use super::lower::optimizer_launch;
 use super::{Coll, GpuRank, Item, Spans, Work, ERR_BYTES};
 use crate::data::{Batch, DataSource};
 use crate::error::RuntimeError;
+use crate::exec::rank::{no_eval_pass, Pass};
 use crate::targets::cuda::blas::Blas;
-use crate::targets::cuda::device::{Arg, Device, Ptr};
+use crate::targets::cuda::device::{Device, Ptr};
 use crate::targets::cuda::error::CudaError;
 use crate::targets::cuda::ops::{self, Action};
 use crate::tensor::TensorMut;
@@ -26,29 +27,50 @@ impl GpuRank<'_> {
         step: u64,
         data: &dyn DataSource,
     ) -> Result<Option<Spans>, RuntimeError> {
+        self.run(Pass::Step(step), data)?;
+        self.spans()
+    }
+
+    /// Runs evaluation batch `batch` (the plan's evaluation prefix, dropout
+    /// off), reading inputs from the held-out `data`; returns this rank's
+    /// loss of the batch.
+    pub fn eval(&mut self, batch: u64, data: &dyn DataSource) -> Result<f32, RuntimeError> {
+        self.run(Pass::Eval(batch), data)?;
+        let r = self.prep.loss;
+        let b = self.download(r.buffer, r.offset as u64, 4)?;
+        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// Enqueues a pass's instructions, then waits for every stream and
+    /// reads their error words.
+    fn run(&mut self, pass: Pass, data: &dyn DataSource) -> Result<(), RuntimeError> {
         self.dev.ctx.bind_to_thread().map_err(CudaError::from)?;
+        let end = match pass {
+            Pass::Step(_) => self.work.len(),
+            Pass::Eval(_) => self.prep.eval_end.ok_or_else(no_eval_pass)?,
+        };
         let mut staging = std::mem::take(&mut self.staging);
-        let issued = self.issue_all(step, data, &mut staging);
+        let issued = self.issue_all(pass, end, data, &mut staging);
         self.staging = staging;
         issued?;
         for s in self.streams.iter().flatten() {
             s.synchronize().map_err(CudaError::from)?;
         }
-        self.check_errors(step)?;
-        self.spans()
+        self.check_errors(pass.index())
     }
 
-    /// Enqueues every instruction of step `step` in list order.
+    /// Enqueues the first `end` instructions in list order (a training
+    /// step's, timed when asked).
     fn issue_all(
         &self,
-        step: u64,
+        pass: Pass,
+        end: usize,
         data: &dyn DataSource,
         staging: &mut HashMap<usize, Vec<u8>>,
     ) -> Result<(), RuntimeError> {
-        let timing = if self.timed {
-            self.timing.as_ref()
-        } else {
-            None
+        let timing = match pass {
+            Pass::Step(_) if self.timed => self.timing.as_ref(),
+            _ => None,
         };
         if let (Some(start), Some(first), Some(_)) =
             (&self.start, self.streams.iter().flatten().next(), timing)
@@ -58,12 +80,12 @@ impl GpuRank<'_> {
                 s.wait(start).map_err(CudaError::from)?;
             }
         }
-        for i in 0..self.work.len() {
+        for i in 0..end {
             let stream = self.stream(i)?;
             if let Some(t) = timing {
                 t[i].0.record(stream).map_err(CudaError::from)?;
             }
-            self.issue(i, step, stream, data, staging)
+            self.issue(i, pass, stream, data, staging)
                 .map_err(|e| at(i, e))?;
             if let Some(t) = timing {
                 t[i].1.record(stream).map_err(CudaError::from)?;
@@ -132,7 +154,7 @@ impl GpuRank<'_> {
     fn issue(
         &self,
         i: usize,
-        step: u64,
+        pass: Pass,
         stream: &Arc<CudaStream>,
         data: &dyn DataSource,
         staging: &mut HashMap<usize, Vec<u8>>,
@@ -145,7 +167,7 @@ impl GpuRank<'_> {
             Work::Device(items) => {
                 for it in items {
                     match it {
-                        Item::Act(a) => self.act(si, stream, a, step)?,
+                        Item::Act(a) => self.act(si, stream, a, pass)?,
                         Item::Coll(c) => self.coll(stream, c)?,
                     }
                 }
@@ -164,7 +186,10 @@ impl GpuRank<'_> {
                     .ok_or_else(|| RuntimeError::plan_at(i, "no staging buffer".to_string()))?;
                 data.fill(
                     name,
-                    Batch { step, first_sample },
+                    Batch {
+                        step: pass.index(),
+                        first_sample,
+                    },
                     TensorMut { ty, bytes: buf },
                 )?;
                 // SAFETY: the input's region; pageable memory is staged by
@@ -184,6 +209,7 @@ impl GpuRank<'_> {
             } => {
                 // As the CPU executor: the undecayed ranges are stepped
                 // without weight decay, the rest with it, launch by launch.
+                let step = pass.index();
                 let opt = self.prep.plan.optimizer_at(step);
                 let plain = opt.without_decay();
                 let mut pieces = Vec::new();
@@ -230,9 +256,9 @@ impl GpuRank<'_> {
         si: usize,
         stream: &Arc<CudaStream>,
         a: &Action,
-        step: u64,
+        pass: Pass,
     ) -> Result<(), CudaError> {
-        issue_action(&self.dev, self.blas[si].as_ref(), stream, a, step, &|p| {
+        issue_action(&self.dev, self.blas[si].as_ref(), stream, a, pass, &|p| {
             self.resolve(si, p)
         })
     }
@@ -263,14 +289,15 @@ impl GpuRank<'_> {
     }
 }
 
-/// Issues one lowered action on `stream` at training step `step`, its
-/// pointers resolved by `ptr` (shared with `single`).
+/// Issues one lowered action on `stream` in pass `pass` (a training step,
+/// or an evaluation batch: dropout off), its pointers resolved by `ptr`
+/// (shared with `single`).
 pub(crate) fn issue_action(
     dev: &Device,
     blas: Option<&Blas>,
     stream: &CudaStream,
     a: &Action,
-    step: u64,
+    pass: Pass,
     ptr: &dyn Fn(Ptr) -> u64,
 ) -> Result<(), CudaError> {
     let cs = stream.cu_stream();
@@ -279,12 +306,13 @@ pub(crate) fn issue_action(
         Action::Dropout {
             launch,
             base_arg,
+            p_scale_args,
             seed,
-        } => {
-            let mut l = launch.clone();
-            l.args[*base_arg] = Arg::U64(ops::dropout_base(*seed, step));
-            dev.launch(stream, &l, ptr)
-        }
+        } => dev.launch(
+            stream,
+            &ops::dropout_issued(launch, *base_arg, *p_scale_args, *seed, pass),
+            ptr,
+        ),
         Action::Gemm(g) => match blas {
             Some(b) => b.run(g),
             None => Err(CudaError::Kernel {

@@ -1,10 +1,12 @@
 //! `Dropout`: inverted dropout whose mask depends on the step. The launch
 //! is made once (`Action::Dropout`); when it is issued its `base` argument
 //! is set to `dropout_base` of (mask seed, step), so that the kernel keeps
-//! exactly the elements the CPU kernel keeps.
+//! exactly the elements the CPU kernel keeps. In evaluation it is issued
+//! with `p` 0 and `scale` 1: every element kept unscaled, the identity.
 
 use super::{ew, ins, n_arg, out1, same_count, Action, Operand, R};
-use crate::targets::cuda::device::Arg;
+use crate::exec::rank::Pass;
+use crate::targets::cuda::device::{Arg, Launch};
 
 /// `Dropout { p, seed }`; `sample_offset` is this rank's first sample of
 /// the micro-batch, `run_seed` the run's seed.
@@ -45,9 +47,32 @@ pub(super) fn dropout(
     a.push(Action::Dropout {
         launch,
         base_arg: 5,
+        p_scale_args: (7, 8),
         seed: seed ^ crate::rng::mix(run_seed),
     });
     Ok(())
+}
+
+/// The launch of a lowered dropout (`Action::Dropout`'s parts) in `pass`:
+/// in a training step with the mask base of (mask seed, step); in
+/// evaluation with `p` 0 and `scale` 1, which keeps every element
+/// unscaled.
+pub fn issued(
+    launch: &Launch,
+    base_arg: usize,
+    (p, scale): (usize, usize),
+    seed: u64,
+    pass: Pass,
+) -> Launch {
+    let mut l = launch.clone();
+    match pass {
+        Pass::Step(step) => l.args[base_arg] = Arg::U64(dropout_base(seed, step)),
+        Pass::Eval(_) => {
+            l.args[p] = Arg::F64(0.0);
+            l.args[scale] = Arg::F32(1.0);
+        }
+    }
+    l
 }
 
 /// The dropout mask base of `fsdpc_ir::init::hash` for (mask seed, step):
@@ -69,6 +94,46 @@ mod tests {
         const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
         let h = fsdpc_ir::init::mix64(base.wrapping_add((e + 1).wrapping_mul(GOLDEN)));
         fsdpc_ir::init::unit_open(h) >= p
+    }
+
+    /// Evaluation issues the lowered dropout with `p` 0 and `scale` 1 in
+    /// the arguments the lowering put them in; a step sets the base only.
+    #[test]
+    fn evaluation_issues_dropout_keeping_every_element_unscaled() {
+        let ty = fsdpc_ir::TensorType {
+            dtype: fsdpc_ir::DType::F32,
+            shape: fsdpc_ir::Shape(vec![2, 8]),
+        };
+        let (x, y) = (
+            Operand {
+                ptr: 1 << 20,
+                ty: &ty,
+            },
+            Operand {
+                ptr: 2 << 20,
+                ty: &ty,
+            },
+        );
+        let mut a = Vec::new();
+        dropout(0.3, 5, &[x], &[y], 0, 7, &mut a).expect("lowers");
+        let Some(Action::Dropout {
+            launch,
+            base_arg,
+            p_scale_args,
+            seed,
+        }) = a.first()
+        else {
+            panic!("a dropout action: {a:?}");
+        };
+        let (p, scale) = *p_scale_args;
+        assert!(matches!(launch.args[p], Arg::F64(v) if v == 0.3));
+        assert!(matches!(launch.args[scale], Arg::F32(v) if v == (1.0 / 0.7) as f32));
+        let eval = issued(launch, *base_arg, *p_scale_args, *seed, Pass::Eval(3));
+        assert!(matches!(eval.args[p], Arg::F64(v) if v == 0.0));
+        assert!(matches!(eval.args[scale], Arg::F32(v) if v == 1.0));
+        let step = issued(launch, *base_arg, *p_scale_args, *seed, Pass::Step(3));
+        assert!(matches!(step.args[*base_arg], Arg::U64(b) if b == dropout_base(*seed, 3)));
+        assert!(matches!(step.args[p], Arg::F64(v) if v == 0.3));
     }
 
     #[test]

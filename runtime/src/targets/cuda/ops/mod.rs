@@ -29,7 +29,7 @@ use super::blas::Gemm;
 use super::device::{blocks_for, Arg, Launch, Ptr, THREADS};
 use fsdpc_ir::{DType, Op, TensorType};
 
-pub use dropout::dropout_base;
+pub use dropout::{dropout_base, issued as dropout_issued};
 
 /// One operand: its device address and type.
 #[derive(Copy, Clone, Debug)]
@@ -68,6 +68,9 @@ pub enum Action {
         launch: Launch,
         /// Index of its `base` argument.
         base_arg: usize,
+        /// Indices of its `p` and `scale` arguments: 0 and 1 in evaluation,
+        /// which keeps every element unscaled.
+        p_scale_args: (usize, usize),
         /// The mask seed (op seed mixed with the run seed).
         seed: u64,
     },
