@@ -131,7 +131,14 @@ struct Outcome {
     measured: f64,
     planned: u64,
     peak: u64,
+    /// One evaluation batch (the plan's forward-only prefix): predicted,
+    /// and measured as the mean of `EVAL_BATCHES` after the last step.
+    eval_predicted: f64,
+    eval_measured: f64,
 }
+
+/// Evaluation batches run after the last step of each configuration.
+const EVAL_BATCHES: u64 = 5;
 
 /// This machine calibrated for `ranks_per_node` ranks per node, from the
 /// `cpu-local` preset (what `fsdpc calibrate` does), and its table.
@@ -175,11 +182,17 @@ fn run_case(case: &Case, file: &Cluster, steps: u64) -> (Outcome, f64, u64) {
     let plan = common::compile_for(case.spec, &cluster, &config(case)).expect("plan");
     let params = plan.model.params;
     let predicted = fsdpc_planner::simulate::run(&plan, &cluster).step_time_s;
+    let eval_predicted = fsdpc_planner::simulate::estimate_on(&plan, &cluster).eval_s;
     let opts = TrainOptions {
         steps,
         seed: 1,
         mode: ExecMode::Arena,
         threads_per_rank: 1,
+        eval: Some(fsdpc_runtime::EvalOptions {
+            data: fsdpc_runtime::DataSpec::Synthetic,
+            every: 0,
+            batches: Some(EVAL_BATCHES),
+        }),
         ..TrainOptions::default()
     };
     let mut times = Vec::new();
@@ -193,11 +206,17 @@ fn run_case(case: &Case, file: &Cluster, steps: u64) -> (Outcome, f64, u64) {
     // The fastest kept step: the least disturbed by other processes on a
     // shared machine (printed beside the median, not scored).
     let fastest = kept.first().copied().unwrap_or(f64::NAN);
+    let eval = report
+        .evals
+        .last()
+        .expect("an evaluation after the last step");
     let outcome = Outcome {
         predicted,
         measured,
         planned: plan.memory.rank_bytes,
         peak: report.measured_peak_bytes.unwrap_or(0),
+        eval_predicted,
+        eval_measured: eval.time.as_secs_f64() / eval.batches as f64,
     };
     (outcome, fastest, params)
 }
@@ -236,7 +255,7 @@ fn main() {
     common::figures(
         "predict",
         "predicted against measured",
-        "The cost model and the memory plan checked on this machine: each round calibrates it (as `fsdpc calibrate`), then compiles, simulates and trains 13 configurations (GPT and MLP, 0.5 M to 50 M parameters, 1 and 2 ranks, full_shard and no_shard, prefetch off, activation checkpointing, bf16), and prints the predicted and measured step and peak memory; the last table scores each configuration's median prediction against its median measurement over the rounds.",
+        "The cost model and the memory plan checked on this machine: each round calibrates it (as `fsdpc calibrate`), then compiles, simulates and trains 13 configurations (GPT and MLP, 0.5 M to 50 M parameters, 1 and 2 ranks, full_shard and no_shard, prefetch off, activation checkpointing, bf16), and prints the predicted and measured step, peak memory and evaluation batch (the plan's forward-only prefix, 5 batches after the last step); the last table scores each configuration's median prediction against its median measurement over the rounds.",
     );
     let env = |name: &str, default: u64| {
         std::env::var(name)
@@ -260,20 +279,23 @@ fn main() {
     for round in 1..=rounds {
         let (two, one) = clusters(round);
         println!(
-            "\nround {round}\n{header}  {:>9} {:>9} {:>7} {:>9}  {:>9} {:>9} {:>6}",
-            "pred s", "meas s", "err %", "fastest s", "plan MiB", "meas MiB", "err %"
+            "\nround {round}\n{header}  {:>9} {:>9} {:>7} {:>9}  {:>9} {:>9} {:>6}  {:>9} {:>9} {:>7}",
+            "pred s", "meas s", "err %", "fastest s", "plan MiB", "meas MiB", "err %",
+            "eval pred", "eval meas", "err %"
         );
-        let (mut time_err, mut mem_err) = (Vec::new(), Vec::new());
+        let (mut time_err, mut mem_err, mut eval_err) = (Vec::new(), Vec::new(), Vec::new());
         for (i, case) in cases.iter().enumerate() {
             let file = if case.world == 1 { &one } else { &two };
             let (o, fastest, params) = run_case(case, file, steps);
             names[i] = describe(case, params);
             let t_err = pct(o.predicted, o.measured);
             let m_err = pct(o.planned as f64, o.peak.max(1) as f64);
+            let e_err = pct(o.eval_predicted, o.eval_measured);
             time_err.push(t_err.abs());
             mem_err.push(m_err.abs());
+            eval_err.push(e_err.abs());
             println!(
-                "{}  {:>9.4} {:>9.4} {:>+7.1} {:>9.4}  {:>9.1} {:>9.1} {:>+6.2}",
+                "{}  {:>9.4} {:>9.4} {:>+7.1} {:>9.4}  {:>9.1} {:>9.1} {:>+6.2}  {:>9.4} {:>9.4} {:>+7.1}",
                 names[i],
                 o.predicted,
                 o.measured,
@@ -281,16 +303,21 @@ fn main() {
                 fastest,
                 mib(o.planned),
                 mib(o.peak),
-                m_err
+                m_err,
+                o.eval_predicted,
+                o.eval_measured,
+                e_err
             );
             all[i].push(o);
         }
         println!(
-            "round {round}: step time |error| median {:.1}%, max {:.1}%; peak memory |error| median {:.2}%, max {:.2}%",
+            "round {round}: step time |error| median {:.1}%, max {:.1}%; peak memory |error| median {:.2}%, max {:.2}%; evaluation batch |error| median {:.1}%, max {:.1}%",
             median(&time_err),
             max(&time_err),
             median(&mem_err),
-            max(&mem_err)
+            max(&mem_err),
+            median(&eval_err),
+            max(&eval_err)
         );
     }
     // Over the rounds: each configuration's median prediction against its
@@ -298,10 +325,10 @@ fn main() {
     // each round's calibration with it), and how far its measurements
     // spread.
     println!(
-        "\nover {rounds} round(s): median predicted against median measured\n{header}  {:>9} {:>9} {:>7} {:>9}",
-        "pred s", "meas s", "err %", "spread %"
+        "\nover {rounds} round(s): median predicted against median measured\n{header}  {:>9} {:>9} {:>7} {:>9}  {:>9} {:>9} {:>7}",
+        "pred s", "meas s", "err %", "spread %", "eval pred", "eval meas", "err %"
     );
-    let (mut time_err, mut mem_err) = (Vec::new(), Vec::new());
+    let (mut time_err, mut mem_err, mut eval_err) = (Vec::new(), Vec::new(), Vec::new());
     for (name, outcomes) in names.iter().zip(&all) {
         let p = median(&outcomes.iter().map(|o| o.predicted).collect::<Vec<_>>());
         let ms: Vec<f64> = outcomes.iter().map(|o| o.measured).collect();
@@ -317,14 +344,27 @@ fn main() {
                 .iter()
                 .map(|o| pct(o.planned as f64, o.peak.max(1) as f64).abs()),
         );
-        println!("{name}  {p:>9.4} {m:>9.4} {e:>+7.1} {spread:>9.1}");
+        let ep = median(
+            &outcomes
+                .iter()
+                .map(|o| o.eval_predicted)
+                .collect::<Vec<_>>(),
+        );
+        let em = median(&outcomes.iter().map(|o| o.eval_measured).collect::<Vec<_>>());
+        let ee = pct(ep, em);
+        eval_err.push(ee.abs());
+        println!(
+            "{name}  {p:>9.4} {m:>9.4} {e:>+7.1} {spread:>9.1}  {ep:>9.4} {em:>9.4} {ee:>+7.1}"
+        );
     }
     println!(
-        "\nstep time |error|: median {:.1}%, max {:.1}% (targets 5%, 15%); peak memory |error|: median {:.2}%, max {:.2}% (target 2%)",
+        "\nstep time |error|: median {:.1}%, max {:.1}% (targets 5%, 15%); peak memory |error|: median {:.2}%, max {:.2}% (target 2%); evaluation batch |error|: median {:.1}%, max {:.1}%",
         median(&time_err),
         max(&time_err),
         median(&mem_err),
-        max(&mem_err)
+        max(&mem_err),
+        median(&eval_err),
+        max(&eval_err)
     );
     println!("load average after: {}", load_average());
 }

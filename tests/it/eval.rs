@@ -439,3 +439,20 @@ fn a_resumed_run_evaluates_like_the_uninterrupted_one() {
     parts.extend(losses(&b.evals));
     assert_eq!(losses(&full.evals), parts);
 }
+
+/// A plan without an evaluation pass (written before plans had one) is
+/// refused for evaluation in one message, before any step.
+#[test]
+fn a_plan_without_an_evaluation_pass_is_refused_for_evaluation() {
+    let mut plan = plan_with(&gpt(2), 2, &cfg(Strategy::FullShard));
+    plan.eval = None;
+    let opts = TrainOptions {
+        steps: 2,
+        eval: Some(synthetic(1, 1)),
+        ..TrainOptions::default()
+    };
+    let mut steps = 0;
+    let err = fsdpc_runtime::train(&plan, &opts, &mut |_| steps += 1).expect_err("refused");
+    assert!(err.to_string().contains("no evaluation pass"), "{err}");
+    assert_eq!(steps, 0);
+}
