@@ -62,13 +62,13 @@ fn run(spec: &str, preset: &str, world: u32, allow_bf16: bool, knobs_fixed: bool
                 .map(|w| short(&w.candidate.config))
                 .unwrap_or_default();
             println!(
-                "{label}: {secs:.2} s (load included), {} candidates, {} compiled, {} pruned by memory, {} by time\n  chosen {chosen}: step {:.4} s, peak {:.1} GiB",
+                "{label}: {secs:.2} s (load included), {} candidates, {} compiled, {} pruned by memory, {} by time\n  chosen {chosen}: step {:.4} s, peak per rank {:.1} GiB",
                 r.record.candidates,
                 r.record.compiled,
                 r.record.pruned_by_memory,
                 r.record.pruned_by_time,
                 r.plan.estimates.step_time_s,
-                r.plan.memory.peak_bytes as f64 / (1u64 << 30) as f64
+                r.plan.memory.rank_bytes as f64 / (1u64 << 30) as f64
             );
         }
         Err(e) => println!("{label}: {:.2} s: {e}", started.elapsed().as_secs_f64()),

@@ -84,7 +84,7 @@ fn checkpoint_selection() {
             "gpt3-175b world 128 full_shard, --activation-checkpointing {policy}: {} of {} units checkpointed, peak {:.2} GiB per rank (activations {:.2} GiB at the peak), step {:.2} s simulated",
             p.config.checkpointed_units.len(),
             p.units.len(),
-            gib(p.memory.peak_bytes),
+            gib(p.memory.rank_bytes),
             gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
             p.estimates.step_time_s
         );
@@ -130,7 +130,7 @@ fn mixed_precision() {
                 .sum();
             println!(
                 "gpt3-175b world {world} full_shard {name}: peak {:.2} GiB per rank, all-gathered {:.1} GiB per step (each rank sends {:.1} GiB), reduce-scatter sends {:.1} GiB, step {:.2} s simulated",
-                gib(p.memory.peak_bytes),
+                gib(p.memory.rank_bytes),
                 gib(gathered),
                 gib(sent(|op| matches!(op, InstrOp::AllGather { .. }))),
                 gib(sent(|op| matches!(op, InstrOp::ReduceScatter { .. }))),
@@ -169,9 +169,9 @@ fn main() {
     );
     println!(
         "gpt3-175b world 512 full_shard: peak {:.2} GiB per rank of {:.0} GiB: {}",
-        gib(plan.memory.peak_bytes),
+        gib(plan.memory.rank_bytes),
         gib(plan.cluster.memory_bytes),
-        if plan.memory.peak_bytes <= plan.cluster.memory_bytes {
+        if plan.memory.rank_bytes <= plan.cluster.memory_bytes {
             "fits"
         } else {
             "does not fit"
@@ -188,7 +188,7 @@ fn main() {
     let p128 = compile("gpt3-175b", 128, Strategy::FullShard, false).expect("world 128 full_shard");
     println!(
         "gpt3-175b world 128 full_shard: peak {:.2} GiB per rank (arena {:.2} GiB, capacity {:.0} GiB), step {:.2} s simulated, MFU {:.1}%",
-        gib(p128.memory.peak_bytes),
+        gib(p128.memory.rank_bytes),
         gib(p128.memory.arena_bytes),
         gib(p128.cluster.memory_bytes),
         p128.estimates.step_time_s,
@@ -200,7 +200,7 @@ fn main() {
     match compile("gpt3-175b", 128, Strategy::NoShard, true) {
         Ok(p) => println!(
             "gpt3-175b world 128 no_shard fits: peak {:.1} GiB",
-            gib(p.memory.peak_bytes)
+            gib(p.memory.rank_bytes)
         ),
         Err(e) => println!("gpt3-175b world 128 no_shard does not fit 80 GB: {e}"),
     }
@@ -215,7 +215,7 @@ fn main() {
         match compile_with("gpt3-175b", world, &cfg) {
             Ok(p) => println!(
                 "gpt3-175b world {world} full_shard + activation checkpointing: peak {:.2} GiB per rank (fits 80 GiB), activations {:.2} GiB, step {:.2} s simulated",
-                gib(p.memory.peak_bytes),
+                gib(p.memory.rank_bytes),
                 gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
                 p.estimates.step_time_s
             ),

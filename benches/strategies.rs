@@ -101,14 +101,14 @@ fn table(world: u32, dtype: DType) {
                     "  {:<22} {:>4} {:>7.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB",
                     name,
                     p.config.shard_factor,
-                    gib(p.memory.peak_bytes),
-                    gib(a.memory.peak_bytes),
+                    gib(p.memory.rank_bytes),
+                    gib(a.memory.rank_bytes),
                     gib(ag),
                     gib(rs),
                     gib(ar),
                     gib(inter),
                 );
-                peaks.push((name, p.memory.peak_bytes, a.memory.peak_bytes));
+                peaks.push((name, p.memory.rank_bytes, a.memory.rank_bytes));
             }
             (Err(e), _) | (_, Err(e)) => println!("  {name:<22} does not plan: {e}"),
         }

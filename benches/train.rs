@@ -63,13 +63,13 @@ fn main() {
             .copied()
             .unwrap_or(report.tokens_per_s);
         println!(
-            "{SPEC} world {world} {} {dtype}: {:.0} tokens/s overall, {:.0} tokens/s median step (steps 5..{steps}), loss {:.3} -> {:.3}, plan peak {:.1} MiB per rank",
+            "{SPEC} world {world} {} {dtype}: {:.0} tokens/s overall, {:.0} tokens/s median step (steps 5..{steps}), loss {:.3} -> {:.3}, peak per rank {:.1} MiB planned",
             strategy.name(),
             report.tokens_per_s,
             median,
             report.losses[0],
             report.losses[report.losses.len() - 1],
-            common::mib(plan.memory.peak_bytes),
+            common::mib(plan.memory.rank_bytes),
         );
     }
     if let Some(rss) = common::peak_rss_bytes() {
