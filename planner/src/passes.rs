@@ -464,8 +464,7 @@ fn memory_passes<'a>() -> [Pass<MemoryData<'a>>; 3] {
         Pass {
             name: "eval",
             decides: "the forward-only prefix of the step a runtime runs to evaluate \
-                      held-out data (up to micro-batch 0's loss, no gradient, no state \
-                      written) and its predicted time",
+                      held-out data: up to micro-batch 0's loss, no gradient, no state written",
             run: eval,
         },
     ]
@@ -521,11 +520,9 @@ fn overlap(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
     Ok(d)
 }
 
+/// The prefix of the final list; `overlap`'s estimates already hold its
+/// simulated time (`simulate::eval_time`).
 fn eval(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
     d.plan.eval = eval::prefix(&d.plan);
-    if d.plan.eval.is_some() {
-        let tl = crate::simulate::simulate(&d.plan, d.cluster);
-        d.plan.estimates.eval_s = crate::simulate::eval_time(&d.plan, &tl);
-    }
     Ok(d)
 }

@@ -375,10 +375,10 @@ pub fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
 }
 
 /// The simulated time of one evaluation batch (`Estimates::eval_s`): the
-/// latest end of an instruction of the evaluation prefix in `tl`; 0
-/// without one.
+/// latest end of an instruction of the evaluation prefix (`eval::prefix`
+/// of the instruction list `tl` simulated) in `tl`; 0 without one.
 pub fn eval_time(plan: &Plan, tl: &Timeline) -> f64 {
-    let n = plan.eval.map_or(0, |e| e.instructions as usize);
+    let n = crate::eval::prefix(plan).map_or(0, |e| e.instructions as usize);
     tl.end.iter().take(n).fold(0.0, |a: f64, &b| a.max(b))
 }
 

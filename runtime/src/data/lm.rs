@@ -133,36 +133,47 @@ impl Lm {
         }))
     }
 
-    /// The same task reading held-out data: a corpus in file order, window
-    /// `step * global_batch + sample` starting at token `window * seq` (so
-    /// every token after the first is a label once), and `Some` of the
-    /// number of whole batches the corpus holds; synthetic data as it is
-    /// (`None`: its held-out samples are keyed apart by the caller).
-    pub fn held_out(mut self, global_batch: u64) -> (Lm, Option<u64>) {
+    /// The same task reading held-out data `spec` in evaluation batches of
+    /// `global_batch` windows: a corpus in file order, window `step *
+    /// global_batch + sample` starting at token `window * seq` (so every
+    /// token after the first is a label once), with `Some` of the batches
+    /// to run: `asked`, or every whole batch the corpus holds (too few
+    /// tokens for one, or more asked for than it holds, is an error);
+    /// synthetic data as it is (`None`: the caller keys its held-out
+    /// samples apart).
+    pub fn held_out(
+        mut self,
+        spec: &DataSpec,
+        global_batch: u64,
+        asked: Option<u64>,
+    ) -> Result<(Lm, Option<u64>), RuntimeError> {
         let Tokens::Corpus(c) = &self.tokens else {
-            return (self, None);
+            return Ok((self, None));
         };
-        let windows = (c.len() as u64 - 1) / self.seq.max(1) as u64;
-        self.sequential = Some(global_batch);
-        (self, Some(windows / global_batch.max(1)))
-    }
-
-    /// Tokens in the corpus (0 for synthetic data).
-    pub fn corpus_tokens(&self) -> usize {
-        match &self.tokens {
-            Tokens::Corpus(c) => c.len(),
-            Tokens::Synthetic { .. } => 0,
+        let seq = self.seq.max(1) as u64;
+        let whole = (c.len() as u64 - 1) / seq / global_batch.max(1);
+        if whole == 0 {
+            return Err(RuntimeError::data(
+                &self.ids,
+                format!(
+                    "the held-out {spec} has {} tokens; one evaluation batch is {global_batch} \
+                     windows of {seq} tokens (+1), {} tokens",
+                    c.len(),
+                    global_batch * seq + 1
+                ),
+            ));
         }
-    }
-
-    /// The token-id input's name.
-    pub fn ids_name(&self) -> &str {
-        &self.ids
-    }
-
-    /// Tokens one window reads.
-    pub fn window_tokens(&self) -> usize {
-        self.seq + 1
+        if let Some(k) = asked.filter(|&k| k > whole) {
+            return Err(RuntimeError::data(
+                &self.ids,
+                format!(
+                    "{k} evaluation batches asked for; the held-out {spec} holds {whole} batches \
+                     of {global_batch} windows of {seq} tokens"
+                ),
+            ));
+        }
+        self.sequential = Some(global_batch);
+        Ok((self, Some(asked.unwrap_or(whole))))
     }
 
     /// Passes token `i` (0..=seq) of the window of global sample `sample`

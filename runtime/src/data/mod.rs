@@ -120,39 +120,15 @@ pub fn open_eval(
     asked: Option<u64>,
 ) -> Result<(Arc<dyn DataSource>, u64), RuntimeError> {
     let mut d = open_graph(spec, graph, seed)?;
-    let mut held = None;
-    if let Task::Lm(l) = &d.task {
-        let (windows, whole) = l.clone().held_out(global_batch);
-        if let Some(n) = whole {
-            let what = format!("the held-out {spec}");
-            let per = l.window_tokens() - 1;
-            let ids = l.ids_name().to_string();
-            if n == 0 {
-                return Err(RuntimeError::data(
-                    &ids,
-                    format!(
-                        "{what} has {} tokens; one evaluation batch is {global_batch} windows of \
-                         {per} tokens (+1), {} tokens",
-                        l.corpus_tokens(),
-                        global_batch * per as u64 + 1
-                    ),
-                ));
-            }
-            if let Some(k) = asked.filter(|&k| k > n) {
-                return Err(RuntimeError::data(
-                    &ids,
-                    format!(
-                        "{k} evaluation batches asked for; {what} holds {n} batches of \
-                         {global_batch} windows of {per} tokens"
-                    ),
-                ));
-            }
-            held = Some(n);
-        }
-        d.task = Task::Lm(windows);
+    let mut counted = None;
+    if let Task::Lm(l) = d.task {
+        let (l, n) = l.held_out(spec, global_batch, asked)?;
+        d.task = Task::Lm(l);
+        counted = n;
     }
-    d.held_out = held.is_none();
-    let batches = asked.or(held).unwrap_or(SYNTHETIC_EVAL_BATCHES);
+    // Data without a corpus: held-out samples keyed apart from training.
+    d.held_out = counted.is_none();
+    let batches = counted.or(asked).unwrap_or(SYNTHETIC_EVAL_BATCHES);
     if batches == 0 {
         return Err(RuntimeError::plan("0 evaluation batches asked for"));
     }

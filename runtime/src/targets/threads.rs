@@ -371,12 +371,11 @@ fn collect(
             let time = vals.iter().map(|v| v.time).max().unwrap_or_default();
             let after = (scalars, measured, time);
             // Every rank evaluates after the same steps.
-            let evals: Option<Vec<RankEval>> = vals.iter().map(|v| v.eval).collect();
-            let eval = evals.as_ref().map(|e| {
-                let losses: Vec<f32> = e.iter().map(|x| x.0).collect();
-                (losses, e.iter().map(|x| x.1).max().unwrap_or_default())
-            });
-            let eval = eval.as_ref().map(|(l, t)| (l.as_slice(), *t));
+            let eval_losses: Option<Vec<f32>> = vals.iter().map(|v| v.eval.map(|e| e.0)).collect();
+            let eval_time = vals.iter().filter_map(|v| v.eval.map(|e| e.1)).max();
+            let eval = eval_losses
+                .as_deref()
+                .map(|l| (l, eval_time.unwrap_or_default()));
             log.record(step, vals.iter().map(|v| v.loss), after, eval, on_step);
         }
     }

@@ -107,6 +107,28 @@ pub struct EvalReport {
 /// One rank's evaluation: its mean loss over the batches and its time.
 pub(crate) type RankEval = (f32, Duration);
 
+/// After 0-based `step` of a run of `steps`, when `opts` makes an
+/// evaluation due: every one of `batches` evaluation batches through
+/// `batch` (which runs it and returns its loss), and this rank's mean over
+/// them with the time they took. Every target evaluates through this.
+pub(crate) fn evaluate(
+    opts: &EvalOptions,
+    step: u64,
+    steps: u64,
+    batches: u64,
+    batch: &mut dyn FnMut(u64) -> Result<f32, RuntimeError>,
+) -> Result<Option<RankEval>, RuntimeError> {
+    if !opts.due(step, steps) {
+        return Ok(None);
+    }
+    let began = Instant::now();
+    let mut sum = 0f64;
+    for j in 0..batches {
+        sum += f64::from(batch(j)?);
+    }
+    Ok(Some(((sum / batches as f64) as f32, began.elapsed())))
+}
+
 /// Where and how often to checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointConfig {

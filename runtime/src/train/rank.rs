@@ -186,7 +186,7 @@ impl RankCtx<'_> {
                     let mut out = read(mem, time)?;
                     out.eval = self.evaluate(step, &mut |j| {
                         run(j)?;
-                        env.read_eval_loss(mem)
+                        env.read_loss_scalar(mem)
                     })?;
                     finish(step, out, mem)
                 })
@@ -199,7 +199,7 @@ impl RankCtx<'_> {
                     let mut out = read(mem, began.elapsed())?;
                     out.eval = self.evaluate(step, &mut |j| {
                         env.pass_debug(mem, Pass::Eval(j))?;
-                        env.read_eval_loss(mem)
+                        env.read_loss_scalar(mem)
                     })?;
                     finish(step, out, mem)?;
                 }
@@ -208,26 +208,18 @@ impl RankCtx<'_> {
         }
     }
 
-    /// After `step`, when an evaluation is due: every evaluation batch
-    /// through `batch` (which runs it and returns its loss), and this
-    /// rank's mean over them with the time they took.
+    /// After `step`, this rank's evaluation if one is due (`evaluate`).
     fn evaluate(
         &self,
         step: u64,
         batch: &mut dyn FnMut(u64) -> Result<f32, RuntimeError>,
     ) -> Result<Option<RankEval>, RuntimeError> {
-        let (Some(opts), Some((_, batches))) = (&self.opts.eval, self.eval) else {
-            return Ok(None);
-        };
-        if !opts.due(step, self.opts.steps) {
-            return Ok(None);
+        match (&self.opts.eval, self.eval) {
+            (Some(opts), Some((_, batches))) => {
+                evaluate(opts, step, self.opts.steps, batches, batch)
+            }
+            _ => Ok(None),
         }
-        let began = Instant::now();
-        let mut sum = 0f64;
-        for j in 0..batches {
-            sum += f64::from(batch(j)?);
-        }
-        Ok(Some(((sum / batches as f64) as f32, began.elapsed())))
     }
 
     /// The ShardParams buffer of each unit.

@@ -157,9 +157,10 @@ impl<'a> RankEnv<'a> {
         }
     }
 
-    /// The evaluation loss after an evaluation pass: the loss of its one
-    /// micro-batch (`Plan::eval`), this rank's mean over its samples.
-    pub fn read_eval_loss(&self, mem: &Memory) -> Result<f32, RuntimeError> {
+    /// The loss scalar as a pass left it: after an evaluation pass, the
+    /// loss of its one micro-batch (`Plan::eval`), this rank's mean over
+    /// its samples; after a step, the sum over the step's micro-batches.
+    pub fn read_loss_scalar(&self, mem: &Memory) -> Result<f32, RuntimeError> {
         // SAFETY: called between passes, when no stream runs.
         let b = unsafe { mem.view(self.prep.loss)? };
         Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -249,11 +250,9 @@ impl<'a> RankEnv<'a> {
 
     /// The loss scalar after a step.
     pub fn read_loss(&self, mem: &Memory) -> Result<f32, RuntimeError> {
-        // SAFETY: called between steps, when no stream runs.
-        let b = unsafe { mem.view(self.prep.loss)? };
         // The buffer holds the sum over the step's micro-batches.
         let k = self.prep.plan.config.grad_accum.max(1);
-        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) / k as f32)
+        Ok(self.read_loss_scalar(mem)? / k as f32)
     }
 
     /// With gradient clipping, the total gradient norm before clipping (the

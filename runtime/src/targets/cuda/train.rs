@@ -222,7 +222,7 @@ mod imp {
     use crate::targets::cuda::libs::{self, Library};
     use crate::targets::cuda::nccl;
     use crate::targets::cuda::CudaError;
-    use crate::train::{assemble_shards, open_eval, validate, StepLog, StepScalars};
+    use crate::train::{assemble_shards, evaluate, open_eval, validate, StepLog, StepScalars};
     use fsdpc_plan::{BufferKind, Plan, Stream};
     use std::time::Instant;
 
@@ -429,17 +429,15 @@ mod imp {
                 loss_scale: None,
             };
             // After the step's loss is read: an evaluation rewrites it.
-            let evaluated = match &eval {
-                Some((held_out, batches))
-                    if opts.eval.as_ref().is_some_and(|e| e.due(step, opts.steps)) =>
-                {
-                    let began = Instant::now();
-                    let mut sum = 0f64;
-                    for j in 0..*batches {
-                        sum += f64::from(gpu.eval(j, &**held_out)?);
+            let evaluated = match (&eval, &opts.eval) {
+                (Some((held_out, batches)), Some(e)) => {
+                    let mine = evaluate(e, step, opts.steps, *batches, &mut |j| {
+                        gpu.eval(j, &**held_out)
+                    })?;
+                    match mine {
+                        Some((loss, time)) => Some((gpu.gather_losses(loss)?, time)),
+                        None => None,
                     }
-                    let mine = (sum / *batches as f64) as f32;
-                    Some((gpu.gather_losses(mine)?, began.elapsed()))
                 }
                 _ => None,
             };

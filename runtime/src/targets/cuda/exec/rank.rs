@@ -173,10 +173,16 @@ impl<'p> GpuRank<'p> {
 
     /// The loss after a step (the sum over micro-batches, divided).
     pub fn read_loss(&self) -> Result<f32, RuntimeError> {
+        let k = self.prep.plan.config.grad_accum.max(1);
+        Ok(self.read_loss_scalar()? / k as f32)
+    }
+
+    /// The loss scalar as a pass left it (an evaluation pass: its one
+    /// micro-batch's loss).
+    pub(super) fn read_loss_scalar(&self) -> Result<f32, RuntimeError> {
         let r = self.prep.loss;
         let b = self.download(r.buffer, r.offset as u64, 4)?;
-        let k = self.prep.plan.config.grad_accum.max(1);
-        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) / k as f32)
+        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     /// With clipping, the pre-clip gradient norm after a step.

@@ -36,9 +36,7 @@ impl GpuRank<'_> {
     /// loss of the batch.
     pub fn eval(&mut self, batch: u64, data: &dyn DataSource) -> Result<f32, RuntimeError> {
         self.run(Pass::Eval(batch), data)?;
-        let r = self.prep.loss;
-        let b = self.download(r.buffer, r.offset as u64, 4)?;
-        Ok(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        self.read_loss_scalar()
     }
 
     /// Enqueues a pass's instructions, then waits for every stream and
