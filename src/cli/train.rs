@@ -356,7 +356,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     ))?;
     if let Some(e) = report.evals.last() {
         print_out(&format!(
-            "eval loss {:.4} (perplexity {:.2}) after {}: {} on every rank in {:.2} s, {:.2} ms a batch ({:.2} ms predicted)\n",
+            "eval loss {:.4} (perplexity {:.2}) after {}: {} on every rank in {:.2} s, {:.2} ms a batch ({:.2} ms predicted on {})\n",
             e.loss,
             f64::from(e.loss).exp(),
             plural(e.steps_done, "step"),
@@ -367,6 +367,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
             e.time.as_secs_f64(),
             e.time.as_secs_f64() * 1e3 / e.batches.max(1) as f64,
             plan.estimates.eval_s * 1e3,
+            plan.cluster.name,
         ))?;
     }
     if let Some(d) = &report.device {
@@ -454,6 +455,13 @@ fn check_flags(a: &TrainArgs) -> Result<(), CliError> {
         return Err(CliError::Usage(format!(
             "--collective-timeout must be a positive number of seconds, at most 1e6, not {t}"
         )));
+    }
+    if let Some(file) = a.eval_data.as_deref().filter(|d| *d != "synthetic") {
+        if !Path::new(file).is_file() {
+            return Err(CliError::Usage(format!(
+                "--eval-data {file}: no such file (a held-out text or `.bin` token file, or `synthetic`)"
+            )));
+        }
     }
     // The optimizer flags, also when they end up unused (training a plan).
     optimizer(&a.plan)?;
