@@ -114,7 +114,7 @@ fn child(dir: &Path, world: u32, pos: u64) {
     let mut shards = Vec::new();
     for u in &plan.units {
         let mut buf = vec![0f32; u.shard_numel as usize];
-        fsdpc_runtime::init::fill_shard(u, params, pos, 0, &mut buf).unwrap();
+        fsdpc_runtime::init::fill_shard(u, params, (pos, 0), 0, &mut buf).unwrap();
         shards.push(buf);
     }
     let secs = t.elapsed().as_secs_f64();

@@ -112,6 +112,7 @@ mod tests {
             init: Init::Ones,
             requires_grad: true,
             tied_to: None,
+            tp: None,
         };
         let m = g.module(name, "Linear");
         g.add_param(spec, m)

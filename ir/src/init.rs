@@ -114,6 +114,34 @@ pub fn fill_f32(spec: &ParamSpec, seed: u64, start: u64, out: &mut [f32]) -> Res
     Ok(())
 }
 
+/// Elements `[start, start + out.len())` of member `member`'s part of
+/// `spec` (`ParamSpec::tp`), each run of them read by `fill_run(whole,
+/// whole start, out)` from the whole parameter; `fill_run` is `fill_f32`
+/// or a reader of the file the whole lies in. An unsplit parameter is one
+/// run.
+pub fn fill_part<E>(
+    spec: &ParamSpec,
+    member: u32,
+    start: u64,
+    out: &mut [f32],
+    mut fill_run: impl FnMut(&ParamSpec, u64, &mut [f32]) -> Result<(), E>,
+) -> Result<(), E> {
+    let Some(tp) = &spec.tp else {
+        return fill_run(spec, start, out);
+    };
+    let whole = spec.whole();
+    let end = start + out.len() as u64;
+    for (local, full, n) in tp.runs(&spec.ty.shape.0, member) {
+        let (lo, hi) = (local.max(start), (local + n).min(end));
+        if lo >= hi {
+            continue;
+        }
+        let dst = &mut out[(lo - start) as usize..(hi - start) as usize];
+        fill_run(&whole, full + (lo - local), dst)?;
+    }
+    Ok(())
+}
+
 fn fill(out: &mut [f32], f: impl Fn(usize) -> f64) {
     for (j, o) in out.iter_mut().enumerate() {
         *o = f(j) as f32;

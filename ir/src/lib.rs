@@ -27,7 +27,7 @@ pub use error::IrError;
 pub use freeze::freeze;
 pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};
 pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn};
-pub use param::{Init, ParamId, ParamSpec};
+pub use param::{Init, ParamId, ParamSpec, TpSlice};
 pub use program::{BadHyperparameter, Optimizer, ParamGrad, TrainingProgram};
 pub use types::{DType, Shape, TensorData, TensorType};
 pub use validate::{validate, Problems};

@@ -137,6 +137,15 @@ pub enum Op {
         ignore_index: Option<i64>,
     },
 
+    // ---- tensor parallelism (inserted by the planner) ----
+    /// Enters a tensor-parallel region: identity forward; in backward the
+    /// members' partial gradients are summed over the tensor group
+    /// (Megatron's `f`).
+    TpCopy,
+    /// Leaves a tensor-parallel region: the members' partial results summed
+    /// over the tensor group; the gradient passes through (Megatron's `g`).
+    TpReduce,
+
     // ---- gradient kernels (produced by autodiff) ----
     /// Sum a broadcast gradient back to `shape` (inverse of numpy broadcasting).
     SumTo {
@@ -304,6 +313,7 @@ impl Op {
                 | Op::Expand { .. }
                 | Op::Pad { .. }
                 | Op::SliceGrad { .. }
+                | Op::TpCopy
         )
     }
 }

@@ -57,4 +57,74 @@ pub struct ParamSpec {
     /// records ties that a frontend found by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tied_to: Option<ParamId>,
+    /// Set on a parameter split over a tensor-parallel group: `ty` is one
+    /// member's part, and this says which elements of the whole it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<TpSlice>,
+}
+
+/// The part of a parameter each member of a tensor-parallel group holds.
+/// Axis `axis` of the whole parameter is the concatenation of `segments`
+/// (their lengths, in order: the query, key and value columns of a fused
+/// projection are three); each segment is cut into `parts` equal chunks,
+/// and member `t` holds chunk `t` of every segment, concatenated in
+/// segment order. One segment is Megatron's plain column or row split.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpSlice {
+    pub axis: usize,
+    pub segments: Vec<usize>,
+    pub parts: u32,
+}
+
+impl TpSlice {
+    /// The whole parameter's shape, from one member's.
+    pub fn full_shape(&self, local: &[usize]) -> Vec<usize> {
+        let mut s = local.to_vec();
+        if let Some(d) = s.get_mut(self.axis) {
+            *d = self.segments.iter().sum();
+        }
+        s
+    }
+
+    /// Member `member`'s elements as runs `(local start, whole start, len)`
+    /// of consecutive row-major elements, in local order; `local` is the
+    /// member's shape.
+    pub fn runs(&self, local: &[usize], member: u32) -> Vec<(u64, u64, u64)> {
+        let full = self.full_shape(local);
+        let outer: u64 = local[..self.axis].iter().map(|&d| d as u64).product();
+        let inner: u64 = local[self.axis + 1..].iter().map(|&d| d as u64).product();
+        let (local_len, full_len) = (local[self.axis] as u64, full[self.axis] as u64);
+        let parts = u64::from(self.parts.max(1));
+        let mut runs = Vec::new();
+        for o in 0..outer {
+            let (mut at_local, mut seg_start) = (0u64, 0u64);
+            for &seg in &self.segments {
+                let chunk = seg as u64 / parts;
+                let from = seg_start + u64::from(member) * chunk;
+                let local_start = (o * local_len + at_local) * inner;
+                let full_start = (o * full_len + from) * inner;
+                match runs.last_mut() {
+                    Some((ls, fs, n)) if *ls + *n == local_start && *fs + *n == full_start => {
+                        *n += chunk * inner
+                    }
+                    _ => runs.push((local_start, full_start, chunk * inner)),
+                }
+                at_local += chunk;
+                seg_start += seg as u64;
+            }
+        }
+        runs
+    }
+}
+
+impl ParamSpec {
+    /// The whole parameter a tensor-parallel part belongs to (the spec
+    /// itself when it is not split).
+    pub fn whole(&self) -> ParamSpec {
+        let mut p = self.clone();
+        if let Some(tp) = p.tp.take() {
+            p.ty.shape = crate::types::Shape(tp.full_shape(&self.ty.shape.0));
+        }
+        p
+    }
 }

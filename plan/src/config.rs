@@ -9,7 +9,7 @@ use crate::ids::UnitId;
 use crate::lr::LrSchedule;
 use crate::offload::OffloadWhat;
 use crate::selector::{self, Selector};
-use crate::serde_default::{is_false, is_zero_f64, one, yes};
+use crate::serde_default::{is_false, is_one, is_zero_f64, one, yes};
 use crate::wire::Wire;
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
@@ -162,6 +162,11 @@ pub enum CheckpointPolicy {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
     pub strategy: Strategy,
+    /// T: the ranks each layer's matrices are split over (Megatron-style
+    /// tensor parallelism, the mesh's inner dimension; absent: 1, none).
+    /// The strategy shards over the world / T data ranks.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: u32,
     pub wrap: WrapPolicy,
     pub backward_prefetch: BackwardPrefetch,
     /// At most this many units' gathered parameters alive at once
@@ -236,6 +241,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             strategy: Strategy::FullShard,
+            tensor_parallel: 1,
             wrap: WrapPolicy::Blocks,
             backward_prefetch: BackwardPrefetch::Pre,
             limit_all_gathers: 2,
@@ -292,6 +298,23 @@ pub struct PlanConfig {
     /// `threads`, whose capabilities are every plan's).
     #[serde(default = "threads", skip_serializing_if = "is_threads")]
     pub target: String,
+    /// With `tensor_parallel` > 1: what the `tensor` pass split and what
+    /// it left replicated (absent: no tensor parallelism).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<TensorRecord>,
+}
+
+/// What the planner's `tensor` pass found (`PlanConfig::tensor`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    /// T.
+    pub degree: u32,
+    /// The split regions, each named by the module of its first
+    /// (column-parallel) product.
+    pub split: Vec<String>,
+    /// The regions left replicated, each `module: why`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicated: Vec<String>,
 }
 
 impl std::ops::Deref for PlanConfig {

@@ -121,6 +121,7 @@ impl Plan {
     pub fn geometry(&self) -> Geometry {
         Geometry {
             world: self.cluster.world,
+            tensor: self.config.tensor_parallel,
             shard_factor: self.config.shard_factor,
             reshard: self.reshard_group(),
             ranks_per_node: self.cluster.ranks_per_node,

@@ -27,6 +27,9 @@ pub enum Group {
     /// A hierarchical collective's cross-node step: the F / k ranks of r's
     /// shard group at r's place on their nodes, `b + p % k + j * k`.
     CrossNode,
+    /// The T ranks a layer's matrices are split over: `(r / T) * T .. (r /
+    /// T + 1) * T` (see `Geometry`).
+    Tensor,
 }
 
 /// How a collective runs: the planner's `rewrite` pass chooses, the cost
@@ -81,11 +84,21 @@ pub fn hier_reduce_staging_bytes(shard_numel: u64, nodes: u32) -> u64 {
 }
 
 /// What a rank needs to find the members of its groups: the world, the
-/// sharding factor F, the resharded group's size n (`ReshardAfterForward::To`)
-/// and the ranks per node (`Plan::geometry`).
+/// tensor-parallel degree T, the sharding factor F, the resharded group's
+/// size n (`ReshardAfterForward::To`) and the ranks per node
+/// (`Plan::geometry`).
+///
+/// The ranks form a mesh with the tensor dimension innermost: rank r is
+/// member `r % T` of tensor group `r / T` (T consecutive ranks, on one node
+/// when T divides the ranks per node), and its data rank is `r / T`. The
+/// data-parallel groups (`Shard`, `Replicate`, `Reshard`, `NodeLocal`,
+/// `CrossNode`) are those of the world / T data ranks, each member keeping
+/// the tensor position r % T: their formulas below are in data ranks.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub world: u32,
+    /// T, the ranks a layer's matrices are split over (1: none).
+    pub tensor: u32,
     pub shard_factor: u32,
     /// n of `Group::Reshard`, where a unit reshards to n ranks.
     pub reshard: Option<u32>,
@@ -93,15 +106,48 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    /// F, at least 1 and at most the world.
-    fn f(&self) -> u32 {
-        self.shard_factor.clamp(1, self.world.max(1))
+    /// T, at least 1 and at most the world.
+    pub fn t(&self) -> u32 {
+        self.tensor.clamp(1, self.world.max(1))
     }
 
-    /// Rank `rank`'s position in its shard group (`rank % F`): which shard
-    /// of every flat parameter it holds.
+    /// The data-parallel ranks: world / T.
+    pub fn data_world(&self) -> u32 {
+        (self.world.max(1) / self.t()).max(1)
+    }
+
+    /// Rank `rank`'s data rank (`rank / T`): which samples it computes on.
+    pub fn data_rank(&self, rank: usize) -> usize {
+        rank / self.t() as usize
+    }
+
+    /// Rank `rank`'s position in its tensor group (`rank % T`): which part
+    /// of every split parameter it holds.
+    pub fn tensor_position(&self, rank: usize) -> usize {
+        rank % self.t() as usize
+    }
+
+    /// F, at least 1 and at most the data world.
+    fn f(&self) -> u32 {
+        self.shard_factor.clamp(1, self.data_world())
+    }
+
+    /// The data ranks' own geometry: T = 1, world / T ranks, ranks per node
+    /// / T.
+    fn data(&self) -> Geometry {
+        Geometry {
+            world: self.data_world(),
+            tensor: 1,
+            shard_factor: self.shard_factor,
+            reshard: self.reshard,
+            ranks_per_node: (self.ranks_per_node / self.t()).max(1),
+        }
+    }
+
+    /// Rank `rank`'s position in its shard group (`(rank / T) % F`): which
+    /// shard of every flat parameter it holds.
     pub fn shard_position(&self, rank: usize) -> usize {
-        rank % self.f() as usize
+        self.data_rank(rank) % self.f() as usize
     }
 
     /// How `group`'s ranks lie on nodes: `(ranks per node, nodes)`. The
@@ -110,8 +156,6 @@ impl Geometry {
     /// lies evenly on nodes (F a multiple or a divisor of the ranks per
     /// node), the nearest even layout elsewhere.
     pub fn layout(&self, group: Group) -> (u32, u32) {
-        let world = self.world.max(1);
-        let f = self.f();
         let rpn = self.ranks_per_node.max(1);
         // `n` consecutive ranks.
         let consecutive = |n: u32| {
@@ -121,6 +165,14 @@ impl Geometry {
                 (rpn, n.div_ceil(rpn))
             }
         };
+        if group == Group::Tensor {
+            return consecutive(self.t());
+        }
+        if self.t() > 1 {
+            return self.data().layout(group);
+        }
+        let world = self.world.max(1);
+        let f = self.f();
         match group {
             Group::Shard => consecutive(f),
             Group::Replicate => {
@@ -136,6 +188,7 @@ impl Geometry {
             Group::Reshard => consecutive(self.reshard.map_or(f, |n| n.clamp(1, f))),
             Group::NodeLocal => (consecutive(f).0, 1),
             Group::CrossNode => (1, consecutive(f).1),
+            Group::Tensor => unreachable!("answered above"),
         }
     }
 
@@ -153,8 +206,21 @@ impl Group {
     }
 
     /// The members of rank `rank`'s group of this kind, in position order
-    /// (see each variant for the formula).
+    /// (see each variant for the formula, in data ranks).
     pub fn members(self, rank: usize, g: &Geometry) -> Vec<usize> {
+        let t = g.t() as usize;
+        if self == Group::Tensor {
+            let first = (rank / t) * t;
+            return (first..first + t).collect();
+        }
+        if t > 1 {
+            let at = rank % t;
+            return self
+                .members(rank / t, &g.data())
+                .into_iter()
+                .map(|d| d * t + at)
+                .collect();
+        }
         let world = g.world.max(1) as usize;
         let f = g.f() as usize;
         let n = g.reshard.map_or(f, |n| (n as usize).clamp(1, f));
@@ -173,6 +239,7 @@ impl Group {
                 (first..first + k).collect()
             }
             Group::CrossNode => (0..f / k).map(|j| base + p % k + j * k).collect(),
+            Group::Tensor => unreachable!("answered above"),
         }
     }
 
@@ -209,6 +276,7 @@ mod tests {
                     for reshard in std::iter::once(None).chain(ns.map(Some)) {
                         let g = Geometry {
                             world,
+                            tensor: 1,
                             shard_factor: f,
                             reshard,
                             ranks_per_node: rpn,
@@ -232,6 +300,39 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// On a mesh, the tensor groups are consecutive ranks, and every data
+    /// group is the T = 1 group of the data ranks with each member at the
+    /// rank's tensor position; every pair of ranks shares exactly one
+    /// tensor group or one (shard, replicate) cell.
+    #[test]
+    fn a_mesh_keeps_the_tensor_position_in_every_data_group() {
+        for (world, t, f, rpn) in [(8, 2, 2, 4), (8, 4, 2, 8), (8, 2, 4, 2), (16, 4, 2, 4)] {
+            let g = Geometry {
+                world,
+                tensor: t,
+                shard_factor: f,
+                reshard: None,
+                ranks_per_node: rpn,
+            };
+            for r in 0..world as usize {
+                let tg = Group::Tensor.members(r, &g);
+                let first = r / t as usize * t as usize;
+                assert_eq!(tg, (first..first + t as usize).collect::<Vec<_>>());
+                for group in [Group::Shard, Group::Replicate] {
+                    let m = group.members(r, &g);
+                    assert!(m.contains(&r), "{group:?} of {r} in {g:?}: {m:?}");
+                    assert!(m
+                        .iter()
+                        .all(|&x| g.tensor_position(x) == g.tensor_position(r)));
+                    assert_eq!(m.len(), g.size(group), "{group:?} of {g:?}");
+                }
+                assert_eq!(Group::Shard.members(r, &g).len(), f as usize);
+                assert_eq!(g.shard_position(r), (r / t as usize) % f as usize);
+            }
+            assert_eq!(g.layout(Group::Tensor), (t.min(rpn), t.div_ceil(rpn)));
         }
     }
 }

@@ -101,6 +101,19 @@ pub enum InstrOp {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         staging: Option<BufferId>,
     },
+    /// Tensor parallelism (graph node `node`, a `TpReduce` forward or the
+    /// `TpReduce` a `TpCopy`'s gradient is): sum `src` over `group` (the
+    /// tensor group) into `dst`, element by element in position order,
+    /// in f32, rounded once to `dst`'s dtype. Runs on the compute stream:
+    /// what follows reads its result.
+    TensorAllReduce {
+        node: NodeId,
+        src: Slot,
+        dst: Slot,
+        group: Group,
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        micro_batch: u32,
+    },
     /// Copy the data input of this name into `dst`: this rank's samples of
     /// micro-batch `micro_batch` (samples `(micro_batch * world + rank) *
     /// b ..` of the step's global batch, `b` samples per rank).
@@ -259,6 +272,7 @@ impl InstrOp {
             } => vec![*scale, *found_inf],
             InstrOp::ClipGrads { norm, grads, .. } => vec![*norm, *grads],
             InstrOp::Kernel { inputs, .. } => inputs.iter().map(|s| s.buffer).collect(),
+            InstrOp::TensorAllReduce { src, .. } => vec![src.buffer],
             InstrOp::OptimizerStep {
                 params,
                 grads,
@@ -298,7 +312,9 @@ impl InstrOp {
             } => grads.iter().copied().chain([*found_inf]).collect(),
             InstrOp::UpdateScale { scale, .. } => vec![*scale],
             InstrOp::ClipGrads { grads, .. } => vec![*grads],
-            InstrOp::LoadInput { dst, .. } => vec![dst.buffer],
+            InstrOp::LoadInput { dst, .. } | InstrOp::TensorAllReduce { dst, .. } => {
+                vec![dst.buffer]
+            }
             InstrOp::Kernel { outputs, .. } => outputs.iter().map(|s| s.buffer).collect(),
             InstrOp::OptimizerStep { params, state, .. } => std::iter::once(*params)
                 .chain(state.iter().copied())
@@ -332,6 +348,7 @@ impl InstrOp {
                 | InstrOp::AllReduce { .. }
                 | InstrOp::NormAllReduce { .. }
                 | InstrOp::FoundInfAllReduce { .. }
+                | InstrOp::TensorAllReduce { .. }
         )
     }
 }

@@ -29,3 +29,7 @@ pub(crate) fn one() -> u32 {
 pub(crate) fn f32() -> fsdpc_ir::DType {
     fsdpc_ir::DType::F32
 }
+
+pub(crate) fn is_one(v: &u32) -> bool {
+    *v == 1
+}

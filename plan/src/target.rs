@@ -56,6 +56,9 @@ pub struct Capabilities {
     /// Whether it hands the trained parameters back at a world over one
     /// (`--save-onnx`, `--save-safetensors`).
     pub saves_sharded: bool,
+    /// Whether it runs tensor-parallel plans (the tensor group's sums).
+    #[serde(default = "crate::serde_default::yes")]
+    pub tensor_parallel: bool,
 }
 
 impl Capabilities {
@@ -76,6 +79,7 @@ impl Capabilities {
             traces: true,
             debug_alloc: true,
             saves_sharded: true,
+            tensor_parallel: true,
         }
     }
 
@@ -156,6 +160,10 @@ impl Capabilities {
                         "the fp16 loss scaler does not run here; use --param-dtype bf16",
                     ))
                 }
+                InstrOp::TensorAllReduce { .. } if !self.tensor_parallel => Some((
+                    "a tensor-parallel sum",
+                    "tensor parallelism does not run on this target yet; compile without --tensor-parallel",
+                )),
                 InstrOp::OptimizerStep {
                     skip_if: Some(_), ..
                 } if !self.loss_scaler => Some((

@@ -88,8 +88,13 @@ impl FsdpConfig {
     /// The sharding factor F for `world` ranks, `ranks_per_node` to a node:
     /// the user's, or the strategy's default. An F that does not divide the
     /// world (or is not 1 under no_shard) is `PlanError::BadConfig`.
+    ///
+    /// With tensor parallelism (T > 1) these are the world / T data ranks,
+    /// ranks per node / T of them to a node.
     pub fn shard_factor(&self, world: u32, ranks_per_node: u32) -> Result<u32, PlanError> {
-        let world = world.max(1);
+        let t = self.tensor_parallel.max(1);
+        let world = (world / t).max(1);
+        let ranks_per_node = (ranks_per_node / t).max(1);
         let default = match self.strategy {
             Strategy::NoShard => 1,
             s if s.is_hybrid() => ranks_per_node.clamp(1, world),
@@ -109,8 +114,9 @@ impl FsdpConfig {
                 .filter(|d| world.is_multiple_of(*d))
                 .map(|d| d.to_string())
                 .collect();
+            let ranks = if t > 1 { "data ranks" } else { "ranks" };
             return Err(bad(format!(
-                "must divide the world of {world} ranks: one of {}",
+                "must divide the world of {world} {ranks}: one of {}",
                 divisors.join(", ")
             )));
         }

@@ -30,6 +30,7 @@ pub mod scaler;
 pub mod schedule;
 pub mod simulate;
 pub mod target;
+pub mod tensor;
 pub mod units;
 pub mod workspace;
 
@@ -157,6 +158,35 @@ pub fn quick_prepared(
 fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForward), PlanError> {
     cfg.check()?;
     target::check(cfg)?;
+    let t = cfg.tensor_parallel;
+    if t == 0 || !cluster.world.is_multiple_of(t) {
+        return Err(PlanError::BadConfig {
+            what: "tensor_parallel",
+            value: t.to_string(),
+            reason: format!("must divide the world of {} ranks", cluster.world),
+        });
+    }
+    if t > 1 {
+        let not_yet = |what: &'static str, value: String, with: &str| PlanError::BadConfig {
+            what,
+            value,
+            reason: format!("{with} does not run with tensor parallelism yet"),
+        };
+        if let Some(c) = cfg.clip_grad_norm {
+            return Err(not_yet(
+                "clip_grad_norm",
+                c.to_string(),
+                "gradient clipping",
+            ));
+        }
+        if cfg.param_dtype == fsdpc_ir::DType::F16 || cfg.reduce_dtype == fsdpc_ir::DType::F16 {
+            return Err(not_yet(
+                "param_dtype",
+                cfg.param_dtype.to_string(),
+                "the fp16 loss scaler",
+            ));
+        }
+    }
     let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;
     let reshard = cfg.reshard(shard_factor)?;
     Ok((shard_factor, reshard))
@@ -169,6 +199,7 @@ fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForwar
 #[derive(Clone, Debug)]
 pub struct Prepared {
     program: TrainingProgram,
+    tensor: Option<TensorRecord>,
     assign: units::UnitAssignment,
     checkpointed_units: Vec<UnitId>,
 }
@@ -178,7 +209,8 @@ impl Prepared {
     /// prepare the same program.
     pub fn key(cfg: &FsdpConfig) -> String {
         format!(
-            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+            "{}|{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+            cfg.tensor_parallel,
             cfg.freeze,
             cfg.param_dtype,
             cfg.reduce_dtype,

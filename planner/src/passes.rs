@@ -89,8 +89,14 @@ fn run<S>(passes: &[Pass<S>], data: S) -> Result<S, PlanError> {
 
 // The program passes.
 
-fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 4] {
+fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 5] {
     [
+        Pass {
+            name: "tensor",
+            decides: "which layers split over the tensor group (column- and row-parallel \
+                      products, heads) and each member's part of the program",
+            run: tensor,
+        },
         Pass {
             name: "freeze",
             decides: "which parameters train: those the `--freeze` patterns match lose \
@@ -122,6 +128,8 @@ fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 4] {
 struct ProgramData<'a> {
     cfg: &'a FsdpConfig,
     program: TrainingProgram,
+    /// Set by `tensor` when T > 1.
+    tensor: Option<TensorRecord>,
     /// Set by `units`.
     assign: Option<UnitAssignment>,
     checkpointed_units: Vec<UnitId>,
@@ -134,20 +142,30 @@ pub(crate) fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prep
     let data = ProgramData {
         cfg,
         program,
+        tensor: None,
         assign: None,
         checkpointed_units: Vec::new(),
     };
     let ProgramData {
         program,
+        tensor,
         assign,
         checkpointed_units,
         ..
     } = run(&program_passes(), data)?;
     Ok(Prepared {
         program,
+        tensor,
         assign: assign.expect(NO_UNITS),
         checkpointed_units,
     })
+}
+
+fn tensor(mut d: ProgramData<'_>) -> Result<ProgramData<'_>, PlanError> {
+    let (program, record) = crate::tensor::apply(d.program, d.cfg.tensor_parallel)?;
+    d.program = program;
+    d.tensor = record;
+    Ok(d)
 }
 
 fn freeze(mut d: ProgramData<'_>) -> Result<ProgramData<'_>, PlanError> {
@@ -258,6 +276,7 @@ struct ScheduleData<'a> {
     shard_factor: u32,
     reshard: ReshardAfterForward,
     program: TrainingProgram,
+    tensor: Option<TensorRecord>,
     assign: UnitAssignment,
     checkpointed_units: Vec<UnitId>,
     offloaded: UnitOffload,
@@ -289,6 +308,7 @@ pub(crate) fn lower(
     let (shard_factor, reshard) = crate::check(cluster, cfg)?;
     let Prepared {
         program,
+        tensor,
         assign,
         checkpointed_units,
     } = prepared;
@@ -298,6 +318,7 @@ pub(crate) fn lower(
         shard_factor,
         reshard,
         program,
+        tensor,
         assign,
         checkpointed_units,
         offloaded: UnitOffload::default(),
@@ -335,6 +356,7 @@ impl ScheduleData<'_> {
                 offloaded_units: self.offloaded.units.iter().copied().collect(),
                 auto: None,
                 target: cfg.target.target.clone(),
+                tensor: self.tensor,
             },
             units: self.units,
             // The offload stream only where it is used, so other plans read
@@ -380,7 +402,7 @@ fn schedule(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
         assign: &d.assign,
         units: &d.units,
         cfg: d.cfg,
-        world: d.cluster.world,
+        world: d.cluster.world / d.cfg.tensor_parallel.max(1),
         shard_factor: d.shard_factor,
         reshard: d.reshard,
         offload: d.offloaded.clone(),

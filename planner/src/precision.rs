@@ -151,7 +151,7 @@ pub fn apply(program: TrainingProgram, cfg: &FsdpConfig) -> Result<TrainingProgr
 
 /// The forward graph of a training program: its backward nodes removed, the
 /// loss its only output.
-fn forward_of(graph: &Graph, loss: ValueId) -> Graph {
+pub(crate) fn forward_of(graph: &Graph, loss: ValueId) -> Graph {
     let mut g = graph.clone();
     let backward: Vec<NodeId> = g
         .node_ids()

@@ -215,7 +215,8 @@ pub fn instr_class(plan: &Plan, ins: &fsdpc_plan::Instr) -> &'static str {
         InstrOp::ReduceScatter { .. } => "reduce_scatter",
         InstrOp::AllReduce { .. }
         | InstrOp::NormAllReduce { .. }
-        | InstrOp::FoundInfAllReduce { .. } => "all_reduce",
+        | InstrOp::FoundInfAllReduce { .. }
+        | InstrOp::TensorAllReduce { .. } => "all_reduce",
         InstrOp::Copy { .. } | InstrOp::Reshard { .. } => "copy",
         InstrOp::Accumulate { .. }
         | InstrOp::OptimizerStep { .. }
@@ -304,6 +305,14 @@ pub fn slice_name(plan: &Plan, op: &InstrOp) -> String {
             c: Collective { unit, .. },
         } => format!("reduce_scatter unit {unit}"),
         InstrOp::AllReduce { unit, .. } => format!("all_reduce unit {unit}"),
+        InstrOp::TensorAllReduce { node, .. } => {
+            let name = plan
+                .training
+                .graph
+                .try_node(*node)
+                .map_or("?", |n| n.name.as_str());
+            format!("tensor all_reduce {name}")
+        }
         InstrOp::Reshard { unit, .. } => format!("reshard unit {unit}"),
         InstrOp::Copy { unit, dst, .. } => {
             match plan.buffers.get(dst.index()).map(|b| b.location) {

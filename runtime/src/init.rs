@@ -3,17 +3,21 @@
 //! flat buffer (`Unit::shard_ranges`; one segment `[pos*shard,
 //! (pos+1)*shard)` without frozen parameters), mapped back to (parameter,
 //! element index) through the unit's layout — from the IR's counter-based
-//! init, so the values are the same for every F. Padding is zero.
+//! init, so the values are the same for every F. A parameter split over a
+//! tensor group is read from the whole parameter's elements its member
+//! holds (`fsdpc_ir::TpSlice`). Padding is zero.
 
 use crate::error::RuntimeError;
 use fsdpc_ir::ParamSpec;
 use fsdpc_plan::Unit;
 
-/// Fills `out` (the shard at position `pos`) of `unit`'s flat parameter.
+/// Fills `out` (the shard at position `pos`) of `unit`'s flat parameter,
+/// whose parameters split over a tensor group (`ParamSpec::tp`) are member
+/// `member`'s parts.
 pub fn fill_shard(
     unit: &Unit,
     params: &[ParamSpec],
-    pos: u64,
+    (pos, member): (u64, u32),
     seed: u64,
     out: &mut [f32],
 ) -> Result<(), RuntimeError> {
@@ -44,7 +48,9 @@ pub fn fill_shard(
                         unit.id
                     ))
                 })?;
-                crate::irinit::fill_f32(spec, seed, s - fp.offset, dst)?;
+                fsdpc_ir::init::fill_part(spec, member, s - fp.offset, dst, |whole, at, out| {
+                    crate::irinit::fill_f32(whole, seed, at, out)
+                })?;
             }
         }
     }

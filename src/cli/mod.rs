@@ -84,6 +84,13 @@ pub struct PlanFlags {
     /// F < world the groups of F ranks are replicas (hybrid sharding).
     #[arg(long, value_name = "F")]
     pub shard_factor: Option<u32>,
+    /// T: split each layer's matrices over T ranks (Megatron-style tensor
+    /// parallelism: attention by heads, the MLP's up/gate by columns and
+    /// down by rows), the mesh's inner dimension; the strategy shards over
+    /// the world / T data ranks. T must divide the world, and normally the
+    /// ranks of a node.
+    #[arg(long, value_name = "T", default_value_t = 1)]
+    pub tensor_parallel: u32,
     /// What each non-root unit does with its gathered parameters after
     /// forward: true (free them; full_shard's default), false (keep them
     /// until backward; shard_grad_op's default), or N (keep a 1/N slice, N

@@ -345,7 +345,10 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         plan.model.name,
         plural(report.losses.len() as u64, "step"),
         plural(u64::from(plan.cluster.world), "rank"),
-        plan.config.strategy.name(),
+        match plan.config.tensor_parallel {
+            t if t > 1 => format!("{}, tensor-parallel {t}", plan.config.strategy.name()),
+            _ => plan.config.strategy.name().to_string(),
+        },
         first,
         last,
         report.tokens_per_s,

@@ -939,7 +939,8 @@ fn plans_the_backend_does_not_run_are_refused_naming_what() {
 /// Every instruction of a range of plans lowers to device work at address
 /// 0 (kernel coverage, shapes, collectives), without a GPU: what the
 /// executor does before it allocates. World 1 needs no communicator; world
-/// 2 full_shard one per collective stream; hybrid at world 4 the same.
+/// 2 full_shard one per collective stream; hybrid at world 4 the same; a
+/// tensor-parallel plan one more, the compute stream's.
 #[test]
 fn every_instruction_of_these_plans_lowers_without_a_gpu() {
     use fsdpc_plan::Strategy;
@@ -968,6 +969,10 @@ fn every_instruction_of_these_plans_lowers_without_a_gpu() {
             2,
         ),
         (GPT, 2, |c| c.strategy = Strategy::NoShard, 1),
+        // Tensor parallelism: the tensor group's sums on the compute
+        // stream; at T = world nothing is sharded (F = 1).
+        (GPT, 2, |c| c.tensor_parallel = 2, 1),
+        (GPT, 4, |c| c.tensor_parallel = 2, 3),
         (GPT, 2, |c| c.strategy = Strategy::ShardGradOp, 2),
         (
             GPT,

@@ -54,6 +54,7 @@ mod simulate;
 mod strategies;
 mod t5;
 mod targets;
+mod tensor_parallel;
 mod tidy;
 mod trace_cli;
 mod weight_decay;

@@ -98,6 +98,7 @@ fn param(imp: &mut Importer, name: &str, data: TensorData) -> ValueId {
         init: Init::Data { data },
         requires_grad: true,
         tied_to: None,
+        tp: None,
     };
     imp.g.add_param(spec, module)
 }

@@ -103,6 +103,7 @@ pub fn untie_merged(g: &mut Graph) -> Vec<MergedInitializer> {
             let spec = ParamSpec {
                 name,
                 tied_to: None,
+                tp: None,
                 ..m.spec.clone()
             };
             let copy = g.add_param(spec, *module);
@@ -196,6 +197,7 @@ mod tests {
             init: Init::Data { data: data(values) },
             requires_grad: true,
             tied_to: None,
+            tp: None,
         };
         g.add_param(spec, module)
     }

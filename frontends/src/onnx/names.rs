@@ -233,6 +233,7 @@ mod tests {
             init: fsdpc_ir::Init::Zeros,
             requires_grad: true,
             tied_to: None,
+            tp: None,
         };
         let w = g.add_param(spec, ModuleId::ROOT);
         let x = g.add_input("x", fsdpc_ir::TensorType::new(fsdpc_ir::DType::F32, [3, 2]));

@@ -40,6 +40,7 @@ impl Builder {
             init,
             requires_grad: true,
             tied_to: None,
+            tp: None,
         };
         self.g.add_param(spec, m)
     }

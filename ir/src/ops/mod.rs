@@ -24,6 +24,7 @@ mod reduce;
 mod shape;
 mod softmax;
 mod source;
+mod tensor_parallel;
 mod vjp;
 
 pub use check::{broadcast_shapes, broadcasts_to};
@@ -69,6 +70,7 @@ fn family(op: &Op) -> &'static dyn Family {
         | SumTo { .. } => &shape::ShapeOps,
         Reduce { .. } => &reduce::Reduce,
         CrossEntropy { .. } => &loss::Loss,
+        TpCopy | TpReduce => &tensor_parallel::TensorParallel,
         UnaryGrad { .. }
         | LayerNormGrad { .. }
         | RmsNormGrad { .. }

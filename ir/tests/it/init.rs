@@ -12,6 +12,7 @@ fn spec(name: &str, numel: usize, init: Init) -> ParamSpec {
         init,
         requires_grad: true,
         tied_to: None,
+        tp: None,
     }
 }
 

@@ -55,6 +55,18 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
             InstrOp::LoadInput { micro_batch, .. } if *micro_batch != 0 => {
                 Some(format!("a load of micro-batch {micro_batch}"))
             }
+            // A forward tensor-parallel sum: part of computing the loss.
+            InstrOp::TensorAllReduce {
+                node, micro_batch, ..
+            } => {
+                if *micro_batch != 0 {
+                    Some(format!("a tensor sum of micro-batch {micro_batch}"))
+                } else if graph.contains(*node) && graph.node(*node).phase == Phase::Backward {
+                    Some(format!("the backward tensor sum of node {node}"))
+                } else {
+                    None
+                }
+            }
             InstrOp::AllGather { bucketed: true, .. } => {
                 let closes = plan.instructions[i + 1..end].iter().find(|later| {
                     later.stream == ins.stream

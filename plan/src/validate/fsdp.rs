@@ -38,7 +38,7 @@ impl FsdpChecks<'_> {
             }
         }
         let hybrid = p.config.strategy != Strategy::NoShard
-            && p.cluster.world > p.config.shard_factor.max(1);
+            && p.geometry().data_world() > p.config.shard_factor.max(1);
         for (unit, _) in trainable {
             let mut red = reductions.get(&unit).cloned().unwrap_or_default();
             let opt = steps.get(&unit).cloned().unwrap_or_default();

@@ -183,7 +183,7 @@ fn scaler(p: &Plan, clocks: &Clocks, out: &mut Vec<PlanViolation>) {
         }
         before(s, update, "the optimizer step");
     }
-    let world = p.cluster.world;
+    let world = p.geometry().data_world();
     let f = p.config.shard_factor.max(1);
     let want: Vec<Group> = [(Group::Shard, f), (Group::Replicate, world / f)]
         .into_iter()

@@ -87,7 +87,7 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
             } => {
                 let n = u64::from(match group {
                     Group::Shard => f,
-                    _ => plan.cluster.world.max(1) / f,
+                    _ => plan.geometry().data_world() / f,
                 });
                 let want = match algorithm {
                     CollectiveAlgorithm::ReduceScatterAllGather => {

@@ -35,6 +35,7 @@ pub fn layout_of(
 ) -> (u32, u32) {
     Geometry {
         world,
+        tensor: 1,
         shard_factor,
         reshard,
         ranks_per_node,
@@ -321,6 +322,22 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
             *algorithm,
             *dtype,
         ),
+        InstrOp::TensorAllReduce { node, group, .. } => {
+            let ty = plan
+                .training
+                .graph
+                .try_node(*node)
+                .and_then(|n| n.outputs.first());
+            let (bytes, dtype) = ty.map_or((0, fsdpc_ir::DType::F32), |t| (t.bytes(), t.dtype));
+            (
+                CollectiveKind::AllReduce,
+                *group,
+                bytes,
+                false,
+                CollectiveAlgorithm::Ring,
+                dtype,
+            )
+        }
         InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
             (
                 CollectiveKind::AllReduce,

@@ -45,7 +45,8 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         }
         InstrOp::AllReduce { .. }
         | InstrOp::NormAllReduce { .. }
-        | InstrOp::FoundInfAllReduce { .. } => {
+        | InstrOp::FoundInfAllReduce { .. }
+        | InstrOp::TensorAllReduce { .. } => {
             let (t, bytes, _) = collective_cost(plan, cluster, ins);
             (t + conversion_time(plan, cluster, ins), bytes)
         }
@@ -148,7 +149,8 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
             } => ("reduce_scatter", CollectiveKind::ReduceScatter, group),
             InstrOp::AllReduce { group, .. }
             | InstrOp::NormAllReduce { group, .. }
-            | InstrOp::FoundInfAllReduce { group, .. } => {
+            | InstrOp::FoundInfAllReduce { group, .. }
+            | InstrOp::TensorAllReduce { group, .. } => {
                 ("all_reduce", CollectiveKind::AllReduce, group)
             }
             _ => continue,

@@ -62,6 +62,7 @@ pub struct LowerInput<'a> {
     pub assign: &'a UnitAssignment,
     pub units: &'a [Unit],
     pub cfg: &'a FsdpConfig,
+    /// The data ranks: the world / T.
     pub world: u32,
     /// F (see `FsdpConfig::shard_factor`).
     pub shard_factor: u32,
@@ -409,19 +410,27 @@ impl<'a> Lowering<'a> {
                     slot: slot as u32,
                 })
             })
-            .collect();
-        let kernel = self.graph.node(n).op.name();
-        self.push(
-            Stream::Compute,
-            InstrOp::Kernel {
+            .collect::<Vec<Slot>>();
+        let op = &self.graph.node(n).op;
+        let instr = match (op, inputs.as_slice(), outputs.as_slice()) {
+            // A tensor-parallel sum is a collective on the compute stream.
+            (Op::TpReduce, [src], [dst]) => InstrOp::TensorAllReduce {
                 node: n,
-                kernel,
+                src: *src,
+                dst: *dst,
+                group: Group::Tensor,
+                micro_batch: self.m,
+            },
+            _ => InstrOp::Kernel {
+                node: n,
+                kernel: op.name(),
                 inputs,
                 outputs,
                 workspace_bytes: 0,
                 micro_batch: self.m,
             },
-        );
+        };
+        self.push(Stream::Compute, instr);
         self.accumulate_loss(n);
         Ok(())
     }

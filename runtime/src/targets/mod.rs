@@ -78,7 +78,12 @@ pub trait Target {
 /// `fsdpc compile --target NAME`); `None` for an unknown name.
 pub fn capabilities(name: &str) -> Option<Capabilities> {
     match name {
-        "threads" | "mpi" => Some(Capabilities::all(name)),
+        "threads" => Some(Capabilities::all(name)),
+        // Process ranks do not yet put split parameters back together.
+        "mpi" => Some(Capabilities {
+            tensor_parallel: false,
+            ..Capabilities::all(name)
+        }),
         "cuda" => Some(cuda_capabilities()),
         _ => None,
     }
@@ -99,6 +104,7 @@ pub(crate) fn cuda_capabilities() -> Capabilities {
         traces: false,
         debug_alloc: false,
         saves_sharded: false,
+        tensor_parallel: true,
     }
 }
 

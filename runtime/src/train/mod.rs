@@ -326,6 +326,13 @@ pub(crate) fn open_resume_eval(
     world: usize,
     resume: impl FnOnce(&TrainOptions) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError>,
 ) -> Result<(TrainOptions, Option<Checkpoint>, EvalData), RuntimeError> {
+    let t = plan.config.tensor_parallel;
+    if t > 1 && (opts.checkpoint.is_some() || opts.resume.is_some()) {
+        return Err(RuntimeError::plan(format!(
+            "checkpoints of a plan split over tensor groups (--tensor-parallel {t}) are not \
+             written or resumed yet; train without --checkpoint-dir and --resume"
+        )));
+    }
     let eval = open_eval(plan, opts, world)?;
     let (resumed, ckpt) = resume(opts)?;
     let eval = match resumed.seed == opts.seed {
@@ -361,12 +368,16 @@ pub(crate) struct StepLog {
     pub(crate) evals: Vec<EvalReport>,
     /// Evaluation batches of each evaluation.
     eval_batches: u64,
+    /// T: the members of a tensor group compute one data rank's loss, so
+    /// one in T ranks' losses is averaged.
+    tensor: usize,
 }
 
 impl StepLog {
     pub(crate) fn new(plan: &Plan, world: usize, eval_batches: u64) -> StepLog {
         StepLog {
-            tokens: (plan.model.tokens_per_rank_step * world as u64) as f64,
+            tokens: (plan.model.tokens_per_rank_step * world as u64
+                / u64::from(plan.config.tensor_parallel.max(1))) as f64,
             planned: plan.memory.rank_bytes,
             last: Instant::now(),
             peak: None,
@@ -376,6 +387,7 @@ impl StepLog {
             skipped_steps: Vec::new(),
             evals: Vec::new(),
             eval_batches,
+            tensor: plan.config.tensor_parallel.max(1) as usize,
         }
     }
 
@@ -425,14 +437,19 @@ impl StepLog {
             grad_norm,
             loss_scale,
         } = scalars;
-        let n = rank_losses.len() as f32;
-        let loss = rank_losses.fold(0.0f32, |a, b| a + b) / n;
+        let data_ranks = rank_losses.step_by(self.tensor);
+        let n = data_ranks.len() as f32;
+        let loss = data_ranks.fold(0.0f32, |a, b| a + b) / n;
         self.peak = self.peak.max(measured);
         let elapsed = self.last.elapsed();
         self.last = Instant::now();
         let eval = eval.map(|(losses, time)| EvalReport {
             steps_done: step + 1,
-            loss: losses.iter().fold(0.0f32, |a, b| a + b) / losses.len().max(1) as f32,
+            loss: losses
+                .iter()
+                .step_by(self.tensor)
+                .fold(0.0f32, |a, b| a + b)
+                / losses.len().div_ceil(self.tensor).max(1) as f32,
             batches: self.eval_batches,
             time,
         });

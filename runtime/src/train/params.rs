@@ -64,19 +64,50 @@ pub(crate) fn assemble_shards(
     assemble(plan, &outs)
 }
 
+/// The full parameters by name from the first shard group of each member
+/// of the first tensor group (`outs[rank]`): each member's parts put
+/// together from its shards, then the parts of a parameter split over the
+/// tensor group (`ParamSpec::tp`) into the whole.
 pub(crate) fn assemble(
     plan: &Plan,
     outs: &[RankOut],
 ) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
-    let f = plan.config.shard_factor as usize;
+    let g = plan.geometry();
+    let (f, t) = (plan.config.shard_factor as usize, g.t() as usize);
+    let specs = &plan.training.graph.params;
     let mut params = Vec::new();
     for (u, unit) in plan.units.iter().enumerate() {
-        let shards = outs
-            .iter()
-            .take(f)
-            .map(|o| o.shards.get(u).map(|s| s.as_slice()).unwrap_or(&[]));
-        let flat = unshard(unit, shards);
-        cut_params(unit, &flat, &mut params)?;
+        let mut parts = Vec::with_capacity(t);
+        for member in 0..t {
+            let shards = (0..f).map(|d| {
+                outs.get(d * t + member)
+                    .and_then(|o| o.shards.get(u))
+                    .map(|s| s.as_slice())
+                    .unwrap_or(&[])
+            });
+            let flat = unshard(unit, shards);
+            let mut cut = Vec::new();
+            cut_params(unit, &flat, &mut cut)?;
+            parts.push(cut);
+        }
+        for (k, fp) in unit.params.iter().enumerate() {
+            let spec = specs.get(fp.param.0 as usize);
+            let Some((spec, tp)) = spec.and_then(|s| s.tp.as_ref().map(|tp| (s, tp))) else {
+                params.push(parts[0][k].clone());
+                continue;
+            };
+            let mut whole = vec![0f32; spec.whole().ty.numel() as usize];
+            for (member, part) in parts.iter().enumerate() {
+                let vals = &part[k].1;
+                for (local, full, n) in tp.runs(&spec.ty.shape.0, member as u32) {
+                    let (l, w, n) = (local as usize, full as usize, n as usize);
+                    if let (Some(dst), Some(src)) = (whole.get_mut(w..w + n), vals.get(l..l + n)) {
+                        dst.copy_from_slice(src);
+                    }
+                }
+            }
+            params.push((fp.name.clone(), whole));
+        }
     }
     Ok(params)
 }

@@ -138,7 +138,7 @@ impl RankCtx<'_> {
         let debug_peak = (self.opts.mode == ExecMode::DebugAlloc).then(|| mem.peak());
         // Only the first shard group's shards are assembled.
         // Process ranks all hand theirs to the gather (`gather_params`).
-        let first_group = self.rank < plan.config.shard_factor as usize;
+        let first_group = plan.geometry().data_rank(self.rank) < plan.config.shard_factor as usize;
         let keep =
             self.opts.keep_params && (first_group || matches!(self.saver, Saver::Process(_)));
         Ok(RankOut {
@@ -419,7 +419,11 @@ impl RankCtx<'_> {
 
     fn init_shards(&self, mem: &Memory) -> Result<(), RuntimeError> {
         let plan = self.prep.plan;
-        let pos = plan.geometry().shard_position(self.rank) as u64;
+        let g = plan.geometry();
+        let at = (
+            g.shard_position(self.rank) as u64,
+            g.tensor_position(self.rank) as u32,
+        );
         for (u, b) in self.shard_buffers().into_iter().enumerate() {
             let Some(b) = b else { continue };
             // SAFETY: before the first step no stream runs.
@@ -430,7 +434,7 @@ impl RankCtx<'_> {
             crate::init::fill_shard(
                 &plan.units[u],
                 &plan.training.graph.params,
-                pos,
+                at,
                 self.opts.seed,
                 out,
             )?;

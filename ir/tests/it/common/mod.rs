@@ -16,6 +16,7 @@ pub fn param(g: &mut Graph, name: &str, shape: &[usize], init: Init, m: ModuleId
         init,
         requires_grad: true,
         tied_to: None,
+        tp: None,
     };
     g.add_param(spec, m)
 }

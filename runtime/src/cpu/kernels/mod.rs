@@ -190,7 +190,7 @@ fn dispatch(
             let [c, a, b] = ins(xs)?;
             elementwise::where_(c, a, b, out1(ys)?)
         }
-        Op::Cast { .. } => cast::cast(ins::<1>(xs)?[0], out1(ys)?),
+        Op::Cast { .. } | Op::TpCopy => cast::cast(ins::<1>(xs)?[0], out1(ys)?),
         Op::Dropout { p, seed } => dropout::dropout(*p, *seed, ctx, ins::<1>(xs)?[0], out1(ys)?),
         Op::MatMul { trans_a, trans_b } => {
             let [a, b] = ins(xs)?;

@@ -110,6 +110,24 @@ impl<'a> RankEnv<'a> {
                     data.fill(name, Batch { step, first_sample }, out)
                 }
                 Step::Kernel { .. } => self.kernel(mem, i, pass),
+                Step::TensorAllReduce {
+                    src,
+                    dst,
+                    dtype,
+                    group,
+                } => {
+                    let out = mem.view_mut(*dst)?;
+                    out.copy_from_slice(mem.view(*src)?);
+                    self.comm(stream, *group)
+                        .all_reduce(
+                            BufMut {
+                                dtype: *dtype,
+                                bytes: out,
+                            },
+                            1,
+                        )
+                        .map_err(ce)
+                }
                 Step::Copy { src, dst } => {
                     let (from, into) = self.send_recv(mem, *src, *dst)?;
                     into.bytes.copy_from_slice(from.bytes);

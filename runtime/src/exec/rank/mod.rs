@@ -84,10 +84,17 @@ impl<'a> RankEnv<'a> {
         seed: u64,
     ) -> Result<RankEnv<'a>, RuntimeError> {
         let n = world.size();
-        let f = prep.plan.config.shard_factor as usize;
-        if f == 0 || !n.is_multiple_of(f) {
+        let t = prep.plan.config.tensor_parallel.max(1) as usize;
+        if !n.is_multiple_of(t) {
             return Err(RuntimeError::plan(format!(
-                "shard factor {f} does not divide the world {n}"
+                "tensor-parallel degree {t} does not divide the world {n}"
+            )));
+        }
+        let f = prep.plan.config.shard_factor as usize;
+        if f == 0 || !(n / t).is_multiple_of(f) {
+            return Err(RuntimeError::plan(format!(
+                "shard factor {f} does not divide the {} data ranks",
+                n / t
             )));
         }
         let resharded = match prep.plan.reshard_group() {
@@ -117,9 +124,11 @@ impl<'a> RankEnv<'a> {
             ..prep.plan.geometry()
         };
         let mut comms = Vec::new();
-        // The offload stream only copies: it runs no collective.
+        // The offload stream only copies: it runs no collective. The
+        // tensor group's sums run on the compute stream.
         for s in Stream::ALL.into_iter().filter(|&s| s != Stream::Offload) {
-            for &g in &groups {
+            let tensor = (s == Stream::Compute && geometry.t() > 1).then_some(Group::Tensor);
+            for &g in groups.iter().chain(&tensor) {
                 let ranks = g.members(rank, &geometry);
                 let c = world
                     .communicator(&ranks, &format!("{s:?}/{g:?}"), rank)
@@ -237,15 +246,26 @@ impl<'a> RankEnv<'a> {
     /// step's global batch is the micro-batches in order, each the ranks'
     /// samples in rank order.
     fn first_sample(&self, micro: u32) -> u64 {
-        let micro_batch = u64::from(micro) * self.world.size() as u64 + self.rank as u64;
+        let g = self.geometry();
+        let micro_batch =
+            u64::from(micro) * u64::from(g.data_world()) + g.data_rank(self.rank) as u64;
         micro_batch * self.prep.batch as u64
     }
 
+    /// The plan's mesh on this world.
+    pub(in crate::exec) fn geometry(&self) -> fsdpc_plan::Geometry {
+        fsdpc_plan::Geometry {
+            world: self.world.size() as u32,
+            ..self.prep.plan.geometry()
+        }
+    }
+
     /// What a reduce-scatter divides the sum of the ranks' gradients by:
-    /// the world times the micro-batches per step (each rank's gradient is
-    /// the mean over its micro-batch).
+    /// the data ranks times the micro-batches per step (each rank's
+    /// gradient is the mean over its micro-batch; the members of a tensor
+    /// group compute on the same samples).
     pub(in crate::exec) fn grad_divisor(&self) -> u32 {
-        self.world.size() as u32 * self.prep.plan.config.grad_accum.max(1)
+        self.geometry().data_world() * self.prep.plan.config.grad_accum.max(1)
     }
 
     /// The loss scalar after a step.

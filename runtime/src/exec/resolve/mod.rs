@@ -88,6 +88,14 @@ pub enum Step<'p> {
         /// buffer of this member's reduced slice.
         staging: Option<BufferId>,
     },
+    /// `dst` = the sum of every tensor-group member's `src`
+    /// (`InstrOp::TensorAllReduce`).
+    TensorAllReduce {
+        src: Region,
+        dst: Region,
+        dtype: fsdpc_ir::DType,
+        group: Group,
+    },
     LoadInput {
         name: &'p str,
         ty: &'p TensorType,
@@ -334,6 +342,27 @@ fn step<'p>(
         | InstrOp::Copy { .. }
         | InstrOp::ReduceScatter { .. }
         | InstrOp::AllReduce { .. } => movement::step(plan, i, op)?,
+        InstrOp::TensorAllReduce {
+            node,
+            src,
+            dst,
+            group,
+            ..
+        } => {
+            let n = graph
+                .try_node(*node)
+                .ok_or_else(|| err(i, format!("node {node} does not exist")))?;
+            let ty = n
+                .outputs
+                .first()
+                .ok_or_else(|| err(i, format!("node {node} has no output")))?;
+            Step::TensorAllReduce {
+                src: region(plan, *src, ty.bytes()).map_err(|e| err(i, e))?,
+                dst: region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
+                dtype: ty.dtype,
+                group: *group,
+            }
+        }
         InstrOp::LoadInput {
             node,
             name,

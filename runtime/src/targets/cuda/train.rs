@@ -317,7 +317,12 @@ mod imp {
     }
 
     /// Fills every unit's fp32 shard on the host and copies it in.
-    fn init_shards(plan: &Plan, rank: &GpuRank, pos: u64, seed: u64) -> Result<(), RuntimeError> {
+    fn init_shards(
+        plan: &Plan,
+        rank: &GpuRank,
+        pos: (u64, u32),
+        seed: u64,
+    ) -> Result<(), RuntimeError> {
         for (u, unit) in plan.units.iter().enumerate() {
             let Some(b) = plan
                 .buffers
@@ -409,7 +414,11 @@ mod imp {
             &setup,
             cfg.timed_steps > 0,
         )?;
-        let pos = plan.geometry().shard_position(rank) as u64;
+        let g = plan.geometry();
+        let pos = (
+            g.shard_position(rank) as u64,
+            g.tensor_position(rank) as u32,
+        );
         init_shards(plan, &gpu, pos, opts.seed)?;
         let setup_used = used(&gpu.dev)?.saturating_sub(baseline);
         let mut log = StepLog::new(plan, world, eval.as_ref().map_or(0, |e| e.1));
@@ -461,7 +470,8 @@ mod imp {
         }
         let elapsed = start.elapsed();
         let end_used = used(&gpu.dev)?.saturating_sub(baseline);
-        let final_params = if opts.keep_params {
+        // One rank holds the whole parameters only without a tensor split.
+        let final_params = if opts.keep_params && plan.config.tensor_parallel <= 1 {
             assemble_shards(plan, vec![shards(plan, &gpu)?])?
         } else {
             Vec::new()

@@ -79,6 +79,7 @@ impl Case {
             init: Init::Zeros,
             requires_grad: true,
             tied_to: None,
+            tp: None,
         };
         let v = self.g.add_param(spec, ModuleId::ROOT);
         self.params.insert(

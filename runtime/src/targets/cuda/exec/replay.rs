@@ -177,7 +177,12 @@ impl GpuRank<'_> {
                 dst,
                 micro,
             } => {
-                let first_sample = (u64::from(*micro) * self.world as u64 + self.rank as u64)
+                let g = fsdpc_plan::Geometry {
+                    world: self.world as u32,
+                    ..self.prep.plan.geometry()
+                };
+                let data_rank = g.data_rank(self.rank) as u64;
+                let first_sample = (u64::from(*micro) * u64::from(g.data_world()) + data_rank)
                     * self.prep.batch as u64;
                 let buf = staging
                     .get_mut(&i)

@@ -223,7 +223,7 @@ fn lower_into(
         Op::Logical { f } => elementwise::logical(*f, xs, ys, a)?,
         Op::Not => elementwise::not(xs, ys, a)?,
         Op::Where => elementwise::where_(xs, ys, a)?,
-        Op::Cast { .. } => cast::cast(xs, ys, a)?,
+        Op::Cast { .. } | Op::TpCopy => cast::cast(xs, ys, a)?,
         Op::Dropout { p, seed } => dropout::dropout(*p, *seed, xs, ys, sample_offset, run_seed, a)?,
         Op::MatMul { trans_a, trans_b } => {
             let ([x, z], y) = (ins::<2>(xs)?, out1(ys)?);

@@ -1,13 +1,13 @@
 //! The collectives: all-gather (a bucket's members, then its own),
-//! reshard, reduce-scatter, all-reduce, and the all-reduce of the squared
-//! gradient norm. Each is NCCL calls on the communicator of its (stream,
+//! reshard, reduce-scatter, all-reduce, the tensor group's sums, and the
+//! all-reduce of the squared gradient norm. Each is NCCL calls on the communicator of its (stream,
 //! group) or, for a group of one rank without `NcclUse::Always`, the local
 //! copies and conversions that replace them; mixed precision converts
 //! around the call.
 
 use super::{convert, elems, zero_uncovered, Lowering};
 use crate::error::RuntimeError;
-use crate::exec::resolve::Bucketed;
+use crate::exec::resolve::{Bucketed, Region};
 use crate::targets::cuda::device::{grid_for, Arg, Launch, Ptr, THREADS};
 use crate::targets::cuda::exec::comms::CommIndex;
 use crate::targets::cuda::exec::{Coll, Item};
@@ -108,8 +108,9 @@ pub(super) fn reduce_scatter(
     dst: BufferId,
     items: &mut Vec<Item>,
 ) -> Result<(), RuntimeError> {
-    let (plan, prep, l, i, stream, world) =
-        (cx.prep.plan, cx.prep, cx.l, cx.i, cx.stream, cx.world);
+    let (plan, prep, l, i, stream) = (cx.prep.plan, cx.prep, cx.l, cx.i, cx.stream);
+    // The members of a tensor group compute on the same samples.
+    let world = cx.geometry.data_world();
     zero_uncovered(prep, unit.index(), src, l, items);
     let ((sn, sdt), (dn, ddt)) = (elems(prep, src), elems(prep, dst));
     let size = cx.group_size(Group::Shard) as u64;
@@ -119,7 +120,7 @@ pub(super) fn reduce_scatter(
             format!("{sn} elements do not scatter into {size} x {dn}"),
         ));
     }
-    let div = (world as u32 * plan.config.grad_accum.max(1)) as f32;
+    let div = (world * plan.config.grad_accum.max(1)) as f32;
     let (sp, dp) = (l.buffer(prep, src), l.buffer(prep, dst));
     if cx.use_nccl(Group::Shard) {
         let comm = comms.get(stream, Group::Shard);
@@ -195,6 +196,34 @@ pub(super) fn all_reduce(
     }
     if divide_by != 1 {
         items.push(convert(p, dt, p, dt, n, divide_by as f32));
+    }
+}
+
+/// `TensorAllReduce`: `src` copied into `dst`, then summed over `group`
+/// (the tensor group) in place by NCCL in the value's dtype, on the
+/// compute stream the instruction is on.
+pub(super) fn tensor_all_reduce(
+    cx: &Lowering,
+    comms: &mut CommIndex,
+    (src, dst): (&Region, &Region),
+    dt: DType,
+    group: Group,
+    items: &mut Vec<Item>,
+) {
+    let (prep, l, stream) = (cx.prep, cx.l, cx.stream);
+    let to = l.region(prep, dst);
+    items.push(Item::Act(Action::Copy {
+        src: l.region(prep, src),
+        dst: to,
+        bytes: dst.len as u64,
+    }));
+    if cx.use_nccl(group) {
+        items.push(Item::Coll(Coll::AllReduce {
+            comm: comms.get(stream, group),
+            buf: to,
+            count: dst.len / dt.size().max(1),
+            dt,
+        }));
     }
 }
 

@@ -39,7 +39,11 @@ pub(super) fn kernel(
     ws: Option<&Region>,
     micro: u32,
 ) -> Result<Lowered, RuntimeError> {
-    let (prep, l, rank, world, seed) = (cx.prep, cx.l, cx.rank, cx.world, cx.seed);
+    let (prep, l, seed) = (cx.prep, cx.l, cx.seed);
+    let (rank, world) = (
+        cx.geometry.data_rank(cx.rank),
+        cx.geometry.data_world() as usize,
+    );
     let xs: Vec<Operand> = ins
         .iter()
         .map(|(r, ty)| Operand {

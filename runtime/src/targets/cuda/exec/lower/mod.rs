@@ -46,9 +46,9 @@ pub(super) struct Lowering<'a, 'p> {
     stream: Stream,
     l: &'a Layout,
     rank: usize,
-    world: usize,
     seed: u64,
     nccl: NcclUse,
+    /// The plan's mesh on the run's world.
     geometry: fsdpc_plan::Geometry,
 }
 
@@ -71,7 +71,6 @@ impl<'a, 'p> Lowering<'a, 'p> {
             stream: plan.instructions[i].stream,
             l,
             rank,
-            world,
             seed,
             nccl,
             geometry: fsdpc_plan::Geometry {
@@ -148,6 +147,12 @@ pub(super) fn lower_step(
             divide_by,
             ..
         } => collectives::all_reduce(&cx, comms, *unit, *buffer, *group, *divide_by, &mut items),
+        Step::TensorAllReduce {
+            src,
+            dst,
+            dtype,
+            group,
+        } => collectives::tensor_all_reduce(&cx, comms, (src, dst), *dtype, *group, &mut items),
         Step::NormAllReduce { buffer, group } => {
             collectives::norm_all_reduce(&cx, comms, *buffer, *group, &mut items);
         }

@@ -1,0 +1,351 @@
+//! How a value lies over the tensor group, and each op's rule: given how
+//! its inputs lie, how its output lies, which parameters it splits, or why
+//! it cannot run split. The rules read the whole (unsplit) graph.
+
+use fsdpc_ir::{Graph, NodeId, Op, ParamId, ValueId};
+
+/// How a value lies over the T members of the tensor group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Every member holds all of it.
+    Rep,
+    /// Axis `axis` is the concatenation of `segments` (their whole
+    /// lengths), each cut into T chunks; member t holds chunk t of each
+    /// (`fsdpc_ir::TpSlice`).
+    Split { axis: usize, segments: Vec<usize> },
+}
+
+/// Why a node cannot run on split inputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A dimension the split needs T to divide (heads, key/value heads,
+    /// widths): an error in what was asked.
+    Indivisible(String),
+    /// The op or the way it reads its inputs is not one the split handles:
+    /// the layer stays replicated.
+    Unsupported(String),
+}
+
+/// What a rule decided for one node: its output's layout, the parameters
+/// it splits (`param`, axis, segments), and whether its output is a
+/// partial sum the tensor group must add.
+#[derive(Debug, Default)]
+pub struct Decision {
+    pub out: Option<Layout>,
+    pub split_params: Vec<(ParamId, usize, Vec<usize>)>,
+    pub partial: bool,
+}
+
+/// What the rules read: the graph, T, and the layout of every value so
+/// far (absent: `Rep`).
+pub struct Rules<'g> {
+    pub g: &'g Graph,
+    pub t: usize,
+}
+
+fn unsupported(g: &Graph, n: NodeId, why: impl std::fmt::Display) -> Refusal {
+    let node = g.node(n);
+    Refusal::Unsupported(format!("`{}` ({}): {why}", node.name, node.op.name()))
+}
+
+fn indivisible(g: &Graph, n: NodeId, why: impl std::fmt::Display) -> Refusal {
+    let node = g.node(n);
+    Refusal::Indivisible(format!("`{}` ({}): {why}", node.name, node.op.name()))
+}
+
+impl Rules<'_> {
+    fn shape(&self, v: ValueId) -> &[usize] {
+        &self.g.value_type(v).shape.0
+    }
+
+    /// The parameter `v` is, if it is a parameter's value.
+    pub fn param_of(&self, v: ValueId) -> Option<ParamId> {
+        match self.g.node(v.node).op {
+            Op::Param { param } => Some(param),
+            _ => None,
+        }
+    }
+
+    /// Segments of a whole axis of length `len` that T must cut evenly.
+    fn check_segments(&self, n: NodeId, segments: &[usize], what: &str) -> Result<(), Refusal> {
+        match segments.iter().find(|&&s| !s.is_multiple_of(self.t)) {
+            Some(s) => Err(indivisible(
+                self.g,
+                n,
+                format!("{what} of {s} does not split over T = {}", self.t),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A column-parallel product `x @ W` (or `x @ W^T`) whose weight is
+    /// split over its output columns, in `segments`.
+    pub fn column(&self, n: NodeId, segments: Vec<usize>) -> Result<Decision, Refusal> {
+        let Op::MatMul { trans_b, .. } = self.g.node(n).op else {
+            return Err(unsupported(self.g, n, "not a matrix product"));
+        };
+        let ins = self.g.inputs(n);
+        let w = self
+            .param_of(ins[1])
+            .ok_or_else(|| unsupported(self.g, n, "its weight is not a parameter"))?;
+        self.check_segments(n, &segments, "an output width")?;
+        let out_rank = self.g.node(n).outputs[0].shape.0.len();
+        Ok(Decision {
+            out: Some(Layout::Split {
+                axis: out_rank - 1,
+                segments: segments.clone(),
+            }),
+            split_params: vec![(w, usize::from(!trans_b), segments)],
+            partial: false,
+        })
+    }
+
+    /// The rule of node `n` whose inputs lie as `ins` (some split).
+    pub fn apply(&self, n: NodeId, ins: &[Layout]) -> Result<Decision, Refusal> {
+        let g = self.g;
+        let node = g.node(n);
+        let inputs = g.inputs(n);
+        let out_shape = node
+            .outputs
+            .first()
+            .map(|t| t.shape.0.clone())
+            .unwrap_or_default();
+        let out_rank = out_shape.len();
+        let split = |l: &Layout| match l {
+            Layout::Split { axis, segments } => Some((*axis, segments.clone())),
+            Layout::Rep => None,
+        };
+        let same = |l: Layout| {
+            Ok(Decision {
+                out: Some(l),
+                ..Decision::default()
+            })
+        };
+        let first = ins.iter().find_map(split);
+        let Some((a, segs)) = first else {
+            return same(Layout::Rep);
+        };
+        let seg_count = segs.len();
+        match &node.op {
+            Op::Unary { .. } | Op::Cast { .. } | Op::Not => same(ins[0].clone()),
+            Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } | Op::Where => {
+                self.elementwise(n, &inputs, ins, out_rank)
+            }
+            Op::MatMul { trans_a, trans_b } => {
+                let (ra, rb) = (self.shape(inputs[0]).len(), self.shape(inputs[1]).len());
+                let k_a = if *trans_a { ra - 2 } else { ra - 1 };
+                let m_a = if *trans_a { ra - 1 } else { ra - 2 };
+                match (&ins[0], &ins[1]) {
+                    (Layout::Split { axis, segments }, Layout::Rep) if *axis == k_a => {
+                        // Row-parallel: the weight split over its input rows.
+                        let w = self.param_of(inputs[1]).ok_or_else(|| {
+                            unsupported(g, n, "a split reduction axis against an activation")
+                        })?;
+                        if rb != 2 {
+                            return Err(unsupported(g, n, "the weight is not a matrix"));
+                        }
+                        let k_b = usize::from(*trans_b);
+                        Ok(Decision {
+                            out: Some(Layout::Rep),
+                            split_params: vec![(w, k_b, segments.clone())],
+                            partial: true,
+                        })
+                    }
+                    (Layout::Split { axis, segments }, Layout::Rep)
+                        if *axis == m_a && self.param_of(inputs[1]).is_some() =>
+                    {
+                        same(Layout::Split {
+                            axis: out_rank - 2,
+                            segments: segments.clone(),
+                        })
+                    }
+                    (
+                        Layout::Split {
+                            axis: x,
+                            segments: s,
+                        },
+                        Layout::Split {
+                            axis: y,
+                            segments: u,
+                        },
+                    ) if x == y && s == u && ra == rb && *x + 2 < ra => {
+                        // A batched product over split heads.
+                        same(ins[0].clone())
+                    }
+                    _ => Err(unsupported(g, n, "split operands this product cannot use")),
+                }
+            }
+            Op::Attention { .. } => {
+                let all = ins.iter().all(
+                    |l| matches!(l, Layout::Split { axis: 1, segments } if segments.len() == 1),
+                );
+                if all && ins.iter().all(|l| *l == ins[0]) {
+                    same(ins[0].clone())
+                } else {
+                    Err(unsupported(
+                        g,
+                        n,
+                        "query, key and value not all split by heads",
+                    ))
+                }
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } if *axis != a => same(ins[0].clone()),
+            Op::LayerNorm { .. } | Op::RmsNorm { .. }
+                if a + 1 != self.shape(inputs[0]).len()
+                    && ins[1..].iter().all(|l| *l == Layout::Rep) =>
+            {
+                same(ins[0].clone())
+            }
+            Op::Reshape { shape } => {
+                let from = self.shape(inputs[0]);
+                let prefix: usize = from[..a].iter().product();
+                let at = (0..shape.len())
+                    .find(|&b| shape[..b].iter().product::<usize>() == prefix && shape[b] != 1);
+                match at {
+                    Some(b) if seg_count == 1 && shape[b].is_multiple_of(self.t) => same(Layout::Split {
+                        axis: b,
+                        segments: vec![shape[b]],
+                    }),
+                    Some(b) if seg_count > 1 && shape[b] == from[a] => same(Layout::Split {
+                        axis: b,
+                        segments: segs,
+                    }),
+                    Some(b) if seg_count == 1 => Err(indivisible(
+                        g,
+                        n,
+                        format!(
+                            "the split axis becomes {} (heads) here, which does not split over T = {}",
+                            shape[b], self.t
+                        ),
+                    )),
+                    _ => Err(unsupported(g, n, "the reshape moves the split axis")),
+                }
+            }
+            Op::Transpose { perm } => {
+                let b = perm.iter().position(|&p| p == a).unwrap_or(a);
+                same(Layout::Split {
+                    axis: b,
+                    segments: segs,
+                })
+            }
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => {
+                if *axis != a {
+                    return same(ins[0].clone());
+                }
+                let len = self.shape(inputs[0])[a];
+                let end = (*end).min(len);
+                let mut bounds = vec![0usize];
+                for s in &segs {
+                    bounds.push(bounds.last().copied().unwrap_or(0) + s);
+                }
+                let i = bounds.iter().position(|&b| b == *start);
+                let j = bounds.iter().position(|&b| b == end);
+                match (i, j) {
+                    (Some(i), Some(j)) if *step == 1 && i < j => same(Layout::Split {
+                        axis: a,
+                        segments: segs[i..j].to_vec(),
+                    }),
+                    _ => Err(unsupported(
+                        g,
+                        n,
+                        "a slice of the split axis that is not whole segments",
+                    )),
+                }
+            }
+            Op::Concat { axis } if *axis != a && ins.iter().all(|l| *l == ins[0]) => {
+                same(ins[0].clone())
+            }
+            Op::Expand { .. } => {
+                let r = self.shape(inputs[0]).len();
+                same(Layout::Split {
+                    axis: a + (out_rank - r),
+                    segments: segs,
+                })
+            }
+            Op::Reduce { axes, keepdims, .. } if !axes.is_empty() && !axes.contains(&a) => {
+                let b = if *keepdims {
+                    a
+                } else {
+                    a - axes.iter().filter(|&&x| x < a).count()
+                };
+                same(Layout::Split {
+                    axis: b,
+                    segments: segs,
+                })
+            }
+            Op::Pad { pads, .. } if pads.get(a) == Some(&(0, 0)) => same(ins[0].clone()),
+            Op::Dropout { .. } => Err(unsupported(
+                g,
+                n,
+                "dropout on a split tensor (its mask follows whole-tensor elements)",
+            )),
+            _ => Err(unsupported(g, n, "this op does not run on a split input")),
+        }
+    }
+
+    /// Numpy-broadcasting ops: every split input split alike (aligned to
+    /// the output's axes), every whole input broadcast along the split axis
+    /// or a parameter split with it (a bias).
+    fn elementwise(
+        &self,
+        n: NodeId,
+        inputs: &[ValueId],
+        ins: &[Layout],
+        out_rank: usize,
+    ) -> Result<Decision, Refusal> {
+        let g = self.g;
+        let mut at: Option<(usize, Vec<usize>)> = None;
+        for (v, l) in inputs.iter().zip(ins) {
+            if let Layout::Split { axis, segments } = l {
+                let aligned = axis + out_rank - self.shape(*v).len();
+                match &at {
+                    Some((b, s)) if *b != aligned || s != segments => {
+                        return Err(unsupported(g, n, "inputs split differently"))
+                    }
+                    _ => at = Some((aligned, segments.clone())),
+                }
+            }
+        }
+        let Some((b, segs)) = at else {
+            return Ok(Decision {
+                out: Some(Layout::Rep),
+                ..Decision::default()
+            });
+        };
+        let mut d = Decision {
+            out: Some(Layout::Split {
+                axis: b,
+                segments: segs.clone(),
+            }),
+            ..Decision::default()
+        };
+        for (v, l) in inputs.iter().zip(ins) {
+            if *l != Layout::Rep {
+                continue;
+            }
+            let shape = self.shape(*v);
+            let Some(axis) = (b + shape.len()).checked_sub(out_rank) else {
+                continue; // broadcast: the axis is not there
+            };
+            if shape[axis] == 1 {
+                continue;
+            }
+            match self.param_of(*v) {
+                Some(p) => d.split_params.push((p, axis, segs.clone())),
+                None => {
+                    return Err(unsupported(
+                        g,
+                        n,
+                        "a whole activation meets a split one along the split axis",
+                    ))
+                }
+            }
+        }
+        Ok(d)
+    }
+}

@@ -1,0 +1,384 @@
+//! The `tensor` pass: Megatron-style tensor parallelism found in the
+//! forward graph and the program rewritten to one member's part of it.
+//!
+//! A *region* starts at the matrix products that read one activation with
+//! a weight parameter (x @ W: the query, key and value projections, or the
+//! MLP's up and gate); their weights are split over their output columns
+//! (column-parallel) and the activation enters through a `TpCopy`. The
+//! split follows the graph (`layout`'s rules: heads through reshapes and
+//! attention, biases split with their columns, elementwise ops) until a
+//! product reads it along its reduction axis: that weight is split over
+//! its input rows (row-parallel) and the product's partial sums leave
+//! through a `TpReduce`. A region whose split reaches an op no rule takes
+//! (a norm over the split axis, a dropout, the loss) is left replicated and
+//! listed with the reason; a dimension T does not divide is an error.
+//!
+//! The rewritten program is each member's: split parameters have their
+//! part's type and a `TpSlice` saying which elements of the whole they
+//! hold, reshapes and slices their part's sizes, and autodiff runs again,
+//! so each `TpCopy`'s gradient is the `TpReduce` that sums the members'
+//! partial input gradients.
+
+mod layout;
+
+use crate::error::PlanError;
+use fsdpc_ir::{Graph, NodeId, Op, ParamId, Phase, TpSlice, TrainingProgram, ValueId};
+use layout::{Decision, Layout, Refusal, Rules};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+pub use fsdpc_plan::TensorRecord;
+
+/// Splits `program` over `t` ranks; the program unchanged when `t` is 1.
+pub fn apply(
+    program: TrainingProgram,
+    t: u32,
+) -> Result<(TrainingProgram, Option<TensorRecord>), PlanError> {
+    if t <= 1 {
+        return Ok((program, None));
+    }
+    let bad = |reason: String| PlanError::Program {
+        reason: format!("tensor parallelism over {t} ranks: {reason}"),
+    };
+    let loss = program.loss;
+    let forward = crate::precision::forward_of(&program.graph, loss);
+    let found = find(&forward, loss, t as usize).map_err(|r| match r {
+        Refusal::Indivisible(m) | Refusal::Unsupported(m) => bad(m),
+    })?;
+    if found.regions.is_empty() {
+        let why = found.replicated.first().map_or(
+            "it has no matrix product with a weight".to_string(),
+            |(_, w)| w.clone(),
+        );
+        return Err(bad(format!("no layer of the model splits: {why}")));
+    }
+    let record = TensorRecord {
+        degree: t,
+        split: found.regions.iter().map(|r| r.name.clone()).collect(),
+        replicated: found
+            .replicated
+            .iter()
+            .map(|(n, why)| format!("{n}: {why}"))
+            .collect(),
+    };
+    let local = rewrite(forward, &found, t as usize).map_err(|e| bad(e.to_string()))?;
+    let program = fsdpc_ir::build_training_program(local, loss, program.optimizer)
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((program, Some(record)))
+}
+
+/// One split region: its name (the module path of its first product), the
+/// activations it enters through and the partial sums it leaves through.
+struct Region {
+    name: String,
+    enters: Vec<(ValueId, Vec<NodeId>)>,
+    leaves: Vec<ValueId>,
+}
+
+/// What `find` decided: every split value's layout, every split
+/// parameter's slice, the regions, and the regions left replicated with
+/// why.
+struct Found {
+    layouts: HashMap<ValueId, Layout>,
+    params: BTreeMap<ParamId, (usize, Vec<usize>)>,
+    regions: Vec<Region>,
+    replicated: Vec<(String, String)>,
+}
+
+/// The matrix products that may start a region, by the activation they
+/// read: `x @ W` with `W` a matrix parameter no other node reads.
+fn seeds(g: &Graph, order: &[NodeId]) -> Vec<(ValueId, Vec<NodeId>)> {
+    let users_of_param = |v: ValueId| g.users(v).len();
+    let mut by_input: Vec<(ValueId, Vec<NodeId>)> = Vec::new();
+    for &n in order {
+        let node = g.node(n);
+        if node.phase != Phase::Forward || !matches!(node.op, Op::MatMul { trans_a: false, .. }) {
+            continue;
+        }
+        let ins = g.inputs(n);
+        let is_weight = matches!(g.node(ins[1].node).op, Op::Param { .. })
+            && g.value_type(ins[1]).shape.0.len() == 2
+            && users_of_param(ins[1]) == 1;
+        let x_is_param = matches!(g.node(ins[0].node).op, Op::Param { .. });
+        if !is_weight || x_is_param {
+            continue;
+        }
+        match by_input.iter_mut().find(|(x, _)| *x == ins[0]) {
+            Some((_, ns)) => ns.push(n),
+            None => by_input.push((ins[0], vec![n])),
+        }
+    }
+    by_input
+}
+
+/// How the output columns of product `n` are cut: by the slices that read
+/// them (a fused query-key-value projection is three segments), looking
+/// through a bias add; one segment otherwise.
+fn column_segments(g: &Graph, n: NodeId) -> Vec<usize> {
+    let out = ValueId { node: n, slot: 0 };
+    let shape = &g.value_type(out).shape.0;
+    let (axis, width) = (shape.len() - 1, shape[shape.len() - 1]);
+    let mut v = out;
+    loop {
+        let users = g.users(v);
+        let slices: Vec<(usize, usize)> = users
+            .iter()
+            .filter_map(|(u, _)| match g.node(*u).op {
+                Op::Slice {
+                    axis: a,
+                    start,
+                    end,
+                    step: 1,
+                } if a == axis => Some((start, end.min(width))),
+                _ => None,
+            })
+            .collect();
+        if !slices.is_empty() && slices.len() == users.len() {
+            let mut s = slices;
+            s.sort_unstable();
+            s.dedup();
+            let tiles = s.windows(2).all(|w| w[0].1 == w[1].0);
+            if tiles && s[0].0 == 0 && s[s.len() - 1].1 == width {
+                return s.iter().map(|(a, b)| b - a).collect();
+            }
+            return vec![width];
+        }
+        // Through one bias add.
+        match users.as_slice() {
+            [(u, _)] if matches!(g.node(*u).op, Op::Binary { .. }) && v == out => {
+                v = ValueId { node: *u, slot: 0 }
+            }
+            _ => return vec![width],
+        }
+    }
+}
+
+/// Finds the regions of `g` (the forward graph; `loss` its output).
+fn find(g: &Graph, loss: ValueId, t: usize) -> Result<Found, Refusal> {
+    let order = g
+        .topo_order()
+        .map_err(|_| Refusal::Unsupported("the forward graph has a cycle".into()))?;
+    let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let rules = Rules { g, t };
+    let mut found = Found {
+        layouts: HashMap::new(),
+        params: BTreeMap::new(),
+        regions: Vec::new(),
+        replicated: Vec::new(),
+    };
+    let mut claimed: HashSet<NodeId> = HashSet::new();
+    for (x, products) in seeds(g, &order) {
+        if products.iter().any(|p| claimed.contains(p)) || found.layouts.contains_key(&x) {
+            continue;
+        }
+        let name = g.module_info(g.node(products[0]).module).path.clone();
+        match trial(&rules, &order, &pos, loss, &products, &found) {
+            Ok(r) => {
+                claimed.extend(r.nodes.iter().copied());
+                found.layouts.extend(r.layouts);
+                found.params.extend(r.params);
+                found.regions.push(Region {
+                    name,
+                    enters: vec![(x, products)],
+                    leaves: r.leaves,
+                });
+            }
+            Err(Refusal::Indivisible(m)) => return Err(Refusal::Indivisible(m)),
+            Err(Refusal::Unsupported(m)) => found.replicated.push((name, m)),
+        }
+    }
+    Ok(found)
+}
+
+/// A region tried from the products `products` reading `x`.
+struct Trial {
+    layouts: HashMap<ValueId, Layout>,
+    params: BTreeMap<ParamId, (usize, Vec<usize>)>,
+    leaves: Vec<ValueId>,
+    nodes: Vec<NodeId>,
+}
+
+fn trial(
+    rules: &Rules<'_>,
+    order: &[NodeId],
+    pos: &HashMap<NodeId, usize>,
+    loss: ValueId,
+    products: &[NodeId],
+    done: &Found,
+) -> Result<Trial, Refusal> {
+    let g = rules.g;
+    let mut tr = Trial {
+        layouts: HashMap::new(),
+        params: BTreeMap::new(),
+        leaves: Vec::new(),
+        nodes: Vec::new(),
+    };
+    let take = |tr: &mut Trial, n: NodeId, d: Decision| -> Result<(), Refusal> {
+        for (p, axis, segs) in d.split_params {
+            let taken = done.params.get(&p).or_else(|| tr.params.get(&p));
+            if taken.is_some_and(|s| *s != (axis, segs.clone())) {
+                return Err(Refusal::Unsupported(format!(
+                    "parameter `{}` would be split two ways",
+                    g.param(p).name
+                )));
+            }
+            let whole = g.param(p).ty.shape.0[axis];
+            if !whole.is_multiple_of(rules.t) {
+                return Err(Refusal::Indivisible(format!(
+                    "parameter `{}`: its dimension {axis} of {whole} does not split over T = {}",
+                    g.param(p).name,
+                    rules.t
+                )));
+            }
+            tr.params.insert(p, (axis, segs));
+        }
+        let v = ValueId { node: n, slot: 0 };
+        if d.partial {
+            tr.leaves.push(v);
+        }
+        if let Some(l @ Layout::Split { .. }) = d.out {
+            tr.layouts.insert(v, l);
+        }
+        tr.nodes.push(n);
+        Ok(())
+    };
+    for &p in products {
+        let d = rules.column(p, column_segments(g, p))?;
+        take(&mut tr, p, d)?;
+    }
+    let start = products.iter().map(|p| pos[p]).min().unwrap_or(0);
+    for &n in &order[start..] {
+        if products.contains(&n) {
+            continue;
+        }
+        let ins: Vec<Layout> = g
+            .inputs(n)
+            .iter()
+            .map(|v| tr.layouts.get(v).cloned().unwrap_or(Layout::Rep))
+            .collect();
+        if ins.iter().all(|l| *l == Layout::Rep) {
+            continue;
+        }
+        let d = rules.apply(n, &ins)?;
+        take(&mut tr, n, d)?;
+    }
+    if tr.layouts.contains_key(&loss) {
+        return Err(Refusal::Unsupported("the split reaches the loss".into()));
+    }
+    // A region must end in row-parallel products; `x` itself stays whole.
+    if tr.leaves.is_empty() {
+        return Err(Refusal::Unsupported(
+            "no product reads the split along its reduction axis".into(),
+        ));
+    }
+    Ok(tr)
+}
+
+/// The forward graph `g` as one member's part: split parameters and the
+/// sizes of split values divided, a `TpCopy` where each region is
+/// entered and a `TpReduce` where it is left.
+fn rewrite(mut g: Graph, found: &Found, t: usize) -> Result<Graph, fsdpc_ir::IrError> {
+    let order = g
+        .topo_order()
+        .map_err(|_| fsdpc_ir::IrError::Invalid("the forward graph has a cycle".into()))?;
+    // Parameters: their part's type and slice.
+    for (&p, (axis, segs)) in &found.params {
+        let spec = &mut g.params[p.0 as usize];
+        spec.ty.shape.0[*axis] /= t;
+        spec.tp = Some(TpSlice {
+            axis: *axis,
+            segments: segs.clone(),
+            parts: t as u32,
+        });
+    }
+    let local_len = |segs: &[usize]| segs.iter().sum::<usize>() / t;
+    // Attributes that name sizes of the split axis.
+    for &n in &order {
+        let out = ValueId { node: n, slot: 0 };
+        let in_layout = g
+            .inputs(n)
+            .first()
+            .and_then(|v| found.layouts.get(v))
+            .cloned();
+        let out_layout = found.layouts.get(&out).cloned();
+        let node = g.node_mut(n);
+        match (&mut node.op, &out_layout, &in_layout) {
+            (Op::Reshape { shape }, Some(Layout::Split { axis, segments }), _)
+            | (Op::Expand { shape }, Some(Layout::Split { axis, segments }), _) => {
+                shape[*axis] = local_len(segments);
+            }
+            (
+                Op::Slice {
+                    axis, start, end, ..
+                },
+                _,
+                Some(Layout::Split { axis: a, segments }),
+            ) if *axis == *a => {
+                let mut whole = vec![0];
+                let mut local = vec![0];
+                for s in segments.iter() {
+                    whole.push(whole[whole.len() - 1] + s);
+                    local.push(local[local.len() - 1] + s / t);
+                }
+                let stop = (*end).min(whole[whole.len() - 1]);
+                if let (Some(i), Some(j)) = (
+                    whole.iter().position(|b| b == start),
+                    whole.iter().position(|&b| b == stop),
+                ) {
+                    (*start, *end) = (local[i], local[j]);
+                }
+            }
+            _ => {}
+        }
+    }
+    // The boundaries.
+    let mut left: Vec<ValueId> = Vec::new();
+    for r in &found.regions {
+        for (x, products) in &r.enters {
+            let module = g.node(products[0]).module;
+            let name = format!("{}.tp_copy", g.node(products[0]).name);
+            let c = g.add1(Op::TpCopy, &[*x], name, module)?;
+            for &p in products {
+                g.set_input(p, 0, c);
+            }
+        }
+        left.extend(r.leaves.iter().copied());
+    }
+    // Retype in order: parameters first, then every node from its inputs.
+    for &n in &order {
+        if let Op::Param { param } = g.node(n).op {
+            let ty = g.param(param).ty.clone();
+            g.node_mut(n).outputs = vec![ty];
+        }
+    }
+    let order = g
+        .topo_order()
+        .map_err(|_| fsdpc_ir::IrError::Invalid("the forward graph has a cycle".into()))?;
+    for &n in &order {
+        if g.node(n).op.is_source() {
+            continue;
+        }
+        let node = g.node(n).clone();
+        let inputs = g.inputs(n);
+        let types: Vec<&fsdpc_ir::TensorType> = inputs.iter().map(|v| g.value_type(*v)).collect();
+        let outputs =
+            fsdpc_ir::ops::infer(&node.op, &types).map_err(|reason| fsdpc_ir::IrError::Shape {
+                node: format!("{} ({n})", node.name),
+                op: node.op.name(),
+                reason,
+            })?;
+        g.node_mut(n).outputs = outputs;
+    }
+    for v in left {
+        let users = g.users(v);
+        let node = g.node(v.node);
+        let (name, module) = (format!("{}.tp_reduce", node.name), node.module);
+        let r = g.add1(Op::TpReduce, &[v], name, module)?;
+        for (u, slot) in users {
+            g.set_input(u, slot, r);
+        }
+        if let Some(o) = g.outputs.iter_mut().find(|o| **o == v) {
+            *o = r;
+        }
+    }
+    Ok(g)
+}
