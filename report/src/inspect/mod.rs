@@ -21,6 +21,9 @@ pub struct Summary {
     pub target: String,
     pub strategy: String,
     pub shard_factor: u32,
+    /// With tensor parallelism: T, what split and what stayed replicated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<TensorRecord>,
     /// What non-root units do with gathered parameters after forward.
     pub reshard_after_forward: ReshardAfterForward,
     /// Units with their own `reshard_after_forward` (module path, setting).
@@ -120,6 +123,10 @@ pub struct Summary {
     pub all_gathers: usize,
     pub reduce_scatters: usize,
     pub all_reduces: usize,
+    /// The tensor group's sums of activations and their gradients
+    /// (`TensorAllReduce`; absent: none).
+    #[serde(skip_serializing_if = "is_zero_usize")]
+    pub tensor_sums: usize,
     pub instructions: usize,
     /// Instructions of the forward-only evaluation prefix (`Plan::eval`;
     /// absent: the plan has none).
@@ -244,6 +251,7 @@ pub fn summary(plan: &Plan) -> Summary {
         ranks_per_node: plan.cluster.ranks_per_node,
         target: plan.config.target.clone(),
         strategy: plan.config.strategy.name().to_string(),
+        tensor: plan.config.tensor.clone(),
         shard_factor: plan.config.shard_factor,
         reshard_after_forward: plan.config.reshard_after_forward,
         unit_reshard: plan
@@ -306,6 +314,7 @@ pub fn summary(plan: &Plan) -> Summary {
                     | InstrOp::FoundInfAllReduce { .. }
             )
         }),
+        tensor_sums: count(|op| matches!(op, InstrOp::TensorAllReduce { .. })),
         instructions: plan.instructions.len(),
         eval_instructions: plan.eval.map(|e| e.instructions),
         eval_s: e.eval_s,
@@ -396,4 +405,8 @@ fn optimizer_summary(plan: &Plan) -> OptimizerSummary {
         trainable_params: trainable().count() as u64,
         trainable_numel: trainable().map(|p| p.numel).sum(),
     }
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
 }

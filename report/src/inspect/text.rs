@@ -72,8 +72,25 @@ fn header(out: &mut String, s: &Summary) {
         format!("{:?}", s.backward_prefetch).to_lowercase(),
         s.limit_all_gathers
     );
+    if let Some(t) = &s.tensor {
+        let _ = writeln!(
+            out,
+            "tensor    T = {} ({} data ranks): {} regions split (column- then row-parallel), {} sums of activations a step",
+            t.degree,
+            s.world / t.degree.max(1),
+            t.split.len(),
+            s.tensor_sums
+        );
+        for r in &t.split {
+            let _ = writeln!(out, "          split       {r}");
+        }
+        for r in &t.replicated {
+            let _ = writeln!(out, "          replicated  {r}");
+        }
+    }
     optimizer_line(out, &s.optimizer);
-    let groups = s.world / s.shard_factor.max(1);
+    let t = s.tensor.as_ref().map_or(1, |t| t.degree.max(1));
+    let groups = s.world / t / s.shard_factor.max(1);
     if groups > 1 && s.shard_factor > 1 {
         let _ = writeln!(
             out,
@@ -445,11 +462,15 @@ fn optimizer_line(out: &mut String, o: &OptimizerSummary) {
 fn estimates(out: &mut String, s: &Summary) {
     let _ = writeln!(
         out,
-        "\ncommunication per rank and step: {} ({} all-gathers, {} reduce-scatters, {} all-reduces)",
+        "\ncommunication per rank and step: {} ({} all-gathers, {} reduce-scatters, {} all-reduces{})",
         human_bytes(s.comm_bytes_per_step),
         s.all_gathers,
         s.reduce_scatters,
-        s.all_reduces
+        s.all_reduces,
+        match s.tensor_sums {
+            0 => String::new(),
+            n => format!(", {n} tensor sums"),
+        }
     );
     for t in &s.traffic {
         let _ = writeln!(
