@@ -134,7 +134,7 @@ pub enum RuntimeError {
         violations: Vec<PlanViolation>,
     },
     /// The plan cannot be executed as written.
-    #[error("plan: {reason} (instruction {instr:?})")]
+    #[error("plan: {reason}{}", instr.map(|i| format!(" (instruction {i})")).unwrap_or_default())]
     Plan {
         /// The instruction, if one is to blame.
         instr: Option<usize>,

@@ -43,16 +43,21 @@ pub fn save_safetensors(tensors: &[ExportTensor<'_>], path: &Path) -> Result<(),
 }
 
 /// Writes the trained `params` (as `TrainReport::final_params` gives them) of
-/// `plan` to `path`, each with its shape in the plan's training graph.
+/// `plan` to `path`, each with its shape in the plan's training graph (the
+/// whole parameter's, for one split over a tensor group).
 pub fn save_params(
     plan: &Plan,
     params: &[(String, Vec<f32>)],
     path: &Path,
 ) -> Result<(), RuntimeError> {
-    let shapes: HashMap<&str, &[usize]> = plan
+    let wholes: Vec<fsdpc_ir::ParamSpec> = plan
         .training
         .graph
         .params
+        .iter()
+        .map(|p| p.whole())
+        .collect();
+    let shapes: HashMap<&str, &[usize]> = wholes
         .iter()
         .map(|p| (p.name.as_str(), p.ty.shape.dims()))
         .collect();

@@ -57,7 +57,7 @@ fn save_hf(
         .graph
         .params
         .iter()
-        .map(|p| (p.name.as_str(), p.ty.shape.dims().to_vec()))
+        .map(|p| (p.name.as_str(), p.whole().ty.shape.dims().to_vec()))
         .collect();
     let mut params = params.to_vec();
     let merged = fsdpc_frontends::hf::merge_lora(&mut params, |n| shapes.get(n).cloned())

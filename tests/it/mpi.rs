@@ -418,3 +418,28 @@ fn mpi_evaluations_equal_the_thread_runs_across_a_resume() {
     assert_eq!(full.len(), 2);
     assert_eq!(bits(&full), bits(&parts), "threads {full:?}, MPI {parts:?}");
 }
+
+/// A tensor-parallel plan on MPI processes: the thread ranks' losses bit
+/// for bit, and the same whole parameters put back together from the
+/// members' parts.
+#[test]
+fn mpi_tensor_parallel_runs_equal_the_thread_runs() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let (threads, procs) = (p.join("threads.safetensors"), p.join("mpi.safetensors"));
+    let flags = |out: &Path| -> Vec<std::ffi::OsString> {
+        vec![
+            "--tensor-parallel".into(),
+            "2".into(),
+            "--save-safetensors".into(),
+            out.into(),
+        ]
+    };
+    let (tm, mm) = (p.join("t.jsonl"), p.join("m.jsonl"));
+    train(false, 4, 3, &tm, &os(&flags(&threads)));
+    train(true, 4, 3, &mm, &os(&flags(&procs)));
+    assert_eq!(bits(&losses(&mm)), bits(&losses(&tm)));
+    let want = tensors(&threads);
+    assert!(!want.is_empty());
+    assert_eq!(tensors(&procs), want);
+}

@@ -78,12 +78,7 @@ pub trait Target {
 /// `fsdpc compile --target NAME`); `None` for an unknown name.
 pub fn capabilities(name: &str) -> Option<Capabilities> {
     match name {
-        "threads" => Some(Capabilities::all(name)),
-        // Process ranks do not yet put split parameters back together.
-        "mpi" => Some(Capabilities {
-            tensor_parallel: false,
-            ..Capabilities::all(name)
-        }),
+        "threads" | "mpi" => Some(Capabilities::all(name)),
         "cuda" => Some(cuda_capabilities()),
         _ => None,
     }

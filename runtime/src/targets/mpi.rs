@@ -14,7 +14,7 @@ use crate::error::RuntimeError;
 use crate::exec::memory::Arena;
 use crate::exec::resolve::resolve;
 use crate::exec::ExecMode;
-use crate::train::params::{cut_params, unshard};
+use crate::train::params::assemble_unit;
 use crate::train::rank::{RankCtx, RankStep, Saver};
 use crate::train::*;
 use fsdpc_plan::Plan;
@@ -242,7 +242,7 @@ fn open_resume_ranks(
 
 /// The full parameters on rank 0 (empty elsewhere), gathered unit by unit
 /// over `comm` (every rank of the world): each unit's shards end to end,
-/// the first shard group's making the flat parameter. Only one unit's
+/// put together as `assemble_unit` does. Only one unit's
 /// gathered shards exist at a time besides the parameters already cut out.
 fn gather_params(
     plan: &Plan,
@@ -252,7 +252,7 @@ fn gather_params(
 ) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
     let n = comm.size();
     let mut params = Vec::new();
-    for (u, unit) in plan.units.iter().enumerate() {
+    for u in 0..plan.units.len() {
         let shard = shards.get(u).map_or(&[][..], |s| s.as_slice());
         let send: &[u8] = bytemuck::cast_slice(shard);
         let mut all = vec![0u8; send.len() * n];
@@ -274,8 +274,9 @@ fn gather_params(
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let flat = unshard(unit, all.chunks(shard.len().max(1)));
-        cut_params(unit, &flat, &mut params)?;
+        let len = shard.len();
+        let of_rank = |r: usize| all.get(r * len..(r + 1) * len).unwrap_or(&[]);
+        params.extend(assemble_unit(plan, u, of_rank)?);
     }
     Ok(params)
 }

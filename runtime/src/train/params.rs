@@ -65,49 +65,66 @@ pub(crate) fn assemble_shards(
 }
 
 /// The full parameters by name from the first shard group of each member
-/// of the first tensor group (`outs[rank]`): each member's parts put
-/// together from its shards, then the parts of a parameter split over the
-/// tensor group (`ParamSpec::tp`) into the whole.
+/// of the first tensor group (`outs[rank]`): `assemble_unit` for every
+/// unit.
 pub(crate) fn assemble(
     plan: &Plan,
     outs: &[RankOut],
 ) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
-    let g = plan.geometry();
-    let (f, t) = (plan.config.shard_factor as usize, g.t() as usize);
-    let specs = &plan.training.graph.params;
     let mut params = Vec::new();
-    for (u, unit) in plan.units.iter().enumerate() {
-        let mut parts = Vec::with_capacity(t);
-        for member in 0..t {
-            let shards = (0..f).map(|d| {
-                outs.get(d * t + member)
-                    .and_then(|o| o.shards.get(u))
-                    .map(|s| s.as_slice())
-                    .unwrap_or(&[])
-            });
-            let flat = unshard(unit, shards);
-            let mut cut = Vec::new();
-            cut_params(unit, &flat, &mut cut)?;
-            parts.push(cut);
-        }
-        for (k, fp) in unit.params.iter().enumerate() {
-            let spec = specs.get(fp.param.0 as usize);
-            let Some((spec, tp)) = spec.and_then(|s| s.tp.as_ref().map(|tp| (s, tp))) else {
-                params.push(parts[0][k].clone());
-                continue;
-            };
-            let mut whole = vec![0f32; spec.whole().ty.numel() as usize];
-            for (member, part) in parts.iter().enumerate() {
-                let vals = &part[k].1;
-                for (local, full, n) in tp.runs(&spec.ty.shape.0, member as u32) {
-                    let (l, w, n) = (local as usize, full as usize, n as usize);
-                    if let (Some(dst), Some(src)) = (whole.get_mut(w..w + n), vals.get(l..l + n)) {
-                        dst.copy_from_slice(src);
-                    }
+    for u in 0..plan.units.len() {
+        let shard = |rank: usize| {
+            outs.get(rank)
+                .and_then(|o| o.shards.get(u))
+                .map(|s| s.as_slice())
+                .unwrap_or(&[])
+        };
+        params.extend(assemble_unit(plan, u, shard)?);
+    }
+    Ok(params)
+}
+
+/// Unit `u`'s full parameters by name from `shard(rank)`, each rank's
+/// shard of it: each member of the first tensor group's parts put together
+/// from its first shard group's shards (data ranks 0..F at its tensor
+/// position), then the parts of a parameter split over the tensor group
+/// (`ParamSpec::tp`) into the whole.
+pub(crate) fn assemble_unit<'s>(
+    plan: &Plan,
+    u: usize,
+    shard: impl Fn(usize) -> &'s [f32],
+) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let unit = &plan.units[u];
+    let (f, t) = (
+        plan.config.shard_factor as usize,
+        plan.geometry().t() as usize,
+    );
+    let mut parts = Vec::with_capacity(t);
+    for member in 0..t {
+        let flat = unshard(unit, (0..f).map(|d| shard(d * t + member)));
+        let mut cut = Vec::new();
+        cut_params(unit, &flat, &mut cut)?;
+        parts.push(cut);
+    }
+    let specs = &plan.training.graph.params;
+    let mut params = Vec::with_capacity(unit.params.len());
+    for (k, fp) in unit.params.iter().enumerate() {
+        let spec = specs.get(fp.param.0 as usize);
+        let Some((spec, tp)) = spec.and_then(|s| s.tp.as_ref().map(|tp| (s, tp))) else {
+            params.push(parts[0][k].clone());
+            continue;
+        };
+        let mut whole = vec![0f32; spec.whole().ty.numel() as usize];
+        for (member, part) in parts.iter().enumerate() {
+            let vals = &part[k].1;
+            for (local, full, n) in tp.runs(&spec.ty.shape.0, member as u32) {
+                let (l, w, n) = (local as usize, full as usize, n as usize);
+                if let (Some(dst), Some(src)) = (whole.get_mut(w..w + n), vals.get(l..l + n)) {
+                    dst.copy_from_slice(src);
                 }
             }
-            params.push((fp.name.clone(), whole));
         }
+        params.push((fp.name.clone(), whole));
     }
     Ok(params)
 }
