@@ -129,6 +129,47 @@ fn recomputation_accumulation_and_offload_hold_under_tensor_parallelism() {
     }
 }
 
+/// Real PyTorch exports (the `transformers` GPT-2 and Llama, nanoGPT, by
+/// the dynamo and TorchScript exporters): the split is found in the
+/// imported graph (every attention and MLP; Llama's untied head stays
+/// whole) and trains like one rank.
+#[test]
+fn onnx_exports_split_and_train_like_one_rank() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/onnx");
+    let opts = fsdpc_frontends::LoadOptions {
+        dims: [("batch".to_string(), 2), ("seq".to_string(), 16)].into(),
+        ..fsdpc_frontends::LoadOptions::default()
+    };
+    for name in [
+        "gpt2_dynamo_eval",
+        "gpt2_torchscript_eval",
+        "llama_dynamo_eval_external",
+        "nanogpt_dynamo_eval",
+    ] {
+        let path = format!("{dir}/{name}.onnx");
+        let at = |world: u32, t: u32| {
+            let cluster = fsdpc_planner::preset("cpu-local", world, world).expect("preset");
+            let plan = crate::common::compile_with(
+                &path,
+                &cluster,
+                &cfg(t, Strategy::FullShard, None),
+                &opts,
+            )
+            .unwrap_or_else(|e| panic!("{name} at T = {t}: {e}"));
+            (train(&plan, STEPS, ExecMode::Arena), plan)
+        };
+        let (reference, _) = at(1, 1);
+        let (r, plan) = at(2, 2);
+        let record = plan.config.tensor.as_ref().expect("a tensor record");
+        assert_eq!(record.split.len(), 4, "{name}: {record:?}");
+        let loss = max_loss_rel_diff(&reference, &r);
+        let (abs, _) = max_param_diff(&reference, &r);
+        eprintln!("{name} T=2: max loss rel diff {loss:e}, max param abs diff {abs:e}");
+        assert!(loss <= LOSS_RTOL, "{name}: loss {loss:e}");
+        assert!(abs <= PARAM_ATOL, "{name}: params {abs:e}");
+    }
+}
+
 /// full_shard and no_shard at the same T and world sum in the same order.
 #[test]
 fn full_shard_and_no_shard_under_tensor_parallelism_agree_bit_for_bit() {

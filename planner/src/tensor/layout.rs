@@ -125,7 +125,6 @@ impl Rules<'_> {
         let Some((a, segs)) = first else {
             return same(Layout::Rep);
         };
-        let seg_count = segs.len();
         match &node.op {
             Op::Unary { .. } | Op::Cast { .. } | Op::Not => same(ins[0].clone()),
             Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } | Op::Where => {
@@ -196,31 +195,7 @@ impl Rules<'_> {
             {
                 same(ins[0].clone())
             }
-            Op::Reshape { shape } => {
-                let from = self.shape(inputs[0]);
-                let prefix: usize = from[..a].iter().product();
-                let at = (0..shape.len())
-                    .find(|&b| shape[..b].iter().product::<usize>() == prefix && shape[b] != 1);
-                match at {
-                    Some(b) if seg_count == 1 && shape[b].is_multiple_of(self.t) => same(Layout::Split {
-                        axis: b,
-                        segments: vec![shape[b]],
-                    }),
-                    Some(b) if seg_count > 1 && shape[b] == from[a] => same(Layout::Split {
-                        axis: b,
-                        segments: segs,
-                    }),
-                    Some(b) if seg_count == 1 => Err(indivisible(
-                        g,
-                        n,
-                        format!(
-                            "the split axis becomes {} (heads) here, which does not split over T = {}",
-                            shape[b], self.t
-                        ),
-                    )),
-                    _ => Err(unsupported(g, n, "the reshape moves the split axis")),
-                }
-            }
+            Op::Reshape { shape } => self.reshape(n, self.shape(inputs[0]), shape, a, segs),
             Op::Transpose { perm } => {
                 let b = perm.iter().position(|&p| p == a).unwrap_or(a);
                 same(Layout::Split {
@@ -253,7 +228,7 @@ impl Rules<'_> {
                     _ => Err(unsupported(
                         g,
                         n,
-                        "a slice of the split axis that is not whole segments",
+                        format!("[{start}, {end}) of axis {a} is not whole segments of {segs:?}"),
                     )),
                 }
             }
@@ -286,6 +261,73 @@ impl Rules<'_> {
             )),
             _ => Err(unsupported(g, n, "this op does not run on a split input")),
         }
+    }
+
+    /// A reshape of a value split on axis `a` in `segs`: the input and
+    /// output axes fall into groups of equal size (a reshape only merges
+    /// and splits axes within a group). Where the split axis is merged
+    /// with others into one output axis, the output is split there, its
+    /// segments the input's repeated for each index of the outer axes and
+    /// scaled by the inner ones (heads merged with the batch for a batched
+    /// product). Where it is cut into several output axes, the output is
+    /// split on the first whose chunks are the segments' (heads from a
+    /// projection's width, the parts of a fused projection).
+    fn reshape(
+        &self,
+        n: NodeId,
+        from: &[usize],
+        shape: &[usize],
+        a: usize,
+        segs: Vec<usize>,
+    ) -> Result<Decision, Refusal> {
+        let g = self.g;
+        let moves = || {
+            Err(unsupported(
+                g,
+                n,
+                format!("{from:?} -> {shape:?} moves the split axis {a}"),
+            ))
+        };
+        let Some(((i0, i1), (o0, o1))) = reshape_group(from, shape, a) else {
+            return moves();
+        };
+        let split = |axis: usize, segments: Vec<usize>| {
+            Ok(Decision {
+                out: Some(Layout::Split { axis, segments }),
+                ..Decision::default()
+            })
+        };
+        if o1 - o0 == 1 {
+            // Merged (or kept): outer repeats, inner scale.
+            let k: usize = from[i0..a].iter().product();
+            let m: usize = from[a + 1..i1].iter().product();
+            let one: Vec<usize> = segs.iter().map(|s| s * m).collect();
+            return split(o0, one.repeat(k));
+        }
+        if i1 - i0 != 1 {
+            return moves();
+        }
+        // Cut into shape[o0..o1]: the first axis c whose chunks are the
+        // segments, each segment one index of the axes before c.
+        for c in o0..o1 {
+            let k: usize = shape[o0..c].iter().product();
+            let m: usize = shape[c + 1..o1].iter().product();
+            if shape[c] == 1 || segs.len() != k || segs.iter().any(|&s| s != shape[c] * m) {
+                continue;
+            }
+            if !shape[c].is_multiple_of(self.t) {
+                return Err(indivisible(
+                    g,
+                    n,
+                    format!(
+                        "the split axis becomes {} (heads) here, which does not split over T = {}",
+                        shape[c], self.t
+                    ),
+                ));
+            }
+            return split(c, vec![shape[c]]);
+        }
+        moves()
     }
 
     /// Numpy-broadcasting ops: every split input split alike (aligned to
@@ -347,5 +389,76 @@ impl Rules<'_> {
             }
         }
         Ok(d)
+    }
+}
+
+/// The group of a reshape `from -> to` that holds input axis `a`: the
+/// input axes `i0..i1` and output axes `o0..o1` of equal product, the
+/// smallest such runs (size-1 axes join the group before them).
+fn reshape_group(
+    from: &[usize],
+    to: &[usize],
+    a: usize,
+) -> Option<((usize, usize), (usize, usize))> {
+    let (mut i, mut o) = (0, 0);
+    while i < from.len() && o < to.len() {
+        let (i0, o0) = (i, o);
+        let (mut pi, mut po) = (from[i], to[o]);
+        i += 1;
+        o += 1;
+        while pi != po {
+            if pi < po {
+                pi *= *from.get(i)?;
+                i += 1;
+            } else {
+                po *= *to.get(o)?;
+                o += 1;
+            }
+        }
+        // Trailing size-1 axes belong to this group.
+        while from.get(i) == Some(&1) && to.get(o) != Some(&1) {
+            i += 1;
+        }
+        while to.get(o) == Some(&1) && from.get(i) != Some(&1) {
+            o += 1;
+        }
+        if (i0..i).contains(&a) {
+            return Some(((i0, i), (o0, o)));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reshape_group;
+
+    /// Groups are the smallest runs of equal product, size-1 axes joining
+    /// the group before them.
+    #[test]
+    fn reshape_groups_pair_the_axes_a_reshape_merges_or_cuts() {
+        // Heads cut from a width, and merged back.
+        assert_eq!(
+            reshape_group(&[2, 16, 64], &[2, 16, 4, 16], 2),
+            Some(((2, 3), (2, 4)))
+        );
+        assert_eq!(
+            reshape_group(&[2, 16, 4, 16], &[2, 16, 64], 2),
+            Some(((2, 4), (2, 3)))
+        );
+        // Heads merged with the batch for a batched product.
+        assert_eq!(
+            reshape_group(&[2, 2, 2, 16, 8], &[8, 16, 8], 1),
+            Some(((0, 3), (0, 1)))
+        );
+        // A flattened product's rows.
+        assert_eq!(
+            reshape_group(&[32, 96], &[2, 16, 96], 1),
+            Some(((1, 2), (2, 3)))
+        );
+        assert_eq!(
+            reshape_group(&[2, 1, 16], &[2, 16], 2),
+            Some(((2, 3), (1, 2)))
+        );
     }
 }

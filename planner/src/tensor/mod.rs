@@ -111,24 +111,25 @@ fn seeds(g: &Graph, order: &[NodeId]) -> Vec<(ValueId, Vec<NodeId>)> {
 }
 
 /// How the output columns of product `n` are cut: by the slices that read
-/// them (a fused query-key-value projection is three segments), looking
-/// through a bias add; one segment otherwise.
+/// them along the last axis (a fused query-key-value projection is three
+/// segments), looking through a bias add and reshapes that keep the last
+/// axis (an exporter's flattened product); one segment otherwise.
 fn column_segments(g: &Graph, n: NodeId) -> Vec<usize> {
     let out = ValueId { node: n, slot: 0 };
-    let shape = &g.value_type(out).shape.0;
-    let (axis, width) = (shape.len() - 1, shape[shape.len() - 1]);
+    let width = *g.value_type(out).shape.0.last().unwrap_or(&0);
     let mut v = out;
     loop {
         let users = g.users(v);
+        let last = g.value_type(v).shape.0.len().saturating_sub(1);
         let slices: Vec<(usize, usize)> = users
             .iter()
             .filter_map(|(u, _)| match g.node(*u).op {
                 Op::Slice {
-                    axis: a,
+                    axis,
                     start,
                     end,
                     step: 1,
-                } if a == axis => Some((start, end.min(width))),
+                } if axis == last => Some((start, end.min(width))),
                 _ => None,
             })
             .collect();
@@ -142,12 +143,19 @@ fn column_segments(g: &Graph, n: NodeId) -> Vec<usize> {
             }
             return vec![width];
         }
-        // Through one bias add.
-        match users.as_slice() {
-            [(u, _)] if matches!(g.node(*u).op, Op::Binary { .. }) && v == out => {
-                v = ValueId { node: *u, slot: 0 }
+        // Through one bias add or a reshape that keeps the last axis.
+        let next = match users.as_slice() {
+            [(u, _)] => match &g.node(*u).op {
+                Op::Binary { .. } => true,
+                Op::Reshape { shape } => shape.last() == Some(&width),
+                _ => false,
             }
-            _ => return vec![width],
+            .then_some(*u),
+            _ => None,
+        };
+        match next {
+            Some(u) => v = ValueId { node: u, slot: 0 },
+            None => return vec![width],
         }
     }
 }
@@ -183,7 +191,11 @@ fn find(g: &Graph, loss: ValueId, t: usize) -> Result<Found, Refusal> {
                 });
             }
             Err(Refusal::Indivisible(m)) => return Err(Refusal::Indivisible(m)),
-            Err(Refusal::Unsupported(m)) => found.replicated.push((name, m)),
+            Err(Refusal::Unsupported(m)) => {
+                if !found.replicated.contains(&(name.clone(), m.clone())) {
+                    found.replicated.push((name, m));
+                }
+            }
         }
     }
     Ok(found)

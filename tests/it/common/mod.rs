@@ -50,8 +50,9 @@ pub fn compile_for(
     compile_with(spec, cluster, cfg, &LoadOptions::default())
 }
 
-/// `compile_for` with the model loaded by `opts` (its optimizer).
-fn compile_with(
+/// `compile_for` with the model loaded by `opts` (its optimizer, an ONNX
+/// model's dimensions).
+pub fn compile_with(
     spec: &str,
     cluster: &Cluster,
     cfg: &FsdpConfig,
