@@ -330,6 +330,16 @@ fn unit(plan: &Plan, i: usize, u: UnitId) -> Result<UnitId, RuntimeError> {
     }
 }
 
+/// The type of graph node `node`'s first output, for instruction `i`.
+fn output_type(graph: &Graph, i: usize, node: NodeId) -> Result<&TensorType, RuntimeError> {
+    graph
+        .try_node(node)
+        .ok_or_else(|| err(i, format!("node {node} does not exist")))?
+        .outputs
+        .first()
+        .ok_or_else(|| err(i, format!("node {node} has no output")))
+}
+
 fn step<'p>(
     plan: &'p Plan,
     graph: &'p Graph,
@@ -349,13 +359,7 @@ fn step<'p>(
             group,
             ..
         } => {
-            let n = graph
-                .try_node(*node)
-                .ok_or_else(|| err(i, format!("node {node} does not exist")))?;
-            let ty = n
-                .outputs
-                .first()
-                .ok_or_else(|| err(i, format!("node {node} has no output")))?;
+            let ty = output_type(graph, i, *node)?;
             Step::TensorAllReduce {
                 src: region(plan, *src, ty.bytes()).map_err(|e| err(i, e))?,
                 dst: region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
@@ -369,13 +373,7 @@ fn step<'p>(
             dst,
             micro_batch,
         } => {
-            let n = graph
-                .try_node(*node)
-                .ok_or_else(|| err(i, format!("node {node} does not exist")))?;
-            let ty = n
-                .outputs
-                .first()
-                .ok_or_else(|| err(i, format!("input node {node} has no output")))?;
+            let ty = output_type(graph, i, *node)?;
             Step::LoadInput {
                 name,
                 ty,
