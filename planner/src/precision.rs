@@ -256,8 +256,13 @@ fn retype_node(
             }
         }
     }
-    let inputs = g.inputs(n);
-    let types: Vec<&fsdpc_ir::TensorType> = inputs.iter().map(|v| g.value_type(*v)).collect();
+    infer_outputs(g, n)
+}
+
+/// Sets node `n`'s output types from its inputs' (after they changed).
+pub(crate) fn infer_outputs(g: &mut Graph, n: NodeId) -> Result<(), fsdpc_ir::IrError> {
+    let node = g.node(n);
+    let types: Vec<&fsdpc_ir::TensorType> = g.inputs(n).iter().map(|v| g.value_type(*v)).collect();
     let outputs =
         fsdpc_ir::ops::infer(&node.op, &types).map_err(|reason| fsdpc_ir::IrError::Shape {
             node: format!("{} ({n})", node.name),

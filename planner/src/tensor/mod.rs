@@ -369,16 +369,7 @@ fn rewrite(mut g: Graph, found: &Found, t: usize) -> Result<Graph, fsdpc_ir::IrE
         if g.node(n).op.is_source() {
             continue;
         }
-        let node = g.node(n).clone();
-        let inputs = g.inputs(n);
-        let types: Vec<&fsdpc_ir::TensorType> = inputs.iter().map(|v| g.value_type(*v)).collect();
-        let outputs =
-            fsdpc_ir::ops::infer(&node.op, &types).map_err(|reason| fsdpc_ir::IrError::Shape {
-                node: format!("{} ({n})", node.name),
-                op: node.op.name(),
-                reason,
-            })?;
-        g.node_mut(n).outputs = outputs;
+        crate::precision::infer_outputs(&mut g, n)?;
     }
     for v in left {
         let users = g.users(v);
