@@ -141,7 +141,19 @@ pub(crate) fn plan_model(
         cluster.hardware.cpu_gemm = host;
     }
     cfg.target = target;
-    Ok(fsdpc_planner::compile(program, info, &cluster, &cfg)?)
+    let plan = fsdpc_planner::compile(program, info, &cluster, &cfg)?;
+    if let Some((bytes, secs)) = fsdpc_planner::cost::tensor_across_nodes(&plan, &cluster) {
+        eprintln!(
+            "warning: --tensor-parallel {} spans nodes ({} ranks per node): its activation sums \
+             send {} per rank and step across nodes, {secs:.3} s a step on the \
+             compute stream (not overlapped); a T dividing {} keeps them inside a node",
+            cfg.tensor_parallel,
+            cluster.ranks_per_node,
+            fsdpc_plan::readable::human_bytes(bytes),
+            cluster.ranks_per_node,
+        );
+    }
+    Ok(plan)
 }
 
 /// What a compile needs: the training program, its model record, the

@@ -45,8 +45,9 @@ fn check(spec: &str, world: u32, cfg: &FsdpConfig, optimizer: &Optimizer) {
         .measured_peak_bytes
         .expect("the counting allocator is installed in this test binary");
     let what = format!(
-        "{spec} world {world} {:?} {:?}: measured {measured}, planned {planned} \
+        "{spec} world {world} T {} {:?} {:?}: measured {measured}, planned {planned} \
          (arena {}, heap {}, workspace {})",
+        cfg.tensor_parallel,
         cfg.strategy,
         cfg.activation_checkpointing,
         plan.memory.arena_bytes,
@@ -230,4 +231,25 @@ fn calibrated_blocking_makes_the_plan_exact() {
             "the plan overstates by more than 4 KiB: {what}"
         );
     }
+}
+
+/// Two-dimensional meshes: T = 2 tensor-parallel ranks with FSDP over the
+/// other dimension (world 4: two data ranks), with recomputation, and T = 4
+/// alone. Each rank holds its slice of the split layers, the replicated
+/// layers and its shard of both, and the plan states it.
+#[test]
+fn gpt_tensor_parallel_meshes() {
+    let tp = |t: u32, ckpt| {
+        let c = cfg(Strategy::FullShard, ckpt);
+        FsdpConfig {
+            settings: fsdpc_plan::Settings {
+                tensor_parallel: t,
+                ..c.settings
+            },
+            ..c
+        }
+    };
+    check(GPT, 4, &tp(2, CheckpointPolicy::None), &adamw());
+    check(GPT, 4, &tp(2, CheckpointPolicy::Units), &adamw());
+    check(GPT, 4, &tp(4, CheckpointPolicy::None), &adamw());
 }

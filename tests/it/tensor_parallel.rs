@@ -237,3 +237,35 @@ fn a_degree_that_does_not_divide_the_heads_or_the_world_is_refused() {
         "{e}"
     );
 }
+
+/// A tensor group inside a node costs nothing across nodes; one that spans
+/// nodes is accepted (it was asked for) and its cost across nodes stated,
+/// and `inspect` splits the step's bytes by mesh dimension.
+#[test]
+fn a_tensor_group_across_nodes_states_its_cost() {
+    let c = cfg(4, Strategy::FullShard, None);
+    let inside = crate::common::compile_on(&gpt(4), "cpu-local", 8, 4, &c).expect("compiles");
+    assert_eq!(
+        fsdpc_planner::cost::tensor_across_nodes(&inside, &inside.cluster),
+        None
+    );
+    let across = crate::common::compile_on(&gpt(4), "cpu-local", 8, 2, &c).expect("compiles");
+    let (bytes, secs) = fsdpc_planner::cost::tensor_across_nodes(&across, &across.cluster)
+        .expect("T = 4 spans nodes of 2 ranks");
+    assert!(bytes > 0 && secs > 0.0, "{bytes} {secs}");
+    let s = fsdpc_report::inspect::summary(&across);
+    let dims: Vec<_> = s.by_dimension.iter().map(|d| d.dimension).collect();
+    assert_eq!(dims, ["tensor", "data"]);
+    assert_eq!(s.by_dimension[0].across_bytes, bytes);
+    assert_eq!(
+        s.by_dimension.iter().map(|d| d.bytes_sent).sum::<u64>(),
+        s.traffic.iter().map(|t| t.bytes_sent).sum::<u64>()
+    );
+    assert!(fsdpc_report::inspect::summary(&plan_with(
+        &gpt(8),
+        2,
+        &cfg(1, Strategy::FullShard, None)
+    ))
+    .by_dimension
+    .is_empty());
+}

@@ -206,3 +206,25 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
     }
     out
 }
+
+/// What a tensor group that spans nodes costs: the bytes a rank's tensor
+/// sums send across nodes per step (`traffic`) and the sums' time on the
+/// cluster's links. `None` when the plan has no tensor dimension or its
+/// groups lie inside a node.
+pub fn tensor_across_nodes(plan: &Plan, cluster: &Cluster) -> Option<(u64, f64)> {
+    if plan.geometry().t() <= 1 || !group_shape(plan, Group::Tensor).1 {
+        return None;
+    }
+    let across = traffic(plan, cluster)
+        .iter()
+        .filter(|t| t.group == Group::Tensor)
+        .map(|t| t.across_bytes)
+        .sum();
+    let secs = plan
+        .instructions
+        .iter()
+        .filter(|i| matches!(i.op, InstrOp::TensorAllReduce { .. }))
+        .map(|i| collective_cost(plan, cluster, i).0)
+        .sum();
+    Some((across, secs))
+}

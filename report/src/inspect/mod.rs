@@ -120,6 +120,10 @@ pub struct Summary {
     pub traffic: Vec<fsdpc_planner::cost::Traffic>,
     /// Bytes a rank sends per step in groups that span nodes.
     pub inter_node_bytes: u64,
+    /// With tensor parallelism: the traffic by mesh dimension (`tensor`,
+    /// then `data`: every FSDP group).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_dimension: Vec<DimensionTraffic>,
     pub all_gathers: usize,
     pub reduce_scatters: usize,
     pub all_reduces: usize,
@@ -303,6 +307,7 @@ pub fn summary(plan: &Plan) -> Summary {
         units: plan.units.iter().map(unit_summary).collect(),
         comm_bytes_per_step: e.comm_bytes_per_step,
         inter_node_bytes: traffic.iter().map(|t| t.across_bytes).sum(),
+        by_dimension: by_dimension(plan, &traffic),
         traffic,
         all_gathers: count(|op| matches!(op, InstrOp::AllGather { .. })),
         reduce_scatters: count(|op| matches!(op, InstrOp::ReduceScatter { .. })),
@@ -409,4 +414,34 @@ fn optimizer_summary(plan: &Plan) -> OptimizerSummary {
 
 fn is_zero_usize(n: &usize) -> bool {
     *n == 0
+}
+
+/// The bytes a rank sends per step along one dimension of the mesh.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DimensionTraffic {
+    /// `tensor` or `data`.
+    pub dimension: &'static str,
+    pub bytes_sent: u64,
+    /// Of those, the bytes that cross nodes.
+    pub across_bytes: u64,
+}
+
+/// `traffic` summed by mesh dimension; empty without tensor parallelism.
+fn by_dimension(plan: &Plan, traffic: &[fsdpc_planner::cost::Traffic]) -> Vec<DimensionTraffic> {
+    if plan.geometry().t() <= 1 {
+        return Vec::new();
+    }
+    ["tensor", "data"]
+        .into_iter()
+        .map(|dimension| {
+            let of = traffic
+                .iter()
+                .filter(|t| (t.group == Group::Tensor) == (dimension == "tensor"));
+            DimensionTraffic {
+                dimension,
+                bytes_sent: of.clone().map(|t| t.bytes_sent).sum(),
+                across_bytes: of.map(|t| t.across_bytes).sum(),
+            }
+        })
+        .collect()
 }

@@ -502,6 +502,15 @@ fn estimates(out: &mut String, s: &Summary) {
         "  across nodes: {} per rank and step",
         human_bytes(s.inter_node_bytes)
     );
+    for d in &s.by_dimension {
+        let _ = writeln!(
+            out,
+            "  {:<6} dimension: {} per rank and step, {} of it across nodes",
+            d.dimension,
+            human_bytes(d.bytes_sent),
+            human_bytes(d.across_bytes)
+        );
+    }
     let _ = writeln!(
         out,
         "estimates: step {:.6} s, exposed communication {:.6} s, {:.3} TFLOP/s per rank, MFU {:.1}%",
