@@ -779,3 +779,123 @@ fn a_directory_without_a_checkpoint_is_named_as_such() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gpt` planned for `world` ranks split over `t` tensor positions, with
+/// `strategy` over the world / t data ranks (each running 8 / data ranks
+/// samples: the global batch stays 8).
+fn tp_plan(world: u32, t: u32, strategy: Strategy) -> Plan {
+    let mut c = fsdpc_planner::FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            strategy,
+            wrap: WrapPolicy::Blocks,
+            tensor_parallel: t,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..fsdpc_planner::FsdpConfig::default()
+    };
+    c.tensor_parallel = t;
+    common::plan_with(&gpt(world / t), world, &c)
+}
+
+/// A checkpoint of a 2-D mesh (T = 2 over F = 2) holds one file per shard
+/// and tensor position and resumes on the same layout bit for bit.
+#[test]
+fn a_tensor_parallel_checkpoint_resumes_bit_identically() {
+    let p = tp_plan(4, 2, Strategy::FullShard);
+    assert!(p.config.tensor.is_some(), "the plan splits");
+    let full = ok(&p, &opts(6));
+    let dir = tmp();
+    let first = checkpoint_at_3(&p, dir.path());
+    let ckpt =
+        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ckpt.manifest.tensor_parallel, 2);
+    let files: Vec<(u32, u32)> = ckpt
+        .manifest
+        .files
+        .iter()
+        .map(|f| (f.position, f.tensor))
+        .collect();
+    assert_eq!(files, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+    let rest = resume(&p, dir.path()).unwrap_or_else(|e| panic!("resume fails: {e}"));
+    let (full_loss, full_params) = bits(&full);
+    assert_eq!(bits(&first).0, full_loss[..3]);
+    let (b, params) = bits(&rest);
+    assert_eq!(b, full_loss[3..], "resumed steps 3..6");
+    assert_eq!(params, full_params, "final parameters");
+}
+
+/// Checkpoints move between (T, F) layouts through whole parameters: T = 2,
+/// F = 2 resumes at T = 1, F = 4 and back, within the tolerances of a
+/// changed reduction order (the row-parallel sums), and exactly where the
+/// order is the same (full_shard and no_shard at T = 2).
+#[test]
+fn tensor_parallel_checkpoints_move_between_layouts() {
+    check_reshard(
+        &tp_plan(4, 2, Strategy::FullShard),
+        &tp_plan(4, 1, Strategy::FullShard),
+        "T=2,F=2 -> T=1,F=4",
+    );
+    check_reshard(
+        &tp_plan(4, 1, Strategy::FullShard),
+        &tp_plan(4, 2, Strategy::FullShard),
+        "T=1,F=4 -> T=2,F=2",
+    );
+    check_reshard(
+        &tp_plan(4, 2, Strategy::FullShard),
+        &tp_plan(2, 2, Strategy::FullShard),
+        "T=2,F=2 -> T=2,F=1",
+    );
+    let exact = check_reshard(
+        &tp_plan(4, 2, Strategy::FullShard),
+        &tp_plan(4, 2, Strategy::NoShard),
+        "T=2 full_shard -> T=2 no_shard",
+    );
+    assert_eq!(exact, (0.0, 0.0));
+}
+
+/// `export` writes the whole parameters from a tensor-parallel checkpoint:
+/// the trained run's own (reassembled) final parameters, bit for bit, under
+/// their whole shapes.
+#[test]
+fn export_puts_tensor_parallel_parts_back_together() {
+    let p = tp_plan(4, 2, Strategy::FullShard);
+    let dir = tmp();
+    let trained = checkpoint_at_3(&p, dir.path());
+    assert!(!trained.final_params.is_empty());
+    let out = dir.path().join("model.safetensors");
+    let ckpt =
+        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let n = ckpt
+        .export_safetensors(&out)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(n, trained.final_params.len());
+    let bytes = std::fs::read(&out).unwrap_or_else(|e| panic!("{e}"));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let whole: std::collections::HashMap<String, Vec<usize>> = p
+        .training
+        .graph
+        .params
+        .iter()
+        .map(|q| (q.name.clone(), q.whole().ty.shape.dims().to_vec()))
+        .collect();
+    let mut split = 0;
+    for (name, vals) in &trained.final_params {
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.shape(), whole[name.as_str()], "{name}");
+        split += usize::from(
+            p.training
+                .graph
+                .params
+                .iter()
+                .any(|q| &q.name == name && q.tp.is_some()),
+        );
+        let got: Vec<u32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<u32> = vals.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{name}");
+    }
+    assert!(split > 0, "some parameters are split");
+}

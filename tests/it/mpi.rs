@@ -443,3 +443,34 @@ fn mpi_tensor_parallel_runs_equal_the_thread_runs() {
     assert!(!want.is_empty());
     assert_eq!(tensors(&procs), want);
 }
+
+/// MPI processes write a tensor-parallel checkpoint (one file per shard
+/// and tensor position) that thread ranks resume bit for bit.
+#[test]
+fn mpi_tensor_parallel_checkpoints_resume_on_thread_ranks() {
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let tp: Vec<std::ffi::OsString> = vec!["--tensor-parallel".into(), "2".into()];
+    train(false, 4, 4, &p.join("full.jsonl"), &os(&tp));
+    let d = p.join("ck");
+    let mut first = tp.clone();
+    first.extend(ckpt(&d, 2));
+    train(true, 4, 2, &p.join("a.jsonl"), &os(&first));
+    let step2 = d.join("step-000000002");
+    for i in 0..4 {
+        let f = format!("rank-{i:05}.safetensors");
+        assert!(step2.join(&f).is_file(), "{f}");
+    }
+    let mut resume = tp.clone();
+    resume.extend(["--resume".into(), d.clone().into()]);
+    train(false, 4, 4, &p.join("b.jsonl"), &os(&resume));
+    let full = losses(&p.join("full.jsonl"));
+    let mut parts = losses(&p.join("a.jsonl"));
+    parts.extend(losses(&p.join("b.jsonl")));
+    assert_eq!(full.len(), 4);
+    assert_eq!(
+        bits(&full),
+        bits(&parts),
+        "threads {full:?}, MPI then threads {parts:?}"
+    );
+}

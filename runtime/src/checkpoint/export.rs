@@ -1,5 +1,6 @@
-//! Full parameters out of a checkpoint, under their original names, one
-//! parameter at a time: the safetensors header is computed from the saved
+//! Full parameters out of a checkpoint, under their original names and
+//! whole shapes (a tensor-parallel checkpoint's parts put back together),
+//! one parameter at a time: the safetensors header is computed from the saved
 //! layout, then each parameter is gathered from the rank files (mapped, not
 //! read whole) and appended, so exporting never holds more than one
 //! parameter beyond the maps the operating system pages in and out.
@@ -18,9 +19,9 @@ impl Checkpoint {
         self.manifest.units.iter().flat_map(|u| u.params.iter())
     }
 
-    /// The values of parameter `p`.
+    /// The values of the whole parameter `p` (`ParamLayout::whole_shape`).
     pub fn param_values(&self, p: &ParamLayout) -> Result<Vec<f32>, CheckpointError> {
-        let mut bytes = vec![0u8; (p.numel * 4) as usize];
+        let mut bytes = vec![0u8; (p.whole_numel() * 4) as usize];
         self.read_param(&p.name, 0, Part::Params, &mut bytes)?;
         Ok(bytes
             .chunks_exact(4)
@@ -63,10 +64,10 @@ impl Checkpoint {
                     ),
                 });
             }
-            let end = at + p.numel * 4;
+            let end = at + p.whole_numel() * 4;
             entries.insert(
                 p.name.clone(),
-                serde_json::json!({"dtype": "F32", "shape": p.shape, "data_offsets": [at, end]}),
+                serde_json::json!({"dtype": "F32", "shape": p.whole_shape(), "data_offsets": [at, end]}),
             );
             at = end;
         }
@@ -88,7 +89,7 @@ impl Checkpoint {
         let mut n = 0;
         let mut buf = Vec::new();
         for p in self.params() {
-            buf.resize((p.numel * 4) as usize, 0);
+            buf.resize((p.whole_numel() * 4) as usize, 0);
             self.read_param(&p.name, 0, Part::Params, &mut buf)?;
             w.write_all(&buf).map_err(io)?;
             n += 1;

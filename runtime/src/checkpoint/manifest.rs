@@ -4,6 +4,7 @@
 //! each rank file's size and checksum.
 
 use super::CheckpointError;
+use fsdpc_ir::TpSlice;
 use fsdpc_plan::Plan;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -31,6 +32,10 @@ pub struct Manifest {
     pub world: u32,
     /// Its shard factor (ranks per shard group; one file per position).
     pub shard_factor: u32,
+    /// Its tensor-parallel degree T (absent: 1). Each shard position has
+    /// one file per tensor position, file `position * T + tensor`.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: u32,
     /// Its strategy (`full_shard`, `no_shard`, ...).
     pub strategy: String,
     /// Optimizer steps completed: a resumed run starts at this step.
@@ -84,6 +89,18 @@ fn is_zero(x: &u64) -> bool {
     *x == 0
 }
 
+fn is_zero32(x: &u32) -> bool {
+    *x == 0
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
+}
+
 impl UnitLayout {
     /// Elements of each rank's part of the trainable segment (what an
     /// optimizer-state tensor holds), for shard factor `f`.
@@ -97,12 +114,31 @@ impl UnitLayout {
 pub struct ParamLayout {
     /// The original name.
     pub name: String,
-    /// Its shape.
+    /// Its shape (a tensor position's part, when split).
     pub shape: Vec<usize>,
     /// First element in the flat parameter.
     pub offset: u64,
     /// Elements.
     pub numel: u64,
+    /// Set when the parameter is split over the tensor group: which
+    /// elements of the whole each tensor position holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<TpSlice>,
+}
+
+impl ParamLayout {
+    /// The whole parameter's shape.
+    pub fn whole_shape(&self) -> Vec<usize> {
+        match &self.tp {
+            Some(tp) => tp.full_shape(&self.shape),
+            None => self.shape.clone(),
+        }
+    }
+
+    /// The whole parameter's elements.
+    pub fn whole_numel(&self) -> u64 {
+        self.whole_shape().iter().map(|&d| d as u64).product()
+    }
 }
 
 /// One rank file.
@@ -112,6 +148,9 @@ pub struct FileEntry {
     pub name: String,
     /// Shard position (rank within the shard group).
     pub position: u32,
+    /// Tensor position (absent: 0).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub tensor: u32,
     /// Size in bytes.
     pub bytes: u64,
     /// blake3 of the whole file (hex).
@@ -129,6 +168,7 @@ impl Manifest {
             model: plan.model.name.clone(),
             world: plan.cluster.world,
             shard_factor: plan.config.shard_factor,
+            tensor_parallel: plan.geometry().t(),
             strategy: plan.config.strategy.name().into(),
             step,
             seed,
@@ -173,9 +213,15 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step:09}"))
 }
 
-/// The file of shard position `pos`.
-pub fn rank_file(pos: usize) -> String {
-    format!("rank-{pos:05}.safetensors")
+/// The file of file index `i` (shard position x T + tensor position).
+pub fn rank_file(i: usize) -> String {
+    format!("rank-{i:05}.safetensors")
+}
+
+/// The file index of shard position `pos` and tensor position `tensor`
+/// with `t` tensor positions.
+pub fn file_index(pos: u32, tensor: u32, t: u32) -> usize {
+    pos as usize * t.max(1) as usize + tensor as usize
 }
 
 /// The tensor holding unit `u`'s parameter shard.
@@ -196,15 +242,20 @@ pub fn plan_hash(plan: &Plan) -> String {
 }
 
 /// blake3 of what a checkpoint's values mean: every parameter's name and
-/// shape and the optimizer (its hyper-parameters and state slots).
+/// whole shape (the same for every tensor-parallel degree) and the
+/// optimizer (its hyper-parameters and state slots).
 pub fn model_hash(plan: &Plan) -> String {
-    let mut params: Vec<(&str, &[usize])> = plan
+    let mut params: Vec<(&str, Vec<usize>)> = plan
         .units
         .iter()
         .flat_map(|u| {
-            u.params
-                .iter()
-                .map(|p| (p.name.as_str(), p.shape.as_slice()))
+            u.params.iter().map(|p| {
+                let whole = match tp_of(plan, p) {
+                    Some(tp) => tp.full_shape(&p.shape),
+                    None => p.shape.clone(),
+                };
+                (p.name.as_str(), whole)
+            })
         })
         .collect();
     params.sort();
@@ -213,9 +264,20 @@ pub fn model_hash(plan: &Plan) -> String {
 }
 
 /// Tokens per step over all ranks: equal for two plans exactly when their
-/// global batches (of the same sequence length) are.
+/// global batches (of the same sequence length) are. The members of a
+/// tensor group read the same samples: each data rank counts once.
 pub fn tokens_per_step(plan: &Plan) -> u64 {
-    plan.model.tokens_per_rank_step * u64::from(plan.cluster.world)
+    plan.model.tokens_per_rank_step * u64::from(plan.geometry().data_world())
+}
+
+/// Which elements of the whole parameter a flat parameter entry holds,
+/// when it is split over the tensor group.
+fn tp_of<'p>(plan: &'p Plan, p: &fsdpc_plan::FlatParam) -> Option<&'p TpSlice> {
+    plan.training
+        .graph
+        .params
+        .get(p.param.0 as usize)
+        .and_then(|s| s.tp.as_ref())
 }
 
 /// Every unit's layout.
@@ -235,6 +297,7 @@ fn layout(plan: &Plan) -> Vec<UnitLayout> {
                     shape: p.shape.clone(),
                     offset: p.offset,
                     numel: p.numel,
+                    tp: tp_of(plan, p).cloned(),
                 })
                 .collect(),
         })

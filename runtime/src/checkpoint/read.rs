@@ -16,6 +16,7 @@ use fsdpc_plan::Plan;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// A verified checkpoint, its rank files mapped.
@@ -24,10 +25,13 @@ pub struct Checkpoint {
     pub manifest: Manifest,
     /// Its step directory.
     pub dir: PathBuf,
-    /// The rank files by shard position.
+    /// The rank files by file index (`manifest::file_index`).
     files: Vec<Mmap>,
-    /// Parameter name -> (unit index, offset) in the saved layout.
-    index: HashMap<String, (usize, u64)>,
+    /// Each file's tensors: name -> byte range in the map.
+    tensors: Vec<HashMap<String, Range<usize>>>,
+    /// Parameter name -> (unit index, index in the unit) in the saved
+    /// layout.
+    index: HashMap<String, (usize, usize)>,
 }
 
 /// Which tensor of a unit: its parameters or an optimizer state slot.
@@ -60,26 +64,34 @@ impl Checkpoint {
         let m = Manifest::read(&mpath)?;
         check_shape(&m, &mpath)?;
         let mut files = Vec::with_capacity(m.files.len());
-        for (pos, f) in m.files.iter().enumerate() {
+        let mut tensors = Vec::with_capacity(m.files.len());
+        for (i, f) in m.files.iter().enumerate() {
             let path = sdir.join(&f.name);
-            if f.position as usize != pos || f.name != manifest::rank_file(pos) {
+            let at = manifest::file_index(f.position, f.tensor, m.tensor_parallel);
+            if at != i || f.tensor >= m.tensor_parallel || f.name != manifest::rank_file(i) {
                 return Err(CheckpointError::Format {
                     path: mpath.display().to_string(),
-                    reason: format!("file entry {pos} is `{}`", f.name),
+                    reason: format!(
+                        "file entry {i} is `{}` (shard position {}, tensor position {})",
+                        f.name, f.position, f.tensor
+                    ),
                 });
             }
-            files.push(verify_file(&path, f)?);
+            let map = verify_file(&path, f)?;
+            tensors.push(tensor_ranges(&map, &path)?);
+            files.push(map);
         }
         let mut index = HashMap::new();
         for (u, unit) in m.units.iter().enumerate() {
-            for p in &unit.params {
-                index.insert(p.name.clone(), (u, p.offset));
+            for (k, p) in unit.params.iter().enumerate() {
+                index.insert(p.name.clone(), (u, k));
             }
         }
         Ok(Checkpoint {
             manifest: m,
             dir: sdir.to_path_buf(),
             files,
+            tensors,
             index,
         })
     }
@@ -103,7 +115,7 @@ impl Checkpoint {
         let tokens = manifest::tokens_per_step(plan);
         if m.data.tokens_per_step != tokens {
             return Err(bad(format!(
-                "it was trained on {} tokens per step, this plan takes {tokens}; resume with the same global batch (ranks x batch)",
+                "it was trained on {} tokens per step, this plan takes {tokens}; resume with the same global batch (batch x data ranks, the ranks over the tensor-parallel degree)",
                 m.data.tokens_per_step
             )));
         }
@@ -120,7 +132,9 @@ impl Checkpoint {
         rank: usize,
         units: &mut [(&mut [u8], Vec<&mut [u8]>)],
     ) -> Result<(), CheckpointError> {
-        let pos = plan.geometry().shard_position(rank);
+        let g = plan.geometry();
+        let (pos, member) = (g.shard_position(rank), g.tensor_position(rank) as u32);
+        let file = manifest::file_index(pos as u32, member, self.t());
         let same = self.manifest.plan_hash == manifest::plan_hash(plan);
         for (u, (params, state)) in units.iter_mut().enumerate() {
             let unit = plan
@@ -152,7 +166,7 @@ impl Checkpoint {
             );
             for (part, dst) in parts {
                 if same {
-                    dst.copy_from_slice(self.tensor(pos, u, part, dst.len())?);
+                    dst.copy_from_slice(self.tensor(file, u, part, dst.len())?);
                     continue;
                 }
                 dst.fill(0);
@@ -174,7 +188,27 @@ impl Checkpoint {
                                 &format!("unit {u}: `{}` lies outside the shard", p.name),
                             )
                         })?;
-                        self.read_param(&p.name, a - p.offset, part, out)?;
+                        // This member's elements [a, b) of the parameter,
+                        // as runs of the whole one.
+                        let (first, last) = (a - p.offset, b - p.offset);
+                        let tp = plan
+                            .training
+                            .graph
+                            .params
+                            .get(p.param.0 as usize)
+                            .and_then(|s| s.tp.as_ref());
+                        let runs = match tp {
+                            Some(tp) => tp.runs(&p.shape, member),
+                            None => vec![(0, 0, p.numel)],
+                        };
+                        for (local, whole, n) in runs {
+                            let (x, y) = (local.max(first), (local + n).min(last));
+                            if x >= y {
+                                continue;
+                            }
+                            let o = ((x - first) * 4) as usize..((y - first) * 4) as usize;
+                            self.read_param(&p.name, whole + (x - local), part, &mut out[o])?;
+                        }
                     }
                 }
             }
@@ -182,8 +216,10 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Elements `[first, first + out.len()/4)` of parameter `name`'s `part`,
-    /// gathered from the saved shards.
+    /// Elements `[first, first + out.len()/4)` of the whole parameter
+    /// `name`'s `part` (row-major), gathered from the saved shards and, for
+    /// a parameter saved split over the tensor group, from its members'
+    /// parts.
     pub fn read_param(
         &self,
         name: &str,
@@ -191,14 +227,48 @@ impl Checkpoint {
         part: Part,
         out: &mut [u8],
     ) -> Result<(), CheckpointError> {
-        let &(u, offset) = self.index.get(name).ok_or_else(|| {
+        let &(u, k) = self.index.get(name).ok_or_else(|| {
             self.format("", &format!("parameter `{name}` is not in the checkpoint"))
         })?;
+        let p = &self.manifest.units[u].params[k];
+        let Some(tp) = &p.tp else {
+            return self.read_part(name, u, p.offset + first, 0, part, out);
+        };
+        let last = first + (out.len() / 4) as u64;
+        for member in 0..self.t() {
+            for (local, whole, n) in tp.runs(&p.shape, member) {
+                let (x, y) = (whole.max(first), (whole + n).min(last));
+                if x >= y {
+                    continue;
+                }
+                let o = ((x - first) * 4) as usize..((y - first) * 4) as usize;
+                let flat = p.offset + local + (x - whole);
+                self.read_part(name, u, flat, member, part, &mut out[o])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor-parallel degree the checkpoint was written at.
+    fn t(&self) -> u32 {
+        self.manifest.tensor_parallel.max(1)
+    }
+
+    /// Flat elements `[flat, flat + out.len()/4)` of saved unit `u` at
+    /// tensor position `member` (inside parameter `name`).
+    fn read_part(
+        &self,
+        name: &str,
+        u: usize,
+        mut flat: u64,
+        member: u32,
+        part: Part,
+        out: &mut [u8],
+    ) -> Result<(), CheckpointError> {
         let len = self.part_bytes(u, part);
-        let mut flat = offset + first;
         let mut done = 0usize;
         while done + 4 <= out.len() {
-            let Some((file, at, run)) = self.locate(u, flat, part) else {
+            let Some((pos, at, run)) = self.locate(u, flat, part) else {
                 if part == Part::Params {
                     return Err(self.format(
                         MANIFEST,
@@ -210,6 +280,7 @@ impl Checkpoint {
                 return Ok(());
             };
             let n = ((run * 4) as usize).min(out.len() - done);
+            let file = manifest::file_index(pos as u32, member, self.t());
             let src = self.tensor(file, u, part, len)?;
             let s = (at * 4) as usize;
             let bytes = src.get(s..s + n).ok_or_else(|| {
@@ -261,11 +332,11 @@ impl Checkpoint {
         ))
     }
 
-    /// The bytes of unit `u`'s `part` in shard position `pos`'s file, which
-    /// must hold `len` bytes.
+    /// The bytes of unit `u`'s `part` in file `file`
+    /// (`manifest::file_index`), which must hold `len` bytes.
     fn tensor(
         &self,
-        pos: usize,
+        file: usize,
         u: usize,
         part: Part,
         len: usize,
@@ -274,27 +345,23 @@ impl Checkpoint {
             Part::Params => manifest::params_tensor(u),
             Part::State(k) => manifest::state_tensor(u, k),
         };
-        let fname = manifest::rank_file(pos);
-        let map = self
-            .files
-            .get(pos)
-            .ok_or_else(|| self.format(&fname, "shard position outside the checkpoint"))?;
-        let st = SafeTensors::deserialize(map).map_err(|e| self.format(&fname, &e.to_string()))?;
-        let t = st
-            .tensor(&name)
-            .map_err(|e| self.format(&fname, &format!("tensor {name}: {e}")))?;
-        if t.data().len() != len {
+        let fname = manifest::rank_file(file);
+        let (Some(map), Some(tensors)) = (self.files.get(file), self.tensors.get(file)) else {
+            return Err(self.format(&fname, "position outside the checkpoint"));
+        };
+        let range = tensors
+            .get(&name)
+            .ok_or_else(|| self.format(&fname, &format!("tensor {name} is missing")))?;
+        if range.len() != len {
             return Err(self.format(
                 &fname,
                 &format!(
                     "tensor {name} has {} bytes, the layout needs {len}",
-                    t.data().len()
+                    range.len()
                 ),
             ));
         }
-        // The view borrows the map, not `st`: re-slice the map itself.
-        let start = t.data().as_ptr() as usize - map.as_ptr() as usize;
-        Ok(&map[start..start + len])
+        Ok(&map[range.clone()])
     }
 
     fn format(&self, file: &str, reason: &str) -> CheckpointError {
@@ -312,9 +379,10 @@ fn check_shape(m: &Manifest, path: &Path) -> Result<(), CheckpointError> {
         path: path.display().to_string(),
         reason,
     };
-    if m.files.len() != m.shard_factor as usize || m.shard_factor == 0 {
+    let t = m.tensor_parallel;
+    if m.shard_factor == 0 || t == 0 || m.files.len() != m.shard_factor as usize * t as usize {
         return Err(bad(format!(
-            "{} files for shard factor {}",
+            "{} files for shard factor {} and tensor parallelism {t}",
             m.files.len(),
             m.shard_factor
         )));
@@ -342,6 +410,27 @@ fn check_shape(m: &Manifest, path: &Path) -> Result<(), CheckpointError> {
         }
     }
     Ok(())
+}
+
+/// Every tensor of the safetensors file `map` (of `path`): name -> byte
+/// range in the map.
+fn tensor_ranges(
+    map: &Mmap,
+    path: &Path,
+) -> Result<HashMap<String, Range<usize>>, CheckpointError> {
+    let st = SafeTensors::deserialize(map).map_err(|e| CheckpointError::Format {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            // The view borrows the map: its data lies inside it.
+            let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+            (name, start..start + view.data().len())
+        })
+        .collect())
 }
 
 /// Maps `path` after checking its presence, size and checksum.

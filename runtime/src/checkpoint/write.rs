@@ -25,17 +25,19 @@ pub struct UnitBytes<'a> {
     pub state: &'a [&'a [u8]],
 }
 
-/// Writes shard position `pos`'s file for the checkpoint after `step`
-/// completed steps into `dir`, and returns its manifest entry.
+/// Writes the file of shard position `pos` and tensor position `tensor`
+/// (of `t`) for the checkpoint after `step` completed steps into `dir`,
+/// and returns its manifest entry.
 pub fn save_rank(
     dir: &Path,
     step: u64,
-    pos: usize,
+    (pos, tensor, t): (u32, u32, u32),
     units: &[UnitBytes<'_>],
 ) -> Result<FileEntry, CheckpointError> {
     let sdir = manifest::step_dir(dir, step);
     std::fs::create_dir_all(&sdir).map_err(|e| CheckpointError::io(&sdir, e))?;
-    let path = sdir.join(manifest::rank_file(pos));
+    let file = manifest::file_index(pos, tensor, t);
+    let path = sdir.join(manifest::rank_file(file));
     let fmt = |reason: String| CheckpointError::Format {
         path: path.display().to_string(),
         reason,
@@ -67,8 +69,9 @@ pub fn save_rank(
         AtomicWriteError::SyncDir { dir, source } => CheckpointError::io(&dir, source),
     })?;
     Ok(FileEntry {
-        name: manifest::rank_file(pos),
-        position: pos as u32,
+        name: manifest::rank_file(file),
+        position: pos,
+        tensor,
         bytes,
         blake3,
     })

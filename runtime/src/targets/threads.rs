@@ -409,11 +409,11 @@ fn complete_checkpoint(
     step: u64,
     got: &mut [FileEntry],
 ) -> Result<(), RuntimeError> {
-    let f = c.plan.config.shard_factor as usize;
+    let f = c.plan.config.shard_factor as usize * c.plan.geometry().t() as usize;
     let Some(cfg) = c.opts.checkpoint.as_ref().filter(|_| got.len() == f) else {
         return Ok(());
     };
-    got.sort_by_key(|e| e.position);
+    got.sort_by_key(|e| (e.position, e.tensor));
     let m = checkpoint::Manifest::new(c.plan, step, c.opts.seed, got.to_vec());
     checkpoint::write::commit(&cfg.dir, &m)?;
     Ok(())

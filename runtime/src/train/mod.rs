@@ -313,7 +313,9 @@ pub(crate) fn open_eval(
         return Err(crate::exec::rank::no_eval_pass());
     }
     let graph = &plan.training.graph;
-    let global = (world * crate::exec::resolve::batch_size(graph)) as u64;
+    // The members of a tensor group read the same samples.
+    let data_ranks = world / plan.geometry().t().max(1) as usize;
+    let global = (data_ranks * crate::exec::resolve::batch_size(graph)) as u64;
     crate::data::open_eval(&e.data, graph, opts.seed, global, e.batches).map(Some)
 }
 
@@ -326,13 +328,6 @@ pub(crate) fn open_resume_eval(
     world: usize,
     resume: impl FnOnce(&TrainOptions) -> Result<(TrainOptions, Option<Checkpoint>), RuntimeError>,
 ) -> Result<(TrainOptions, Option<Checkpoint>, EvalData), RuntimeError> {
-    let t = plan.config.tensor_parallel;
-    if t > 1 && (opts.checkpoint.is_some() || opts.resume.is_some()) {
-        return Err(RuntimeError::plan(format!(
-            "checkpoints of a plan split over tensor groups (--tensor-parallel {t}) are not \
-             written or resumed yet; train without --checkpoint-dir and --resume"
-        )));
-    }
     let eval = open_eval(plan, opts, world)?;
     let (resumed, ckpt) = resume(opts)?;
     let eval = match resumed.seed == opts.seed {

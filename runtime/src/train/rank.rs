@@ -265,7 +265,8 @@ impl RankCtx<'_> {
         if cfg.every == 0 || !done.is_multiple_of(cfg.every) {
             return Ok(());
         }
-        let file = (self.rank < f).then(|| self.save(&cfg.dir, done, mem));
+        let first_group = self.prep.plan.geometry().data_rank(self.rank) < f;
+        let file = first_group.then(|| self.save(&cfg.dir, done, mem));
         match self.saver {
             Saver::Thread(tx) => {
                 if let Some(file) = file {
@@ -325,7 +326,10 @@ impl RankCtx<'_> {
         if let Some(e) = own_error {
             return Err(e);
         }
-        let f = self.prep.plan.config.shard_factor as usize;
+        // The first shard group's ranks, ranks 0 .. F x T: rank r holds
+        // shard position r / T at tensor position r % T (file r).
+        let t = self.prep.plan.geometry().t();
+        let f = self.prep.plan.config.shard_factor as usize * t as usize;
         let mut files = Vec::with_capacity(f);
         for (r, rec) in all.chunks_exact(ENTRY_BYTES).enumerate().take(f) {
             if rec[0] != ENTRY_OK {
@@ -340,7 +344,8 @@ impl RankCtx<'_> {
             hash.copy_from_slice(&rec[16..]);
             files.push(FileEntry {
                 name: checkpoint::manifest::rank_file(r),
-                position: r as u32,
+                position: r as u32 / t,
+                tensor: r as u32 % t,
                 bytes: u64::from_le_bytes(size),
                 blake3: blake3::Hash::from_bytes(hash).to_hex().to_string(),
             });
@@ -399,7 +404,13 @@ impl RankCtx<'_> {
                 state: s,
             })
             .collect();
-        checkpoint::write::save_rank(dir, done, self.rank, &units)
+        let g = self.prep.plan.geometry();
+        let at = (
+            g.shard_position(self.rank) as u32,
+            g.tensor_position(self.rank) as u32,
+            g.t(),
+        );
+        checkpoint::write::save_rank(dir, done, at, &units)
     }
 
     /// Fills the shards and optimizer state from a checkpoint.
