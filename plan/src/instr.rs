@@ -192,8 +192,17 @@ pub enum InstrOp {
     },
     /// Gradient clipping, step 1: write into `dst` (a `GradNorm` scalar)
     /// the sum of squares of every element of the buffers `grads`, in list
-    /// order, accumulated in f64.
-    GradNormSq { grads: Vec<BufferId>, dst: BufferId },
+    /// order, accumulated in f64. `split_only_off_first`: under tensor
+    /// parallelism, a rank off tensor position 0 counts only the elements
+    /// of parameters split over the tensor group (the others, replicated,
+    /// count once: at position 0), so that the sum over the tensor group
+    /// counts every element of the whole model once.
+    GradNormSq {
+        grads: Vec<BufferId>,
+        dst: BufferId,
+        #[serde(default, skip_serializing_if = "is_false")]
+        split_only_off_first: bool,
+    },
     /// Gradient clipping, step 2: sum the scalar `buffer` over `group` in
     /// rank order (no division): the squared global norm.
     NormAllReduce { buffer: BufferId, group: Group },

@@ -146,6 +146,31 @@ impl Unit {
             })
             .collect()
     }
+
+    /// The elements of the shard at position `pos` that belong to the
+    /// parameters `keep` selects, as `(shard offset, elements)` runs in
+    /// shard order.
+    pub fn shard_elements_of(
+        &self,
+        pos: u64,
+        keep: impl Fn(&FlatParam) -> bool,
+    ) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (lo, at, n) in self.shard_ranges(pos) {
+            for p in self.params.iter().filter(|p| keep(p)) {
+                let (a, b) = (p.offset.max(lo), (p.offset + p.numel).min(lo + n));
+                if a >= b {
+                    continue;
+                }
+                let start = at + (a - lo);
+                match out.last_mut() {
+                    Some((s, len)) if *s + *len == start => *len += b - a,
+                    _ => out.push((start, b - a)),
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Where one original parameter sits inside its unit's flat parameter.

@@ -14,6 +14,10 @@
 //!   order, like every collective) and `Record`s; compute `Wait`s on it.
 //!   no_shard: every rank already holds the whole reduced gradient, so its
 //!   sum of squares is the global one and no collective is needed.
+//! - Tensor parallelism: a member off tensor position 0 counts only the
+//!   elements of split parameters (`split_only_off_first`), and a second
+//!   `NormAllReduce` sums the scalar over the tensor group: every element
+//!   of the whole model counted once.
 //! - Each `OptimizerStep` is preceded by a `ClipGrads` of its gradient
 //!   buffer; the frees keep their place after the step.
 
@@ -24,8 +28,15 @@ use fsdpc_plan::{Buffer, BufferKind, Group, Instr, InstrOp, Stream};
 
 /// Inserts the clipping instructions into `sched` for a total norm of at
 /// most `max_norm`; `sharded`: gradient shards differ between ranks (the
-/// norm is all-reduced).
-pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), PlanError> {
+/// norm is all-reduced over the shard group); `tensor`: the model is split
+/// over tensor groups (the norm counts replicated parameters at tensor
+/// position 0 only and is then all-reduced over the tensor group).
+pub fn insert(
+    sched: &mut Schedule,
+    max_norm: f64,
+    sharded: bool,
+    tensor: bool,
+) -> Result<(), PlanError> {
     let bad = |reason: &str| PlanError::Program {
         reason: format!("gradient clipping: {reason}"),
     };
@@ -72,8 +83,13 @@ pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), 
             .filter(|i| matches!(i.op, InstrOp::Wait { .. }))
             .cloned(),
     );
-    out.push(compute(InstrOp::GradNormSq { grads, dst: norm }));
-    if sharded {
+    out.push(compute(InstrOp::GradNormSq {
+        grads,
+        dst: norm,
+        split_only_off_first: tensor,
+    }));
+    let groups = [(Group::Shard, sharded), (Group::Tensor, tensor)];
+    if groups.iter().any(|g| g.1) {
         let summed = fsdpc_plan::EventId(sched.events);
         let reduced = fsdpc_plan::EventId(sched.events + 1);
         sched.events += 2;
@@ -83,10 +99,12 @@ pub fn insert(sched: &mut Schedule, max_norm: f64, sharded: bool) -> Result<(), 
             op,
         };
         out.push(reduce(InstrOp::Wait { event: summed }));
-        out.push(reduce(InstrOp::NormAllReduce {
-            buffer: norm,
-            group: Group::Shard,
-        }));
+        for (group, _) in groups.into_iter().filter(|g| g.1) {
+            out.push(reduce(InstrOp::NormAllReduce {
+                buffer: norm,
+                group,
+            }));
+        }
         out.push(reduce(InstrOp::Record { event: reduced }));
         out.push(compute(InstrOp::Wait { event: reduced }));
     }

@@ -166,27 +166,6 @@ fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForwar
             reason: format!("must divide the world of {} ranks", cluster.world),
         });
     }
-    if t > 1 {
-        let not_yet = |what: &'static str, value: String, with: &str| PlanError::BadConfig {
-            what,
-            value,
-            reason: format!("{with} does not run with tensor parallelism yet"),
-        };
-        if let Some(c) = cfg.clip_grad_norm {
-            return Err(not_yet(
-                "clip_grad_norm",
-                c.to_string(),
-                "gradient clipping",
-            ));
-        }
-        if cfg.param_dtype == fsdpc_ir::DType::F16 || cfg.reduce_dtype == fsdpc_ir::DType::F16 {
-            return Err(not_yet(
-                "param_dtype",
-                cfg.param_dtype.to_string(),
-                "the fp16 loss scaler",
-            ));
-        }
-    }
     let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;
     let reshard = cfg.reshard(shard_factor)?;
     Ok((shard_factor, reshard))

@@ -432,7 +432,8 @@ fn rewrite(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
 fn clip(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
     let sched = d.sched.as_mut().expect(NO_SCHEDULE);
     if let Some(max_norm) = d.cfg.clip_grad_norm {
-        clip::insert(sched, max_norm, d.shard_factor > 1)?;
+        let tensor = d.cfg.tensor_parallel > 1;
+        clip::insert(sched, max_norm, d.shard_factor > 1, tensor)?;
     }
     Ok(d)
 }
@@ -442,9 +443,11 @@ fn scaler(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
     d.loss_scaler =
         precision::needs_scaler(d.cfg).then(|| scaler::torch_defaults(d.cfg.init_loss_scale));
     if let Some(s) = &d.loss_scaler {
+        let t = d.cfg.tensor_parallel.max(1);
         let groups = scaler::Groups {
             shard: d.shard_factor,
-            replicate: d.cluster.world / d.shard_factor.max(1),
+            replicate: d.cluster.world / t / d.shard_factor.max(1),
+            tensor: t,
         };
         scaler::insert(sched, &d.program, s, groups)?;
     }

@@ -39,10 +39,12 @@ pub fn torch_defaults(init_scale: Option<f64>) -> LossScaler {
     }
 }
 
-/// The group sizes the flag is summed over: `(shard factor, world / F)`.
+/// The group sizes the flag is summed over: the shard factor F, the data
+/// ranks / F and the tensor-parallel degree T.
 pub struct Groups {
     pub shard: u32,
     pub replicate: u32,
+    pub tensor: u32,
 }
 
 /// Adds the loss scaler `s` to `sched` (see the module header).
@@ -98,6 +100,7 @@ pub fn insert(
     for (group, n) in [
         (Group::Shard, groups.shard),
         (Group::Replicate, groups.replicate),
+        (Group::Tensor, groups.tensor),
     ] {
         if n > 1 {
             all_reduce_flag(sched, found_inf, group);

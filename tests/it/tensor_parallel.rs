@@ -269,3 +269,105 @@ fn a_tensor_group_across_nodes_states_its_cost() {
     .by_dimension
     .is_empty());
 }
+
+/// Gradient clipping: the norm counts every element of the whole model
+/// once (split parameters over the tensor group, replicated ones at tensor
+/// position 0 only), so it is one rank's norm, and clipping trains like one
+/// rank: T = 2 alone, with F = 2, and with no_shard over the data ranks.
+#[test]
+fn clipping_under_tensor_parallelism_uses_the_whole_models_norm() {
+    const CLIP: f64 = 0.2;
+    let clip = |t, strategy| {
+        let mut c = cfg(t, strategy, None);
+        c.clip_grad_norm = Some(CLIP);
+        c
+    };
+    let (_, reference) = run(&gpt, 1, &clip(1, Strategy::NoShard));
+    let active = reference
+        .grad_norms
+        .iter()
+        .filter(|&&n| f64::from(n) > CLIP)
+        .count();
+    assert!(
+        active * 2 > STEPS as usize,
+        "clipping active on most steps: {:?}",
+        reference.grad_norms
+    );
+    for (world, strategy) in [
+        (2, Strategy::FullShard),
+        (4, Strategy::FullShard),
+        (4, Strategy::NoShard),
+    ] {
+        let (plan, r) = run(&gpt, world, &clip(2, strategy));
+        let groups: Vec<_> = plan
+            .instructions
+            .iter()
+            .filter_map(|i| match i.op {
+                InstrOp::NormAllReduce { group, .. } => Some(group),
+                _ => None,
+            })
+            .collect();
+        assert!(groups.ends_with(&[fsdpc_plan::Group::Tensor]), "{groups:?}");
+        let norm = reference
+            .grad_norms
+            .iter()
+            .zip(&r.grad_norms)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0f32, f32::max);
+        let loss = max_loss_rel_diff(&reference, &r);
+        let (abs, _) = max_param_diff(&reference, &r);
+        eprintln!(
+            "clip T=2 world {world} {strategy:?}: norm rel {norm:e}, loss rel {loss:e}, params {abs:e}"
+        );
+        assert_eq!(r.grad_norms.len(), STEPS as usize);
+        assert!(
+            norm <= LOSS_RTOL,
+            "world {world} {strategy:?}: norm {norm:e}"
+        );
+        assert!(
+            loss <= LOSS_RTOL,
+            "world {world} {strategy:?}: loss {loss:e}"
+        );
+        assert!(
+            abs <= PARAM_ATOL,
+            "world {world} {strategy:?}: params {abs:e}"
+        );
+    }
+}
+
+/// The fp16 loss scaler: the found-inf flag is summed over the tensor group
+/// too, so the members skip together; with a scale at which nothing
+/// overflows, T = 2 over 2 data ranks trains like one fp16 rank within
+/// fp16 rounding (the bounds of `precision.rs`), and with a scale at which
+/// everything overflows every rank skips every step.
+#[test]
+fn the_fp16_loss_scaler_holds_under_tensor_parallelism() {
+    let fp16 = |t, scale: f64| {
+        let mut c = cfg(t, Strategy::FullShard, None);
+        c.param_dtype = fsdpc_ir::DType::F16;
+        c.reduce_dtype = fsdpc_ir::DType::F16;
+        c.buffer_dtype = fsdpc_ir::DType::F16;
+        c.init_loss_scale = Some(scale);
+        c
+    };
+    let (_, one) = run(&gpt, 1, &fp16(1, 1024.0));
+    let (plan, r) = run(&gpt, 4, &fp16(2, 1024.0));
+    assert!(plan.instructions.iter().any(|i| matches!(
+        i.op,
+        InstrOp::FoundInfAllReduce {
+            group: fsdpc_plan::Group::Tensor,
+            ..
+        }
+    )));
+    assert!(one.skipped_steps.is_empty() && r.skipped_steps.is_empty());
+    let loss = max_loss_rel_diff(&one, &r);
+    let (abs, _) = max_param_diff(&one, &r);
+    eprintln!("fp16 T=2 world 4: loss rel {loss:e}, params {abs:e}");
+    // precision.rs: fp16 losses within 1e-4; AdamW moves an element whose
+    // tiny gradient flips sign by a full lr, so parameters are bounded by
+    // 2 x steps x lr.
+    assert!(loss <= 1e-4, "loss {loss:e}");
+    assert!(abs <= 2.0 * STEPS as f32 * 1e-3, "params {abs:e}");
+    let (_, all) = run(&gpt, 4, &fp16(2, 1e30));
+    assert_eq!(all.skipped_steps, (0..STEPS).collect::<Vec<_>>());
+}

@@ -518,7 +518,8 @@ fn last_write_before(writes: &[usize], i: usize) -> Option<usize> {
 impl FsdpChecks<'_> {
     /// Gradient clipping (see `clip.rs`): with `clip_grad_norm` set, one
     /// `GradNormSq` over every optimizer step's gradients after all
-    /// reductions, then (F > 1) one `NormAllReduce` of its scalar, then before
+    /// reductions, then `NormAllReduce`s of its scalar over the shard group
+    /// (F > 1) and the tensor group (T > 1), then before
     /// each optimizer step a `ClipGrads` of its gradients by that norm;
     /// without it, no clipping instruction.
     pub fn clipping(&mut self, clocks: &Clocks) {
@@ -534,8 +535,12 @@ impl FsdpChecks<'_> {
         let mut reductions = Vec::new();
         for (i, ins) in p.instructions.iter().enumerate() {
             match &ins.op {
-                InstrOp::GradNormSq { grads, dst } => sums.push((i, grads.clone(), *dst)),
-                InstrOp::NormAllReduce { buffer, .. } => alls.push((i, *buffer)),
+                InstrOp::GradNormSq {
+                    grads,
+                    dst,
+                    split_only_off_first,
+                } => sums.push((i, grads.clone(), *dst, *split_only_off_first)),
+                InstrOp::NormAllReduce { buffer, group } => alls.push((i, *buffer, *group)),
                 InstrOp::ClipGrads {
                     norm,
                     grads,
@@ -565,7 +570,7 @@ impl FsdpChecks<'_> {
         if steps.is_empty() {
             return;
         }
-        let (n, grads, norm) = match sums.as_slice() {
+        let (n, grads, norm, split_only) = match sums.as_slice() {
             [one] => one.clone(),
             _ => {
                 let i = sums.get(1).map_or(0, |s| s.0);
@@ -589,22 +594,48 @@ impl FsdpChecks<'_> {
                 format!("the sum of squares does not follow the reduction at {r}"),
             ));
         }
-        let sharded = p.config.shard_factor > 1;
-        let norm_ready = match (sharded, alls.as_slice()) {
-            (true, [(a, b)]) if *b == norm && clocks.hb(n, *a) => *a,
-            (false, []) => n,
-            _ => {
+        let tensor = p.geometry().t() > 1;
+        if split_only != tensor {
+            self.out.push(at(
+                n,
+                format!(
+                    "the sum of squares {} replicated parameters off tensor position 0, \
+                     the plan has {} tensor dimension",
+                    if split_only { "skips" } else { "counts" },
+                    if tensor { "a" } else { "no" }
+                ),
+            ));
+        }
+        // The norm is summed over the shard group (F > 1), then over the
+        // tensor group (T > 1), each after the one before.
+        let want: Vec<Group> = [
+            (Group::Shard, p.config.shard_factor > 1),
+            (Group::Tensor, tensor),
+        ]
+        .into_iter()
+        .filter_map(|(g, on)| on.then_some(g))
+        .collect();
+        let got: Vec<Group> = alls.iter().map(|a| a.2).collect();
+        let mut norm_ready = n;
+        for &(a, b, _) in &alls {
+            if b != norm || !clocks.hb(norm_ready, a) {
                 self.out.push(at(
-                    n,
-                    format!(
-                        "expected {} all-reduce of the norm after the sum of squares, found {}",
-                        if sharded { "one" } else { "no" },
-                        alls.len()
-                    ),
+                    a,
+                    "the norm's all-reduce does not follow the sum of squares and the all-reduce before it".into(),
                 ));
                 return;
             }
-        };
+            norm_ready = a;
+        }
+        if got != want {
+            self.out.push(at(
+                n,
+                format!(
+                    "the norm is all-reduced over {got:?} after the sum of squares, expected {want:?}"
+                ),
+            ));
+            return;
+        }
         for &(o, g) in &steps {
             let ok = clips.iter().any(|&(c, cn, cg, x)| {
                 cg == g

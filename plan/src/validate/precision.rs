@@ -185,11 +185,15 @@ fn scaler(p: &Plan, clocks: &Clocks, out: &mut Vec<PlanViolation>) {
     }
     let world = p.geometry().data_world();
     let f = p.config.shard_factor.max(1);
-    let want: Vec<Group> = [(Group::Shard, f), (Group::Replicate, world / f)]
-        .into_iter()
-        .filter(|&(_, n)| n > 1)
-        .map(|(g, _)| g)
-        .collect();
+    let want: Vec<Group> = [
+        (Group::Shard, f),
+        (Group::Replicate, world / f),
+        (Group::Tensor, p.geometry().t()),
+    ]
+    .into_iter()
+    .filter(|&(_, n)| n > 1)
+    .map(|(g, _)| g)
+    .collect();
     let got: Vec<Group> = flags.iter().map(|f| f.1).collect();
     if got != want {
         out.push(at(

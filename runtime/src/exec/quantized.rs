@@ -66,7 +66,7 @@ impl RankEnv<'_> {
         stream: Stream,
         g: &WireGather<'_>,
     ) -> Result<(), RuntimeError> {
-        let comm = self.comm(stream, Group::Shard);
+        let comm = self.comm(stream, Group::Shard)?;
         let scratch = mem.view_mut(mem.whole(g.scratch))?;
         let (shard, out) = (self.whole(mem, g.src)?, self.whole_mut(mem, g.dst)?);
         codec::all_gather(comm, g.wire, shard, g.parts, out, scratch)
@@ -87,7 +87,7 @@ impl RankEnv<'_> {
         r: &WireReduce,
     ) -> Result<(), RuntimeError> {
         self.zero_uncovered(mem, r.unit.index(), r.src)?;
-        let comm = self.comm(stream, Group::Shard);
+        let comm = self.comm(stream, Group::Shard)?;
         let scratch = mem.view_mut(mem.whole(r.scratch))?;
         let (grads, out) = (self.whole(mem, r.src)?, self.whole_mut(mem, r.dst)?);
         codec::reduce_scatter(comm, r.block, grads, out, scratch, self.grad_divisor())

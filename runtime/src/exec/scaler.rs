@@ -212,7 +212,7 @@ impl RankEnv<'_> {
                     dtype: DType::F32,
                     bytes: mem.view_mut(mem.whole(*flag))?,
                 };
-                self.comm(stream, *group)
+                self.comm(stream, *group)?
                     .all_reduce(buf, 1)
                     .map_err(|e| super::rank::comm_err(self.rank, e))
             }

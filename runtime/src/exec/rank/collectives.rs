@@ -46,7 +46,7 @@ impl<'a> RankEnv<'a> {
         own: (BufferId, BufferId, &[(usize, usize, usize)]),
         group: Group,
     ) -> Result<(), RuntimeError> {
-        let comm = self.comm(stream, group);
+        let comm = self.comm(stream, group)?;
         let f = comm.size();
         let members = with
             .iter()
@@ -84,11 +84,14 @@ impl<'a> RankEnv<'a> {
 
     /// The cross-node and node-local communicators of `stream` (the two
     /// levels of a hierarchical collective).
-    pub(in crate::exec) fn levels(&self, stream: Stream) -> (&dyn Communicator, &dyn Communicator) {
-        (
-            self.comm(stream, Group::CrossNode),
-            self.comm(stream, Group::NodeLocal),
-        )
+    pub(in crate::exec) fn levels(
+        &self,
+        stream: Stream,
+    ) -> Result<(&dyn Communicator, &dyn Communicator), RuntimeError> {
+        Ok((
+            self.comm(stream, Group::CrossNode)?,
+            self.comm(stream, Group::NodeLocal)?,
+        ))
     }
 
     /// A hierarchical all-gather (`CollectiveAlgorithm::Hierarchical`), per
@@ -112,7 +115,7 @@ impl<'a> RankEnv<'a> {
         let ce = |e: CommError| comm_err(self.rank, e);
         let (send, recv) = self.send_recv(mem, src, dst)?;
         let st = mem.view_mut(mem.whole(staging))?;
-        let (inter, intra) = self.levels(stream);
+        let (inter, intra) = self.levels(stream)?;
         let (m, k) = (inter.size(), intra.size());
         let (se, re) = (send.dtype.size(), recv.dtype.size());
         for &(shard_at, flat_at, n) in parts {
@@ -161,7 +164,7 @@ impl<'a> RankEnv<'a> {
         let ce = |e: CommError| comm_err(self.rank, e);
         let (send, recv) = self.send_recv(mem, src, dst)?;
         let st = mem.view_mut(mem.whole(staging))?;
-        let (inter, intra) = self.levels(stream);
+        let (inter, intra) = self.levels(stream)?;
         let (m, k) = (inter.size(), intra.size());
         let c = recv.len();
         let (se, fe) = (send.dtype.size(), DType::F32.size());
@@ -245,7 +248,7 @@ impl<'a> RankEnv<'a> {
         group: Group,
     ) -> Result<(), RuntimeError> {
         // This rank's slice: its position in the group.
-        let pos = self.comm(stream, group).position();
+        let pos = self.comm(stream, group)?.position();
         let (whole, slice) = self.send_recv(mem, src, dst)?;
         let len = slice.bytes.len();
         let from = whole.bytes.get(pos * len..(pos + 1) * len).ok_or_else(|| {
@@ -275,7 +278,7 @@ impl<'a> RankEnv<'a> {
         match hier {
             None => {
                 let (send, recv) = self.send_recv(mem, src, dst)?;
-                self.comm(stream, Group::Shard)
+                self.comm(stream, Group::Shard)?
                     .reduce_scatter(send, recv, self.grad_divisor())
                     .map_err(|e| comm_err(self.rank, e))?;
             }
@@ -305,7 +308,7 @@ impl<'a> RankEnv<'a> {
         }
         let dtype = self.dtype(buffer);
         let bytes = mem.view_mut(mem.whole(buffer))?;
-        let comm = self.comm(stream, group);
+        let comm = self.comm(stream, group)?;
         match staging {
             None => comm.all_reduce(BufMut { dtype, bytes }, divide_by),
             // This member's slice reduced into the staging

@@ -118,7 +118,7 @@ impl<'a> RankEnv<'a> {
                 } => {
                     let out = mem.view_mut(*dst)?;
                     out.copy_from_slice(mem.view(*src)?);
-                    self.comm(stream, *group)
+                    self.comm(stream, *group)?
                         .all_reduce(
                             BufMut {
                                 dtype: *dtype,
@@ -150,10 +150,27 @@ impl<'a> RankEnv<'a> {
                     ..
                 } => self.optimizer(mem, step, *unit, *params, *grads, state),
                 Step::Scaler(s) => self.scaler(mem, stream, s),
-                Step::GradNormSq { grads, dst } => {
+                Step::GradNormSq {
+                    grads,
+                    dst,
+                    split_only_off_first,
+                } => {
+                    let geo = self.geometry();
+                    let first = geo.tensor_position(self.rank) == 0;
+                    let pos = geo.shard_position(self.rank);
                     let mut sum = 0f64;
                     for g in grads.iter() {
-                        self.with_f32(mem, *g, |_, xs| sum += crate::optim::sum_squares(xs))?;
+                        if *split_only_off_first && !first {
+                            let runs =
+                                crate::exec::resolve::split_elements(self.prep.plan, *g, pos);
+                            self.with_f32(mem, *g, |_, xs| {
+                                for &(a, n) in &runs {
+                                    sum += crate::optim::sum_squares(&xs[a..a + n]);
+                                }
+                            })?;
+                        } else {
+                            self.with_f32(mem, *g, |_, xs| sum += crate::optim::sum_squares(xs))?;
+                        }
                     }
                     self.f32s(mem, *dst)?[0] = sum as f32;
                     Ok(())
@@ -163,7 +180,7 @@ impl<'a> RankEnv<'a> {
                         dtype: DType::F32,
                         bytes: mem.view_mut(mem.whole(*buffer))?,
                     };
-                    self.comm(stream, *group).all_reduce(buf, 1).map_err(ce)
+                    self.comm(stream, *group)?.all_reduce(buf, 1).map_err(ce)
                 }
                 Step::ClipGrads {
                     norm,

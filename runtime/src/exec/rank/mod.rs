@@ -125,9 +125,11 @@ impl<'a> RankEnv<'a> {
         };
         let mut comms = Vec::new();
         // The offload stream only copies: it runs no collective. The
-        // tensor group's sums run on the compute stream.
+        // tensor group's sums of activations run on the compute stream,
+        // those of the gradient norm and the found-inf flag on the reduce
+        // stream.
         for s in Stream::ALL.into_iter().filter(|&s| s != Stream::Offload) {
-            let tensor = (s == Stream::Compute && geometry.t() > 1).then_some(Group::Tensor);
+            let tensor = (geometry.t() > 1).then_some(Group::Tensor);
             for &g in groups.iter().chain(&tensor) {
                 let ranks = g.members(rank, &geometry);
                 let c = world
@@ -188,13 +190,20 @@ impl<'a> RankEnv<'a> {
         self.trace.take().map(|t| t.finish(self.rank))
     }
 
-    pub(in crate::exec) fn comm(&self, s: Stream, g: Group) -> &dyn Communicator {
-        // Every (stream, group) pair was created in `new`.
+    /// The communicator of `g` on stream `s` (created in `new` for every
+    /// pair the plan's collectives use).
+    pub(in crate::exec) fn comm(
+        &self,
+        s: Stream,
+        g: Group,
+    ) -> Result<&dyn Communicator, RuntimeError> {
         self.comms
             .iter()
             .find(|(k, _)| *k == (s, g))
             .map(|(_, c)| &**c)
-            .unwrap_or(&*self.comms[0].1)
+            .ok_or_else(|| {
+                RuntimeError::plan(format!("a collective over the {g:?} group on the {s:?} stream, which has no communicator"))
+            })
     }
 
     fn dtype(&self, b: BufferId) -> DType {

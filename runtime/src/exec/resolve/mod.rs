@@ -135,10 +135,13 @@ pub enum Step<'p> {
     },
     /// A loss-scaler instruction (`scaler`).
     Scaler(super::scaler::ScalerStep<'p>),
-    /// Sum of squares of `grads` (f32 buffers) into the f32 scalar `dst`.
+    /// Sum of squares of `grads` (f32 buffers) into the f32 scalar `dst`;
+    /// `split_only_off_first`: off tensor position 0, of the elements of
+    /// split parameters only (`split_elements`).
     GradNormSq {
         grads: &'p [BufferId],
         dst: BufferId,
+        split_only_off_first: bool,
     },
     /// Sum the f32 scalar `buffer` over `group`.
     NormAllReduce {
@@ -444,13 +447,24 @@ fn step<'p>(
                 },
             }
         }
-        InstrOp::GradNormSq { grads, dst } => {
+        InstrOp::GradNormSq {
+            grads,
+            dst,
+            split_only_off_first,
+        } => {
             for b in grads {
                 buffer(plan, i, *b)?;
+                if *split_only_off_first && unit_of(plan, *b).is_none() {
+                    return Err(RuntimeError::Plan {
+                        instr: Some(i),
+                        reason: format!("gradient buffer {b} of the norm belongs to no unit"),
+                    });
+                }
             }
             Step::GradNormSq {
                 grads,
                 dst: scalar(plan, i, *dst)?,
+                split_only_off_first: *split_only_off_first,
             }
         }
         InstrOp::NormAllReduce { buffer: b, group } => Step::NormAllReduce {
@@ -564,4 +578,38 @@ pub(crate) fn batch_size(graph: &Graph) -> usize {
 /// The kind of buffer `id` (for zeroing flat gradients).
 pub fn kind(plan: &Plan, id: BufferId) -> Option<BufferKind> {
     plan.buffers.get(id.index()).map(|b| b.kind)
+}
+
+/// The unit whose gradient (or parameter) buffer `b` is.
+fn unit_of(plan: &Plan, b: BufferId) -> Option<&fsdpc_plan::Unit> {
+    let u = plan.buffers.get(b.index())?.unit?;
+    plan.units.iter().find(|x| x.id == u)
+}
+
+/// The elements of unit gradient buffer `grads`, at shard position `pos`,
+/// that belong to parameters split over the tensor group, as `(first,
+/// elements)` runs inside the buffer: what a rank off tensor position 0
+/// counts in the gradient norm (`GradNormSq::split_only_off_first`).
+pub(crate) fn split_elements(plan: &Plan, grads: BufferId, pos: usize) -> Vec<(usize, usize)> {
+    let Some(unit) = unit_of(plan, grads) else {
+        return Vec::new();
+    };
+    let len = plan
+        .buffers
+        .get(grads.index())
+        .map_or(0, |b| (b.bytes / b.dtype.size().max(1) as u64) as usize);
+    let split = |p: &fsdpc_plan::FlatParam| {
+        plan.training
+            .graph
+            .params
+            .get(p.param.0 as usize)
+            .is_some_and(|s| s.tp.is_some())
+    };
+    unit.shard_elements_of(pos as u64, split)
+        .into_iter()
+        .filter_map(|(at, n)| {
+            let (a, b) = (at as usize, ((at + n) as usize).min(len));
+            (a < b).then_some((a, b - a))
+        })
+        .collect()
 }

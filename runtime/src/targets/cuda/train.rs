@@ -398,7 +398,7 @@ mod imp {
             NcclMode::Auto => NcclUse::Auto,
             NcclMode::Always => NcclUse::Always,
         };
-        let streams = comm_streams(&prep, world, nccl)?;
+        let streams = comm_streams(&prep, world, rank, nccl)?;
         let (ids, loss) = exchange_ids(&streams, world, rank, master, opts.comm_timeout)?;
         let setup = CommSetup {
             nccl,

@@ -85,12 +85,13 @@ impl CommIndex {
 pub fn comm_streams(
     prep: &Resolved,
     world: usize,
+    rank: usize,
     nccl: NcclUse,
 ) -> Result<Vec<Stream>, RuntimeError> {
     let mut index = CommIndex::default();
     let zero = Layout { arena: 0 };
     for (i, s) in prep.steps.iter().enumerate() {
-        lower_step(prep, i, s, &zero, 0, world, 0, &mut index, nccl)?;
+        lower_step(prep, i, s, &zero, rank, world, 0, &mut index, nccl)?;
     }
     let mut out: Vec<Stream> = Vec::new();
     for (s, _) in index.keys {

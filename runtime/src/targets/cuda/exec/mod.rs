@@ -129,7 +129,12 @@ pub fn check_plan(
 ) -> Result<Vec<Stream>, RuntimeError> {
     let prep = crate::exec::resolve::resolve(plan)?;
     refuse_unsupported(&prep)?;
-    comm_streams(&prep, world, nccl)
+    // Every rank's lowering (what a rank lowers depends on its position in
+    // the mesh); the streams are the same on every rank.
+    for rank in 1..world {
+        comm_streams(&prep, world, rank, nccl)?;
+    }
+    comm_streams(&prep, world, 0, nccl)
 }
 
 /// Refuses what the cuda target does not run (its capabilities: host

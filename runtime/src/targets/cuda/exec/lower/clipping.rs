@@ -30,36 +30,53 @@ pub(super) fn accumulate(cx: &Lowering, src: BufferId, dst: BufferId, items: &mu
     })));
 }
 
-/// `GradNormSq`: the sum of squares of `grads` into `dst`; returns the
-/// scratch it needs.
+/// `GradNormSq`: the sum of squares of `grads` into `dst` (off tensor
+/// position 0 with `split_only_off_first`, of the split parameters'
+/// elements only); returns the scratch it needs.
 pub(super) fn grad_norm_sq(
     cx: &Lowering,
     grads: &[BufferId],
     dst: BufferId,
+    split_only_off_first: bool,
     items: &mut Vec<Item>,
 ) -> u64 {
     let (prep, l) = (cx.prep, cx.l);
     let parts = 8u64;
     let scratch = parts + 8 * SUMSQ_BLOCKS;
+    let skip = split_only_off_first && cx.geometry.tensor_position(cx.rank) != 0;
+    let pos = cx.geometry.shard_position(cx.rank);
+    // (address, elements, dtype) of every piece summed, in order.
+    let mut pieces = Vec::new();
+    for g in grads {
+        let (n, dt) = elems(prep, *g);
+        let base = l.buffer(prep, *g);
+        if skip {
+            for (a, k) in crate::exec::resolve::split_elements(prep.plan, *g, pos) {
+                pieces.push((base + (a * dt.size()) as u64, k as u64, dt));
+            }
+        } else {
+            pieces.push((base, n, dt));
+        }
+    }
     items.push(Item::Act(Action::Zero {
         ptr: Ptr::Scratch(0),
         bytes: 8,
     }));
-    if grads.is_empty() {
+    if pieces.is_empty() {
         items.push(Item::Act(Action::Zero {
             ptr: Ptr::Abs(l.buffer(prep, dst)),
             bytes: 4,
         }));
     }
-    for (k, g) in grads.iter().enumerate() {
-        let (n, dt) = elems(prep, *g);
+    let last = pieces.len();
+    for (k, (at, n, dt)) in pieces.into_iter().enumerate() {
         items.push(Item::Act(Action::Launch(Launch {
             kernel: "sumsq_partial",
             grid: (SUMSQ_BLOCKS as u32, 1, 1),
             block: THREADS,
             smem: 0,
             args: vec![
-                Arg::Ptr(Ptr::Abs(l.buffer(prep, *g))),
+                Arg::Ptr(Ptr::Abs(at)),
                 Arg::I32(dt_code(dt)),
                 Arg::I64(n as i64),
                 Arg::Ptr(Ptr::Scratch(parts)),
@@ -75,7 +92,7 @@ pub(super) fn grad_norm_sq(
                 Arg::I32(SUMSQ_BLOCKS as i32),
                 Arg::Ptr(Ptr::Scratch(0)),
                 Arg::Ptr(Ptr::Abs(l.buffer(prep, dst))),
-                Arg::I32((k + 1 == grads.len()) as i32),
+                Arg::I32((k + 1 == last) as i32),
             ],
         })));
     }

@@ -183,8 +183,12 @@ pub(super) fn lower_step(
             state,
             ..
         } => return Ok((optimizer::optimizer(&cx, *unit, *params, *grads, state), 0)),
-        Step::GradNormSq { grads, dst } => {
-            scratch = clipping::grad_norm_sq(&cx, grads, *dst, &mut items);
+        Step::GradNormSq {
+            grads,
+            dst,
+            split_only_off_first,
+        } => {
+            scratch = clipping::grad_norm_sq(&cx, grads, *dst, *split_only_off_first, &mut items);
         }
         Step::ClipGrads {
             norm,
