@@ -269,6 +269,10 @@ impl Op {
     /// The short name used in dumps, plans and error messages (`matmul`,
     /// `layer_norm`, `unary.gelu_tanh`, ...).
     pub fn name(&self) -> String {
+        // A constant's value is data: its name without serialising it.
+        if let Op::Constant { .. } = self {
+            return "constant".into();
+        }
         let v = serde_json::to_value(self).ok();
         let base = v
             .as_ref()

@@ -49,8 +49,11 @@ use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 mod grid;
+mod mesh;
 mod space;
 mod table;
+
+pub use mesh::{search_mesh, tensor_degrees, MeshBest, MeshChoice, MeshRow};
 
 use space::{apply, Class, Knobs};
 pub use space::{candidates, short, Candidate, Fixed, Space};
@@ -227,6 +230,9 @@ pub struct Search<'a> {
     space: &'a Space,
     gap: f64,
     prepared: Prepare,
+    /// With tensor parallelism: one member's program (the `tensor` pass's
+    /// output), whose FLOPs and parameters the bounds count.
+    local: Option<TrainingProgram>,
 }
 
 impl<'a> Search<'a> {
@@ -239,6 +245,10 @@ impl<'a> Search<'a> {
         base: &'a FsdpConfig,
         space: &'a Space,
     ) -> Search<'a> {
+        let local = (base.tensor_parallel > 1)
+            .then(|| crate::tensor::apply(program.clone(), base.tensor_parallel).ok())
+            .flatten()
+            .map(|(p, _)| p);
         Search {
             program,
             model,
@@ -247,7 +257,14 @@ impl<'a> Search<'a> {
             space,
             gap: 0.0,
             prepared: Prepare::default(),
+            local,
         }
+    }
+
+    /// The program one rank computes: its FLOPs and parameters bound the
+    /// candidates'.
+    fn rank_program(&self) -> &TrainingProgram {
+        self.local.as_ref().unwrap_or(self.program)
     }
 
     /// The optimality gap, a fraction: a candidate is not compiled when
@@ -353,7 +370,7 @@ impl Search<'_> {
     fn compute_bound(&self, precision: (DType, DType)) -> f64 {
         let hw = &self.cluster.hardware;
         let peak = hw.peak_flops(precision.0).max(hw.peak_flops(DType::F32));
-        let g = &self.program.graph;
+        let g = &self.rank_program().graph;
         let flops: f64 = g.node_ids().map(|n| crate::cost::node_flops(g, n)).sum();
         if peak > 0.0 {
             flops / peak
@@ -370,7 +387,7 @@ impl Search<'_> {
         }
         let slots = self.program.optimizer.state_slots() as u64;
         let f = u64::from(class.sharding.1.max(1));
-        self.program
+        self.rank_program()
             .graph
             .params
             .iter()

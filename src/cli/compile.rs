@@ -205,7 +205,7 @@ fn prepare(
 /// `compile --auto`: searches the space the flags leave open, prints the
 /// candidate table and returns the chosen plan.
 fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
-    use fsdpc_planner::auto::{Fixed, Search, Space};
+    use fsdpc_planner::auto::Fixed;
     let given = |name: &str| a.plan.given().iter().any(|g| g == name);
     for refused in ["--no-fit-check"] {
         if given(refused) {
@@ -255,9 +255,21 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             a.auto_gap
         )));
     }
-    let space = Space::around(&cfg, &program, cluster.world, &fixed, allow_bf16)?;
-    let search = Search::new(&program, &info, &cluster, &cfg, &space).with_gap(a.auto_gap / 100.0);
-    let result = search.run()?;
+    let degrees = fsdpc_planner::auto::tensor_degrees(
+        &cluster,
+        given("--tensor-parallel").then_some(cfg.tensor_parallel),
+    );
+    let mesh = fsdpc_planner::auto::search_mesh(
+        &program,
+        &info,
+        &cluster,
+        &cfg,
+        &fixed,
+        allow_bf16,
+        a.auto_gap / 100.0,
+        &degrees,
+    )?;
+    let result = &mesh.result;
     let r = &result.record;
     let mut text = format!(
         "auto: {} on {}, world {} ({} per rank): {} candidates, {} compiled, {} screened without \
@@ -285,6 +297,9 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     for s in &r.searched {
         text.push_str(&format!("searched  {s}\n"));
     }
+    if mesh.rows.len() > 1 {
+        text.push_str(&mesh_table(&mesh, &cluster));
+    }
     if a.verbose {
         text.push_str(&result.table());
     } else {
@@ -305,6 +320,24 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
         }
     ));
     if a.json {
+        let mesh_json: Vec<_> = mesh
+            .rows
+            .iter()
+            .map(|row| match &row.outcome {
+                Ok(b) => serde_json::json!({
+                    "tensor_parallel": row.degree,
+                    "config": b.config,
+                    "step_time_s": b.step_time_s,
+                    "tokens_per_s_per_rank": b.tokens_per_s_per_rank,
+                    "peak_bytes": b.peak_bytes,
+                    "chosen": row.degree == mesh.degree,
+                }),
+                Err(e) => serde_json::json!({
+                    "tensor_parallel": row.degree,
+                    "error": e,
+                }),
+            })
+            .collect();
         let chosen = result
             .weighed
             .iter()
@@ -312,11 +345,12 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             .map(|w| w.candidate.index);
         let json = serde_json::json!({
             "record": r,
+            "tensor_parallel": mesh_json,
             "chosen": chosen,
             "candidates": result.candidates_json(),
         });
         print_out(&format!("{json:#}\n"))?;
-        return Ok(result.plan);
+        return Ok(mesh.result.plan);
     }
     // The plan itself may go to standard output: the table then goes to
     // standard error.
@@ -325,7 +359,48 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
     } else {
         print_out(&text)?;
     }
-    Ok(result.plan)
+    Ok(mesh.result.plan)
+}
+
+/// The tensor-parallel degrees the search compared: each one's fastest
+/// plan that fits (or why none does), by tokens per second per rank.
+fn mesh_table(mesh: &fsdpc_planner::auto::MeshChoice, cluster: &fsdpc_plan::Cluster) -> String {
+    let mut out = format!(
+        "tensor parallelism: T dividing the {} ranks of a node; the model's per-rank batch is \
+         kept, so the global batch is batch x world / T, and degrees are compared by tokens/s \
+         per rank\n",
+        cluster.ranks_per_node
+    );
+    let chosen = mesh
+        .rows
+        .iter()
+        .find(|r| r.degree == mesh.degree)
+        .and_then(|r| r.outcome.as_ref().ok())
+        .map_or(0.0, |b| b.tokens_per_s_per_rank);
+    for row in &mesh.rows {
+        match &row.outcome {
+            Ok(b) => out.push_str(&format!(
+                "  T={:<3} {:<72} step {:>10.4} s  {:>10.1} tokens/s per rank  peak {:>10}  {}\n",
+                row.degree,
+                b.config,
+                b.step_time_s,
+                b.tokens_per_s_per_rank,
+                fsdpc_plan::readable::human_bytes(b.peak_bytes),
+                if row.degree == mesh.degree {
+                    "chosen".to_string()
+                } else if chosen > 0.0 {
+                    format!(
+                        "{:.1}% fewer tokens/s per rank",
+                        100.0 * (1.0 - b.tokens_per_s_per_rank / chosen)
+                    )
+                } else {
+                    String::new()
+                }
+            )),
+            Err(e) => out.push_str(&format!("  T={:<3} nothing fits: {e}\n", row.degree)),
+        }
+    }
+    out
 }
 
 /// The configuration a plan was compiled with, in `FsdpConfig` form (for

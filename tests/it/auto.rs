@@ -39,22 +39,53 @@ fn small_space(program: &fsdpc_ir::TrainingProgram, world: u32, bf16: bool) -> S
     s
 }
 
+/// The default configuration split over `t` tensor-parallel ranks.
+fn tensor(t: u32) -> FsdpConfig {
+    FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            tensor_parallel: t,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..FsdpConfig::default()
+    }
+}
+
 /// Pruned and exhaustive searches of one space: same chosen candidate,
 /// same step time; every bound at most what the compile gave.
 fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, bf16: bool) {
+    check_same_best_at(spec, preset, world, capacity, bf16, 1)
+}
+
+/// `check_same_best` at tensor-parallel degree `t` (the space over the
+/// world / t data ranks).
+fn check_same_best_at(
+    spec: &str,
+    preset: &str,
+    world: u32,
+    capacity: Option<u64>,
+    bf16: bool,
+    t: u32,
+) {
     let (program, info) = load(spec);
     let mut cluster = fsdpc_planner::preset(preset, world, world.min(8)).expect("preset");
-    let space = small_space(&program, world, bf16);
-    let base = FsdpConfig::default();
+    let space = small_space(&program, world / t, bf16);
+    let base = tensor(t);
     if let Some(c) = capacity {
         cluster.memory_bytes = c;
     }
     let search = Search::new(&program, &info, &cluster, &base, &space);
-    let label = format!("{spec} on {preset} at world {world}, capacity {capacity:?}");
+    let label = format!("{spec} on {preset} at world {world}, T {t}, capacity {capacity:?}");
     let grid = search.exhaustive().expect("grid finds a plan");
     let pruned = search.run().expect("search finds a plan");
     assert_eq!(grid.weighed.len(), space.len(), "{label}");
     assert_eq!(pruned.weighed.len(), space.len(), "{label}");
+    assert_eq!(pruned.plan.config.tensor_parallel, t, "{label}");
+    if t > 1 {
+        assert!(
+            pruned.plan.config.tensor.is_some(),
+            "{label}: the plan splits"
+        );
+    }
     let chosen = |r: &AutoResult| {
         r.weighed
             .iter()
@@ -152,6 +183,15 @@ fn check_same_best(spec: &str, preset: &str, world: u32, capacity: Option<u64>, 
 fn pruned_search_finds_the_exhaustive_grids_best() {
     check_same_best("gpt-mini", "cpu-local", 4, None, false);
     check_same_best(FOUR_LAYERS, "a100-80g-roce", 8, None, true);
+}
+
+/// With tensor parallelism the bounds count one member's program (its
+/// FLOPs and its parts of the parameters): they still hold, and the pruned
+/// search still finds the grid's best.
+#[test]
+fn pruned_search_finds_the_grids_best_under_tensor_parallelism() {
+    check_same_best_at(FOUR_LAYERS, "cpu-local", 4, None, false, 2);
+    check_same_best_at(FOUR_LAYERS, "a100-80g-roce", 8, None, true, 2);
 }
 
 #[test]
@@ -587,4 +627,76 @@ fn cli_auto_prints_the_table_and_writes_the_plan() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The tensor-parallel degrees: each searched over its data ranks and
+/// compared by tokens per second per rank. With the capacity between the
+/// leanest plans of T = 1 and T = 2 (each member holds half of the split
+/// activations), only T = 2 fits and is chosen, and T = 1 is listed with
+/// why; with room for both, the choice is the most tokens per second per
+/// rank.
+#[test]
+fn the_search_chooses_the_tensor_parallel_degree() {
+    use fsdpc_planner::auto::{search_mesh, tensor_degrees};
+    let spec = "gpt:layers=2,hidden=64,heads=4,seq=256,vocab=64,batch=8";
+    let (program, info) = load(spec);
+    let mut cluster = fsdpc_planner::preset("cpu-local", 4, 4).expect("preset");
+    assert_eq!(tensor_degrees(&cluster, None), [1, 2, 4]);
+    assert_eq!(tensor_degrees(&cluster, Some(2)), [2]);
+    let lean = |t: u32| {
+        let mut c = tensor(t);
+        c.activation_checkpointing = CheckpointPolicy::Units;
+        c.cpu_offload = true;
+        fsdpc_planner::compile_unchecked(program.clone(), info.clone(), &cluster, &c)
+            .expect("compiles")
+            .memory
+            .peak_bytes
+    };
+    let (one, two) = (lean(1), lean(2));
+    assert!(two < one, "T = 2 holds less: {two} against {one}");
+    let base = FsdpConfig::default();
+    let fixed = Fixed::default();
+    let roomy = search_mesh(
+        &program,
+        &info,
+        &cluster,
+        &base,
+        &fixed,
+        false,
+        0.0,
+        &[1, 2],
+    )
+    .expect("something fits");
+    let best = roomy
+        .rows
+        .iter()
+        .filter_map(|r| {
+            r.outcome
+                .as_ref()
+                .ok()
+                .map(|b| (r.degree, b.tokens_per_s_per_rank))
+        })
+        .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+    assert_eq!(roomy.degree, best.0, "{:?}", roomy.rows);
+    assert_eq!(roomy.result.plan.config.tensor_parallel, roomy.degree);
+    cluster.memory_bytes = (one + two) / 2;
+    let tight = search_mesh(
+        &program,
+        &info,
+        &cluster,
+        &base,
+        &fixed,
+        false,
+        0.0,
+        &[1, 2],
+    )
+    .expect("T = 2 fits");
+    assert_eq!(tight.degree, 2, "{:?}", tight.rows);
+    assert!(tight.result.plan.memory.peak_bytes <= cluster.memory_bytes);
+    let why = tight.rows[0]
+        .outcome
+        .as_ref()
+        .expect_err("T = 1 does not fit");
+    assert!(why.contains("no configuration fits"), "{why}");
+    assert!(tight.result.record.searched[0].starts_with("tensor_parallel: 1 2"));
 }

@@ -352,10 +352,14 @@ pub fn short(cfg: &FsdpConfig) -> String {
         WrapPolicy::Paths { paths } => format!("paths:{}", paths.len()),
     };
     format!(
-        "{}/{} {} {} F={} ckpt={}{} bwd={} fwd={} d={} lim={}",
+        "{}/{} {} {}{} F={} ckpt={}{} bwd={} fwd={} d={} lim={}",
         cfg.param_dtype,
         cfg.reduce_dtype,
         wrap,
+        match cfg.tensor_parallel {
+            0 | 1 => String::new(),
+            t => format!("T={t} "),
+        },
         cfg.strategy.name(),
         cfg.shard_factor
             .map_or("default".to_string(), |f| f.to_string()),
