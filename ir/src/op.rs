@@ -145,6 +145,32 @@ pub enum Op {
     /// Leaves a tensor-parallel region: the members' partial results summed
     /// over the tensor group; the gradient passes through (Megatron's `g`).
     TpReduce,
+    /// Sequence parallelism: the members' row chunks concatenated. Each
+    /// member holds chunk k of `parts` of the whole tensor seen as rows of
+    /// its last axis, shaped as the whole with axis `axis` (the first
+    /// axis not of size 1) divided by `parts`. The gradient is the chunk of
+    /// the members' partial gradients summed (`TpReduceScatter`) when
+    /// `partial_grad` (what follows is split over the group, Megatron-SP's
+    /// `g` before a column-parallel product), or this member's chunk of the
+    /// gradient (`TpSplit`) when what follows is replicated.
+    TpGather {
+        axis: usize,
+        parts: u32,
+        partial_grad: bool,
+    },
+    /// Sequence parallelism: the members' partial results summed and this
+    /// member's row chunk kept (Megatron-SP's `g-bar` after a row-parallel
+    /// product); the gradient is the members' chunks gathered.
+    TpReduceScatter {
+        axis: usize,
+        parts: u32,
+    },
+    /// Sequence parallelism: this member's row chunk of a replicated
+    /// tensor (no communication); the gradient is the chunks gathered.
+    TpSplit {
+        axis: usize,
+        parts: u32,
+    },
 
     // ---- gradient kernels (produced by autodiff) ----
     /// Sum a broadcast gradient back to `shape` (inverse of numpy broadcasting).
@@ -318,6 +344,8 @@ impl Op {
                 | Op::Pad { .. }
                 | Op::SliceGrad { .. }
                 | Op::TpCopy
+                | Op::TpGather { .. }
+                | Op::TpSplit { .. }
         )
     }
 }

@@ -9,7 +9,7 @@ use crate::ids::UnitId;
 use crate::lr::LrSchedule;
 use crate::offload::OffloadWhat;
 use crate::selector::{self, Selector};
-use crate::serde_default::{is_false, is_one, is_zero_f64, one, yes};
+use crate::serde_default::{is_false, is_one, is_yes, is_zero_f64, one, yes};
 use crate::wire::Wire;
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
@@ -167,6 +167,11 @@ pub struct Settings {
     /// The strategy shards over the world / T data ranks.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor_parallel: u32,
+    /// With T > 1, sequence parallelism (Megatron-SP): the activations
+    /// between split regions held as row chunks over the tensor group
+    /// (absent: on).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub sequence_parallel: bool,
     pub wrap: WrapPolicy,
     pub backward_prefetch: BackwardPrefetch,
     /// At most this many units' gathered parameters alive at once
@@ -242,6 +247,7 @@ impl Default for Settings {
         Settings {
             strategy: Strategy::FullShard,
             tensor_parallel: 1,
+            sequence_parallel: true,
             wrap: WrapPolicy::Blocks,
             backward_prefetch: BackwardPrefetch::Pre,
             limit_all_gathers: 2,
@@ -315,6 +321,24 @@ pub struct TensorRecord {
     /// The regions left replicated, each `module: why`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicated: Vec<String>,
+    /// With sequence parallelism: how the regions are left (absent: plain
+    /// tensor parallelism).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<SequenceRecord>,
+}
+
+/// How sequence parallelism left the split regions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SequenceRecord {
+    /// Region exits that reduce-scatter into row chunks.
+    pub scattered: u32,
+    /// Region exits left as all-reduces (the sum's shape has no axis T
+    /// divides before its last).
+    pub whole: u32,
+    /// Chunks gathered whole for ops that do not run on chunks (the
+    /// head's product, the loss, a dropout).
+    #[serde(default)]
+    pub gathered: u32,
 }
 
 impl std::ops::Deref for PlanConfig {

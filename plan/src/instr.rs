@@ -114,6 +114,19 @@ pub enum InstrOp {
         #[serde(default, skip_serializing_if = "is_zero_u32")]
         micro_batch: u32,
     },
+    /// Sequence parallelism (graph node `node`, a `TpGather`,
+    /// `TpReduceScatter` or `TpSplit`): move between this member's row
+    /// chunk of a tensor and the whole over `group` (the tensor group), as
+    /// `kind` says. Runs on the compute stream: what follows reads it.
+    TensorChunks {
+        kind: ChunkKind,
+        node: NodeId,
+        src: Slot,
+        dst: Slot,
+        group: Group,
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        micro_batch: u32,
+    },
     /// Copy the data input of this name into `dst`: this rank's samples of
     /// micro-batch `micro_batch` (samples `(micro_batch * world + rank) *
     /// b ..` of the step's global batch, `b` samples per rank).
@@ -281,7 +294,9 @@ impl InstrOp {
             } => vec![*scale, *found_inf],
             InstrOp::ClipGrads { norm, grads, .. } => vec![*norm, *grads],
             InstrOp::Kernel { inputs, .. } => inputs.iter().map(|s| s.buffer).collect(),
-            InstrOp::TensorAllReduce { src, .. } => vec![src.buffer],
+            InstrOp::TensorAllReduce { src, .. } | InstrOp::TensorChunks { src, .. } => {
+                vec![src.buffer]
+            }
             InstrOp::OptimizerStep {
                 params,
                 grads,
@@ -321,7 +336,9 @@ impl InstrOp {
             } => grads.iter().copied().chain([*found_inf]).collect(),
             InstrOp::UpdateScale { scale, .. } => vec![*scale],
             InstrOp::ClipGrads { grads, .. } => vec![*grads],
-            InstrOp::LoadInput { dst, .. } | InstrOp::TensorAllReduce { dst, .. } => {
+            InstrOp::LoadInput { dst, .. }
+            | InstrOp::TensorAllReduce { dst, .. }
+            | InstrOp::TensorChunks { dst, .. } => {
                 vec![dst.buffer]
             }
             InstrOp::Kernel { outputs, .. } => outputs.iter().map(|s| s.buffer).collect(),
@@ -358,8 +375,26 @@ impl InstrOp {
                 | InstrOp::NormAllReduce { .. }
                 | InstrOp::FoundInfAllReduce { .. }
                 | InstrOp::TensorAllReduce { .. }
+                | InstrOp::TensorChunks {
+                    kind: ChunkKind::Gather | ChunkKind::ReduceScatter,
+                    ..
+                }
         )
     }
+}
+
+/// What a `TensorChunks` instruction does: `src` and `dst` are a member's
+/// row chunk (one of T equal contiguous parts) and the whole tensor.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChunkKind {
+    /// The members' chunks concatenated in position order (an all-gather).
+    Gather,
+    /// The members' wholes summed in position order, in f32, and this
+    /// member's chunk kept (a reduce-scatter).
+    ReduceScatter,
+    /// This member's chunk of a whole it holds (a copy, no communication).
+    Split,
 }
 
 /// What a gather that can be in a bucket (`InstrOp::AllGather::bucketed`,

@@ -39,7 +39,7 @@ pub use buffer::{Buffer, BufferKind, Location, Slot};
 pub use cluster::{Cluster, ClusterError, Hardware};
 pub use config::{
     AutoRecord, BackwardPrefetch, CheckpointPolicy, LossScaler, PlanConfig, ReshardAfterForward,
-    Settings, SharedParams, Strategy, TensorRecord, WrapPolicy,
+    SequenceRecord, Settings, SharedParams, Strategy, TensorRecord, WrapPolicy,
 };
 pub use document::{ModelInfo, Plan, RewriteReport, RuleFired, SCHEMA};
 pub use error::{ConfigError, LoadError};
@@ -49,7 +49,7 @@ pub use group::{
     Geometry, Group,
 };
 pub use ids::{BufferId, EventId, UnitId};
-pub use instr::{bucketable_gather, Collective, Instr, InstrOp, Stream};
+pub use instr::{bucketable_gather, ChunkKind, Collective, Instr, InstrOp, Stream};
 pub use lr::{LrDecay, LrSchedule};
 pub use memory::{Estimates, MemorySummary};
 pub use offload::{OffloadUnits, OffloadWhat};

@@ -21,6 +21,10 @@ pub(crate) fn yes() -> bool {
     true
 }
 
+pub(crate) fn is_yes(x: &bool) -> bool {
+    *x
+}
+
 pub(crate) fn one() -> u32 {
     1
 }

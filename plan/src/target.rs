@@ -160,10 +160,14 @@ impl Capabilities {
                         "the fp16 loss scaler does not run here; use --param-dtype bf16",
                     ))
                 }
-                InstrOp::TensorAllReduce { .. } if !self.tensor_parallel => Some((
+                InstrOp::TensorAllReduce { .. } | InstrOp::TensorChunks { .. }
+                    if !self.tensor_parallel =>
+                {
+                    Some((
                     "a tensor-parallel sum",
                     "tensor parallelism does not run on this target yet; compile without --tensor-parallel",
-                )),
+                    ))
+                }
                 InstrOp::OptimizerStep {
                     skip_if: Some(_), ..
                 } if !self.loss_scaler => Some((

@@ -246,7 +246,14 @@ impl<'a> Search<'a> {
         space: &'a Space,
     ) -> Search<'a> {
         let local = (base.tensor_parallel > 1)
-            .then(|| crate::tensor::apply(program.clone(), base.tensor_parallel).ok())
+            .then(|| {
+                crate::tensor::apply(
+                    program.clone(),
+                    base.tensor_parallel,
+                    base.sequence_parallel,
+                )
+                .ok()
+            })
             .flatten()
             .map(|(p, _)| p);
         Search {

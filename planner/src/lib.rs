@@ -188,8 +188,9 @@ impl Prepared {
     /// prepare the same program.
     pub fn key(cfg: &FsdpConfig) -> String {
         format!(
-            "{}|{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+            "{}|{}|{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
             cfg.tensor_parallel,
+            cfg.sequence_parallel,
             cfg.freeze,
             cfg.param_dtype,
             cfg.reduce_dtype,

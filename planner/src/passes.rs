@@ -162,7 +162,8 @@ pub(crate) fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prep
 }
 
 fn tensor(mut d: ProgramData<'_>) -> Result<ProgramData<'_>, PlanError> {
-    let (program, record) = crate::tensor::apply(d.program, d.cfg.tensor_parallel)?;
+    let (program, record) =
+        crate::tensor::apply(d.program, d.cfg.tensor_parallel, d.cfg.sequence_parallel)?;
     d.program = program;
     d.tensor = record;
     Ok(d)

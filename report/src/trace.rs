@@ -211,8 +211,20 @@ pub fn instr_class(plan: &Plan, ins: &fsdpc_plan::Instr) -> &'static str {
                 "kernel"
             }
         }
-        InstrOp::AllGather { .. } => "all_gather",
-        InstrOp::ReduceScatter { .. } => "reduce_scatter",
+        InstrOp::AllGather { .. }
+        | InstrOp::TensorChunks {
+            kind: fsdpc_plan::ChunkKind::Gather,
+            ..
+        } => "all_gather",
+        InstrOp::ReduceScatter { .. }
+        | InstrOp::TensorChunks {
+            kind: fsdpc_plan::ChunkKind::ReduceScatter,
+            ..
+        } => "reduce_scatter",
+        InstrOp::TensorChunks {
+            kind: fsdpc_plan::ChunkKind::Split,
+            ..
+        } => "copy",
         InstrOp::AllReduce { .. }
         | InstrOp::NormAllReduce { .. }
         | InstrOp::FoundInfAllReduce { .. }
@@ -312,6 +324,19 @@ pub fn slice_name(plan: &Plan, op: &InstrOp) -> String {
                 .try_node(*node)
                 .map_or("?", |n| n.name.as_str());
             format!("tensor all_reduce {name}")
+        }
+        InstrOp::TensorChunks { kind, node, .. } => {
+            let name = plan
+                .training
+                .graph
+                .try_node(*node)
+                .map_or("?", |n| n.name.as_str());
+            let what = match kind {
+                fsdpc_plan::ChunkKind::Gather => "all_gather",
+                fsdpc_plan::ChunkKind::ReduceScatter => "reduce_scatter",
+                fsdpc_plan::ChunkKind::Split => "split",
+            };
+            format!("tensor {what} {name}")
         }
         InstrOp::Reshard { unit, .. } => format!("reshard unit {unit}"),
         InstrOp::Copy { unit, dst, .. } => {

@@ -179,7 +179,7 @@ fn prepare(
                     .into(),
             )),
             (None, _) => fsdpc_plan::OffloadWhat::Params,
-        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, lr_schedule: lr_schedule(f)?, decay_all: f.weight_decay_all, tensor_parallel: f.tensor_parallel, ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
+        }, allgather_wire: fsdpc_plan::Wire::parse(&f.allgather_wire, f.wire_block)?, reduce_scatter_wire: fsdpc_plan::Wire::parse(&f.reduce_scatter_wire, f.wire_block)?, lr_schedule: lr_schedule(f)?, decay_all: f.weight_decay_all, tensor_parallel: f.tensor_parallel, sequence_parallel: f.sequence_parallel == "on", ..fsdpc_plan::Settings::default() }, shard_factor: f.shard_factor, reshard_after_forward: f
             .reshard_after_forward
             .iter()
             .rfind(|v| !v.contains('='))

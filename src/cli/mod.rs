@@ -91,6 +91,13 @@ pub struct PlanFlags {
     /// ranks of a node.
     #[arg(long, value_name = "T", default_value_t = 1)]
     pub tensor_parallel: u32,
+    /// With --tensor-parallel: hold the activations between the split
+    /// layers as row chunks over the tensor group (Megatron-SP: norms,
+    /// residual adds and dropout-free elementwise ops on chunks, gathered
+    /// before the column-parallel matrices and reduce-scattered after the
+    /// row-parallel ones). On by default; off keeps them replicated.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub sequence_parallel: String,
     /// What each non-root unit does with its gathered parameters after
     /// forward: true (free them; full_shard's default), false (keep them
     /// until backward; shard_grad_op's default), or N (keep a 1/N slice, N

@@ -973,6 +973,15 @@ fn every_instruction_of_these_plans_lowers_without_a_gpu() {
         // stream; at T = world nothing is sharded (F = 1).
         (GPT, 2, |c| c.tensor_parallel = 2, 1),
         (GPT, 4, |c| c.tensor_parallel = 2, 3),
+        (
+            GPT,
+            4,
+            |c| {
+                c.tensor_parallel = 2;
+                c.sequence_parallel = false;
+            },
+            3,
+        ),
         // Clipping: the norm summed over the shard group, then the tensor
         // group, on the reduce stream; off tensor position 0 only the
         // split parameters' elements are counted.

@@ -234,9 +234,11 @@ fn calibrated_blocking_makes_the_plan_exact() {
 }
 
 /// Two-dimensional meshes: T = 2 tensor-parallel ranks with FSDP over the
-/// other dimension (world 4: two data ranks), with recomputation, and T = 4
-/// alone. Each rank holds its slice of the split layers, the replicated
-/// layers and its shard of both, and the plan states it.
+/// other dimension (world 4: two data ranks), with recomputation, T = 4
+/// alone (all with sequence parallelism), and T = 2 without it. Each rank
+/// holds its slice of the split layers, the replicated layers and its
+/// shard of both, and its chunks of the activations between, and the plan
+/// states it.
 #[test]
 fn gpt_tensor_parallel_meshes() {
     let tp = |t: u32, ckpt| {
@@ -252,4 +254,8 @@ fn gpt_tensor_parallel_meshes() {
     check(GPT, 4, &tp(2, CheckpointPolicy::None), &adamw());
     check(GPT, 4, &tp(2, CheckpointPolicy::Units), &adamw());
     check(GPT, 4, &tp(4, CheckpointPolicy::None), &adamw());
+    // Plain tensor parallelism: the activations between regions whole.
+    let mut plain = tp(2, CheckpointPolicy::None);
+    plain.sequence_parallel = false;
+    check(GPT, 4, &plain, &adamw());
 }

@@ -54,6 +54,15 @@ fn tensor_sums(plan: &Plan) -> usize {
         .count()
 }
 
+fn chunk_moves(plan: &Plan) -> usize {
+    plan.instructions
+        .iter()
+        .filter(|i| matches!(i.op, InstrOp::TensorChunks { .. }))
+        .count()
+}
+
+/// Each mesh with plain tensor parallelism and with sequence parallelism
+/// against one rank, and the two against each other.
 fn check_family(name: &str, spec: &dyn Fn(u32) -> String) {
     let (_, reference) = run(spec, 1, &cfg(1, Strategy::NoShard, None));
     for (t, world, strategy) in [
@@ -63,30 +72,55 @@ fn check_family(name: &str, spec: &dyn Fn(u32) -> String) {
         (2, 4, Strategy::ShardGradOp),
         (4, 8, Strategy::FullShard),
     ] {
-        let (plan, r) = run(spec, world, &cfg(t, strategy, None));
-        let record = plan.config.tensor.as_ref().expect("a tensor record");
-        assert_eq!(record.degree, t);
-        // Each block's attention and MLP split: two forward and two
-        // backward sums each.
-        assert_eq!(tensor_sums(&plan), 2 * 2 * 2, "{name} T={t}: {record:?}");
-        let loss = max_loss_rel_diff(&reference, &r);
-        let (abs, _) = max_param_diff(&reference, &r);
+        let mut runs = Vec::new();
+        for sequence in [false, true] {
+            let mut c = cfg(t, strategy, None);
+            c.sequence_parallel = sequence;
+            let (plan, r) = run(spec, world, &c);
+            let record = plan.config.tensor.as_ref().expect("a tensor record");
+            assert_eq!(record.degree, t);
+            let what = format!("{name} T={t} world {world} {strategy:?} sequence {sequence}");
+            if sequence {
+                // Every region leaves through a reduce-scatter into chunks,
+                // and only the head's input is gathered whole.
+                let s = record.sequence.as_ref().expect("a sequence record");
+                assert_eq!(
+                    (s.scattered, s.whole, s.gathered),
+                    (4, 0, 1),
+                    "{what}: {record:?}"
+                );
+                assert!(chunk_moves(&plan) > 0, "{what}");
+            } else {
+                // Each block's attention and MLP split: two forward and two
+                // backward sums each.
+                assert_eq!(record.sequence, None);
+                assert_eq!(tensor_sums(&plan), 2 * 2 * 2, "{what}: {record:?}");
+                assert_eq!(chunk_moves(&plan), 0, "{what}");
+            }
+            let loss = max_loss_rel_diff(&reference, &r);
+            let (abs, _) = max_param_diff(&reference, &r);
+            eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
+            assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
+            assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
+            assert!(
+                r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
+                "{what}: measured {:?} over planned {}",
+                r.measured_peak_bytes,
+                plan.memory.rank_bytes
+            );
+            runs.push((plan, r));
+        }
+        // Sequence parallelism sums the norms' and biases' gradients over
+        // the members' chunks: the two differ only in that order.
+        let loss = max_loss_rel_diff(&runs[0].1, &runs[1].1);
+        let (abs, _) = max_param_diff(&runs[0].1, &runs[1].1);
         eprintln!(
-            "{name} T={t} world {world} {strategy:?}: max loss rel diff {loss:e}, max param abs diff {abs:e}"
+            "{name} T={t} world {world}: sequence against plain: loss {loss:e}, params {abs:e}"
         );
+        assert!(loss <= LOSS_RTOL && abs <= PARAM_ATOL);
         assert!(
-            loss <= LOSS_RTOL,
-            "{name} T={t} world {world}: loss {loss:e}"
-        );
-        assert!(
-            abs <= PARAM_ATOL,
-            "{name} T={t} world {world}: params {abs:e}"
-        );
-        assert!(
-            r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
-            "{name} T={t}: measured {:?} over planned {}",
-            r.measured_peak_bytes,
-            plan.memory.rank_bytes
+            runs[1].0.memory.peak_bytes <= runs[0].0.memory.peak_bytes,
+            "{name} T={t}: sequence parallelism holds no more"
         );
     }
 }
@@ -162,6 +196,14 @@ fn onnx_exports_split_and_train_like_one_rank() {
         let (r, plan) = at(2, 2);
         let record = plan.config.tensor.as_ref().expect("a tensor record");
         assert_eq!(record.split.len(), 4, "{name}: {record:?}");
+        // Sequence parallelism: every region leaves into chunks, and only
+        // the head's input is gathered whole.
+        let q = record.sequence.as_ref().expect("a sequence record");
+        assert_eq!(
+            (q.scattered, q.whole, q.gathered),
+            (4, 0, 1),
+            "{name}: {q:?}"
+        );
         let loss = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!("{name} T=2: max loss rel diff {loss:e}, max param abs diff {abs:e}");
@@ -370,4 +412,32 @@ fn the_fp16_loss_scaler_holds_under_tensor_parallelism() {
     assert!(abs <= 2.0 * STEPS as f32 * 1e-3, "params {abs:e}");
     let (_, all) = run(&gpt, 4, &fp16(2, 1e30));
     assert_eq!(all.skipped_steps, (0..STEPS).collect::<Vec<_>>());
+}
+
+/// Chunks lie on the first axis not of size 1: the batch when T divides
+/// it, the sequence for one sample; a shape with neither leaves the regions
+/// whole (all-reduced), listed in the record. Each trains like one rank.
+#[test]
+fn sequence_chunks_follow_the_shape() {
+    for (batch, t, scattered) in [(1, 2, 4), (1, 4, 4), (2, 4, 0)] {
+        let spec = gpt(batch);
+        let plan = plan_with(&spec, t, &cfg(t, Strategy::FullShard, None));
+        let q = plan.config.tensor.as_ref().and_then(|r| r.sequence.clone());
+        let q = q.expect("a sequence record");
+        assert_eq!(
+            (q.scattered, q.whole),
+            (scattered, 4 - scattered),
+            "batch {batch} T={t}"
+        );
+        let one = plan_with(&spec, 1, &cfg(1, Strategy::NoShard, None));
+        let reference = train(&one, STEPS, ExecMode::Arena);
+        let r = train(&plan, STEPS, ExecMode::Arena);
+        let loss = max_loss_rel_diff(&reference, &r);
+        let (abs, _) = max_param_diff(&reference, &r);
+        eprintln!("batch {batch} T={t}: loss {loss:e}, params {abs:e}");
+        assert!(
+            loss <= LOSS_RTOL && abs <= PARAM_ATOL,
+            "batch {batch} T={t}"
+        );
+    }
 }

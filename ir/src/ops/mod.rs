@@ -70,7 +70,9 @@ fn family(op: &Op) -> &'static dyn Family {
         | SumTo { .. } => &shape::ShapeOps,
         Reduce { .. } => &reduce::Reduce,
         CrossEntropy { .. } => &loss::Loss,
-        TpCopy | TpReduce => &tensor_parallel::TensorParallel,
+        TpCopy | TpReduce | TpGather { .. } | TpReduceScatter { .. } | TpSplit { .. } => {
+            &tensor_parallel::TensorParallel
+        }
         UnaryGrad { .. }
         | LayerNormGrad { .. }
         | RmsNormGrad { .. }

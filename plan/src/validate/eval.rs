@@ -58,6 +58,9 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
             // A forward tensor-parallel sum: part of computing the loss.
             InstrOp::TensorAllReduce {
                 node, micro_batch, ..
+            }
+            | InstrOp::TensorChunks {
+                node, micro_batch, ..
             } => {
                 if *micro_batch != 0 {
                     Some(format!("a tensor sum of micro-batch {micro_batch}"))

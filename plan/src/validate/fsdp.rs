@@ -157,22 +157,27 @@ impl FsdpChecks<'_> {
         }
     }
 
-    /// Every gradient value is written by its kernel into its unit's flat
-    /// gradient at the parameter's offset.
+    /// Every gradient value is written by its kernel (or, for a gradient
+    /// summed over the tensor group, its tensor collective) into its unit's
+    /// flat gradient at the parameter's offset.
     fn grads_written(&mut self) {
         let p = self.plan;
         let mut written: HashMap<fsdpc_ir::ValueId, Slot> = HashMap::new();
         for ins in &p.instructions {
-            if let InstrOp::Kernel { node, outputs, .. } = &ins.op {
-                for (k, s) in outputs.iter().enumerate() {
-                    written.insert(
-                        fsdpc_ir::ValueId {
-                            node: *node,
-                            slot: k as u32,
-                        },
-                        *s,
-                    );
-                }
+            let (node, outputs) = match &ins.op {
+                InstrOp::Kernel { node, outputs, .. } => (node, outputs.as_slice()),
+                InstrOp::TensorAllReduce { node, dst, .. }
+                | InstrOp::TensorChunks { node, dst, .. } => (node, std::slice::from_ref(dst)),
+                _ => continue,
+            };
+            for (k, s) in outputs.iter().enumerate() {
+                written.insert(
+                    fsdpc_ir::ValueId {
+                        node: *node,
+                        slot: k as u32,
+                    },
+                    *s,
+                );
             }
         }
         let grad_of: HashMap<_, _> = p.training.grads.iter().map(|g| (g.param, g.grad)).collect();

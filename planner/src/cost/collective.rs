@@ -338,6 +338,34 @@ pub fn collective_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64
                 dtype,
             )
         }
+        InstrOp::TensorChunks {
+            kind: kind @ (ChunkKind::Gather | ChunkKind::ReduceScatter),
+            node,
+            group,
+            ..
+        } => {
+            // The whole tensor: a gather's output, a reduce-scatter's input
+            // (its output, a chunk, times the parts).
+            let n = plan.training.graph.try_node(*node);
+            let parts = match n.map(|n| &n.op) {
+                Some(fsdpc_ir::Op::TpReduceScatter { parts, .. }) => u64::from(*parts),
+                _ => 1,
+            };
+            let ty = n.and_then(|n| n.outputs.first());
+            let (bytes, dtype) =
+                ty.map_or((0, fsdpc_ir::DType::F32), |t| (t.bytes() * parts, t.dtype));
+            (
+                match kind {
+                    ChunkKind::Gather => CollectiveKind::AllGather,
+                    _ => CollectiveKind::ReduceScatter,
+                },
+                *group,
+                bytes,
+                false,
+                CollectiveAlgorithm::Ring,
+                dtype,
+            )
+        }
         InstrOp::NormAllReduce { buffer, group } | InstrOp::FoundInfAllReduce { buffer, group } => {
             (
                 CollectiveKind::AllReduce,

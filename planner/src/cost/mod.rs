@@ -46,9 +46,30 @@ pub fn instr_cost(plan: &Plan, cluster: &Cluster, ins: &Instr) -> (f64, u64) {
         InstrOp::AllReduce { .. }
         | InstrOp::NormAllReduce { .. }
         | InstrOp::FoundInfAllReduce { .. }
-        | InstrOp::TensorAllReduce { .. } => {
+        | InstrOp::TensorAllReduce { .. }
+        | InstrOp::TensorChunks {
+            kind: ChunkKind::Gather | ChunkKind::ReduceScatter,
+            ..
+        } => {
             let (t, bytes, _) = collective_cost(plan, cluster, ins);
             (t + conversion_time(plan, cluster, ins), bytes)
+        }
+        // A member's chunk copied out of the whole: read and written once.
+        InstrOp::TensorChunks {
+            kind: ChunkKind::Split,
+            dst,
+            ..
+        } => {
+            let b = 2 * bytes_of(&dst.buffer);
+            (
+                cluster.hardware.kernel_overhead_s
+                    + b as f64
+                        / cluster
+                            .hardware
+                            .kernel_bandwidth_for("copy", b as f64)
+                            .max(1.0),
+                0,
+            )
         }
         InstrOp::GradNormSq { grads, .. } => {
             let t = grads.iter().map(|g| bytes_of(g) as f64 / bw_at(g)).sum();
@@ -153,6 +174,16 @@ pub fn traffic(plan: &Plan, cluster: &Cluster) -> Vec<Traffic> {
             | InstrOp::TensorAllReduce { group, .. } => {
                 ("all_reduce", CollectiveKind::AllReduce, group)
             }
+            InstrOp::TensorChunks {
+                kind: ChunkKind::Gather,
+                group,
+                ..
+            } => ("all_gather", CollectiveKind::AllGather, group),
+            InstrOp::TensorChunks {
+                kind: ChunkKind::ReduceScatter,
+                group,
+                ..
+            } => ("reduce_scatter", CollectiveKind::ReduceScatter, group),
             _ => continue,
         };
         let (ranks, inter_node) = group_shape(plan, group);
@@ -223,7 +254,12 @@ pub fn tensor_across_nodes(plan: &Plan, cluster: &Cluster) -> Option<(u64, f64)>
     let secs = plan
         .instructions
         .iter()
-        .filter(|i| matches!(i.op, InstrOp::TensorAllReduce { .. }))
+        .filter(|i| {
+            matches!(
+                i.op,
+                InstrOp::TensorAllReduce { .. } | InstrOp::TensorChunks { .. }
+            )
+        })
         .map(|i| collective_cost(plan, cluster, i).0)
         .sum();
     Some((across, secs))

@@ -421,6 +421,24 @@ impl<'a> Lowering<'a> {
                 group: Group::Tensor,
                 micro_batch: self.m,
             },
+            // Sequence parallelism's chunk moves: collectives (or a copy)
+            // on the compute stream.
+            (
+                Op::TpGather { .. } | Op::TpReduceScatter { .. } | Op::TpSplit { .. },
+                [src],
+                [dst],
+            ) => InstrOp::TensorChunks {
+                kind: match op {
+                    Op::TpGather { .. } => ChunkKind::Gather,
+                    Op::TpReduceScatter { .. } => ChunkKind::ReduceScatter,
+                    _ => ChunkKind::Split,
+                },
+                node: n,
+                src: *src,
+                dst: *dst,
+                group: Group::Tensor,
+                micro_batch: self.m,
+            },
             _ => InstrOp::Kernel {
                 node: n,
                 kernel: op.name(),

@@ -20,6 +20,7 @@
 //! partial input gradients.
 
 mod layout;
+mod sequence;
 
 use crate::error::PlanError;
 use fsdpc_ir::{Graph, NodeId, Op, ParamId, Phase, TpSlice, TrainingProgram, ValueId};
@@ -28,10 +29,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use fsdpc_plan::TensorRecord;
 
-/// Splits `program` over `t` ranks; the program unchanged when `t` is 1.
+/// Splits `program` over `t` ranks, with sequence parallelism between the
+/// regions when `sequence` (`sequence::apply`); the program unchanged when
+/// `t` is 1.
 pub fn apply(
     program: TrainingProgram,
     t: u32,
+    sequence: bool,
 ) -> Result<(TrainingProgram, Option<TensorRecord>), PlanError> {
     if t <= 1 {
         return Ok((program, None));
@@ -51,7 +55,7 @@ pub fn apply(
         );
         return Err(bad(format!("no layer of the model splits: {why}")));
     }
-    let record = TensorRecord {
+    let mut record = TensorRecord {
         degree: t,
         split: found.regions.iter().map(|r| r.name.clone()).collect(),
         replicated: found
@@ -59,8 +63,20 @@ pub fn apply(
             .iter()
             .map(|(n, why)| format!("{n}: {why}"))
             .collect(),
+        sequence: None,
     };
-    let local = rewrite(forward, &found, t as usize).map_err(|e| bad(e.to_string()))?;
+    let mut local = rewrite(forward, &found, t as usize).map_err(|e| bad(e.to_string()))?;
+    let mut loss = loss;
+    if sequence {
+        let (s, renumbered_loss) =
+            sequence::apply(&mut local, loss, t as usize).map_err(|e| bad(e.to_string()))?;
+        loss = renumbered_loss;
+        record.sequence = Some(fsdpc_plan::SequenceRecord {
+            scattered: s.scattered as u32,
+            whole: s.whole as u32,
+            gathered: s.gathered as u32,
+        });
+    }
     let program = fsdpc_ir::build_training_program(local, loss, program.optimizer)
         .map_err(|e| bad(e.to_string()))?;
     Ok((program, Some(record)))

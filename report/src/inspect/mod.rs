@@ -127,8 +127,9 @@ pub struct Summary {
     pub all_gathers: usize,
     pub reduce_scatters: usize,
     pub all_reduces: usize,
-    /// The tensor group's sums of activations and their gradients
-    /// (`TensorAllReduce`; absent: none).
+    /// The tensor group's collectives on activations and their gradients
+    /// (`TensorAllReduce`, and `TensorChunks` gathers and reduce-scatters
+    /// with sequence parallelism; absent: none).
     #[serde(skip_serializing_if = "is_zero_usize")]
     pub tensor_sums: usize,
     pub instructions: usize,
@@ -319,7 +320,16 @@ pub fn summary(plan: &Plan) -> Summary {
                     | InstrOp::FoundInfAllReduce { .. }
             )
         }),
-        tensor_sums: count(|op| matches!(op, InstrOp::TensorAllReduce { .. })),
+        tensor_sums: count(|op| {
+            matches!(
+                op,
+                InstrOp::TensorAllReduce { .. }
+                    | InstrOp::TensorChunks {
+                        kind: ChunkKind::Gather | ChunkKind::ReduceScatter,
+                        ..
+                    }
+            )
+        }),
         instructions: plan.instructions.len(),
         eval_instructions: plan.eval.map(|e| e.instructions),
         eval_s: e.eval_s,

@@ -75,12 +75,29 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(t) = &s.tensor {
         let _ = writeln!(
             out,
-            "tensor    T = {} ({} data ranks): {} regions split (column- then row-parallel), {} sums of activations a step",
+            "tensor    T = {} ({} data ranks): {} regions split (column- then row-parallel), {} tensor collectives a step",
             t.degree,
             s.world / t.degree.max(1),
             t.split.len(),
             s.tensor_sums
         );
+        match &t.sequence {
+            Some(q) => {
+                let _ = writeln!(
+                    out,
+                    "          sequence parallel: {} of {} region exits reduce-scatter into row chunks; the norms and residual adds between run on chunks, {} gathered whole for ops that do not",
+                    q.scattered,
+                    q.scattered + q.whole,
+                    q.gathered
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "          sequence parallel off: the activations between regions are whole on every member"
+                );
+            }
+        }
         for r in &t.split {
             let _ = writeln!(out, "          split       {r}");
         }

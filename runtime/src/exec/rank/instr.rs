@@ -128,6 +128,38 @@ impl<'a> RankEnv<'a> {
                         )
                         .map_err(ce)
                 }
+                Step::TensorChunks {
+                    kind,
+                    src,
+                    dst,
+                    dtype,
+                    group,
+                } => {
+                    let comm = self.comm(stream, *group)?;
+                    let send = Buf {
+                        dtype: *dtype,
+                        bytes: mem.view(*src)?,
+                    };
+                    let recv = BufMut {
+                        dtype: *dtype,
+                        bytes: mem.view_mut(*dst)?,
+                    };
+                    match kind {
+                        fsdpc_plan::ChunkKind::Gather => comm.all_gather(send, recv).map_err(ce),
+                        fsdpc_plan::ChunkKind::ReduceScatter => {
+                            comm.reduce_scatter(send, recv, 1).map_err(ce)
+                        }
+                        fsdpc_plan::ChunkKind::Split => {
+                            let n = recv.bytes.len();
+                            let at = comm.position() * n;
+                            let chunk = send.bytes.get(at..at + n).ok_or_else(|| {
+                                RuntimeError::plan_at(i, "a chunk outside the whole tensor")
+                            })?;
+                            recv.bytes.copy_from_slice(chunk);
+                            Ok(())
+                        }
+                    }
+                }
                 Step::Copy { src, dst } => {
                     let (from, into) = self.send_recv(mem, *src, *dst)?;
                     into.bytes.copy_from_slice(from.bytes);

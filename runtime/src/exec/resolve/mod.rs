@@ -96,6 +96,16 @@ pub enum Step<'p> {
         dtype: fsdpc_ir::DType,
         group: Group,
     },
+    /// Between this member's row chunk and the whole over the tensor
+    /// group (`InstrOp::TensorChunks`): `src` and `dst` are the chunk and
+    /// the whole, or the whole and the chunk, as `kind` says.
+    TensorChunks {
+        kind: fsdpc_plan::ChunkKind,
+        src: Region,
+        dst: Region,
+        dtype: fsdpc_ir::DType,
+        group: Group,
+    },
     LoadInput {
         name: &'p str,
         ty: &'p TensorType,
@@ -366,6 +376,41 @@ fn step<'p>(
             Step::TensorAllReduce {
                 src: region(plan, *src, ty.bytes()).map_err(|e| err(i, e))?,
                 dst: region(plan, *dst, ty.bytes()).map_err(|e| err(i, e))?,
+                dtype: ty.dtype,
+                group: *group,
+            }
+        }
+        InstrOp::TensorChunks {
+            kind,
+            node,
+            src,
+            dst,
+            group,
+            ..
+        } => {
+            let ty = output_type(graph, i, *node)?;
+            let parts = match graph.try_node(*node).map(|n| &n.op) {
+                Some(
+                    fsdpc_ir::Op::TpGather { parts, .. }
+                    | fsdpc_ir::Op::TpReduceScatter { parts, .. }
+                    | fsdpc_ir::Op::TpSplit { parts, .. },
+                ) => u64::from(*parts),
+                _ => {
+                    return Err(err(
+                        i,
+                        format!("node {node} is not a tensor-parallel chunk move"),
+                    ))
+                }
+            };
+            // A gather's output is the whole; the others' is a chunk.
+            let (src_bytes, dst_bytes) = match kind {
+                fsdpc_plan::ChunkKind::Gather => (ty.bytes() / parts.max(1), ty.bytes()),
+                _ => (ty.bytes() * parts, ty.bytes()),
+            };
+            Step::TensorChunks {
+                kind: *kind,
+                src: region(plan, *src, src_bytes).map_err(|e| err(i, e))?,
+                dst: region(plan, *dst, dst_bytes).map_err(|e| err(i, e))?,
                 dtype: ty.dtype,
                 group: *group,
             }

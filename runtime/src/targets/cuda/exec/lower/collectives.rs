@@ -227,6 +227,54 @@ pub(super) fn tensor_all_reduce(
     }
 }
 
+/// `TensorChunks`: between this member's row chunk and the whole over
+/// `group` (the tensor group) on the compute stream: an NCCL all-gather or
+/// reduce-scatter (counted in chunk elements), or a copy of this member's
+/// chunk out of the whole.
+pub(super) fn tensor_chunks(
+    cx: &Lowering,
+    comms: &mut CommIndex,
+    kind: fsdpc_plan::ChunkKind,
+    (src, dst): (&Region, &Region),
+    dt: DType,
+    group: Group,
+    items: &mut Vec<Item>,
+) {
+    use fsdpc_plan::ChunkKind;
+    let (prep, l, stream) = (cx.prep, cx.l, cx.stream);
+    let (from, into) = (l.region(prep, src), l.region(prep, dst));
+    let chunk = src.len.min(dst.len);
+    let count = chunk / dt.size().max(1);
+    let position = cx.geometry.tensor_position(cx.rank) as u64;
+    match kind {
+        ChunkKind::Split => items.push(Item::Act(Action::Copy {
+            src: from + position * chunk as u64,
+            dst: into,
+            bytes: chunk as u64,
+        })),
+        // One member: the chunk is the whole.
+        _ if !cx.use_nccl(group) => items.push(Item::Act(Action::Copy {
+            src: from,
+            dst: into,
+            bytes: chunk as u64,
+        })),
+        ChunkKind::Gather => items.push(Item::Coll(Coll::AllGather {
+            comm: comms.get(stream, group),
+            send: from,
+            recv: into,
+            count,
+            dt,
+        })),
+        ChunkKind::ReduceScatter => items.push(Item::Coll(Coll::ReduceScatter {
+            comm: comms.get(stream, group),
+            send: from,
+            recv: into,
+            count,
+            dt,
+        })),
+    }
+}
+
 /// `NormAllReduce`: the f32 squared norm summed over `group`.
 pub(super) fn norm_all_reduce(
     cx: &Lowering,

@@ -153,6 +153,21 @@ pub(super) fn lower_step(
             dtype,
             group,
         } => collectives::tensor_all_reduce(&cx, comms, (src, dst), *dtype, *group, &mut items),
+        Step::TensorChunks {
+            kind,
+            src,
+            dst,
+            dtype,
+            group,
+        } => collectives::tensor_chunks(
+            &cx,
+            comms,
+            *kind,
+            (src, dst),
+            *dtype,
+            *group,
+            &mut items,
+        ),
         Step::NormAllReduce { buffer, group } => {
             collectives::norm_all_reduce(&cx, comms, *buffer, *group, &mut items);
         }

@@ -1,0 +1,167 @@
+//! Two-dimensional meshes at scale, from the memory plan and the cost
+//! model (nominal presets, nothing measured): Llama-3-70B on 64 H100
+//! (8 nodes) and GPT-3 175B on 512 A100 (64 nodes), as FSDP alone, FSDP
+//! hybrid and T = 2, 4, 8 tensor-parallel ranks inside a node with FSDP
+//! across, each with and without sequence parallelism. bf16 parameters and
+//! reduction, every block recomputed. The per-rank batch is T sequences,
+//! so the global batch is the same in every row; tokens per second per
+//! rank compare the rows. Then what `--auto` chooses for each (the
+//! precision and recomputation searched too) and how long its search takes.
+//!
+//! Run: `cargo bench --bench tensor`
+
+#[allow(dead_code)] // each bench uses part of it
+mod common;
+
+use fsdpc_ir::DType;
+use fsdpc_plan::{CheckpointPolicy, Strategy};
+use fsdpc_planner::FsdpConfig;
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+fn config(strategy: Strategy, t: u32, sequence: bool) -> FsdpConfig {
+    FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            strategy,
+            tensor_parallel: t,
+            sequence_parallel: sequence,
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            activation_checkpointing: CheckpointPolicy::Units,
+            ..fsdpc_plan::Settings::default()
+        },
+        check_fits: false,
+        ..FsdpConfig::default()
+    }
+}
+
+fn table(model: &str, preset: &str, world: u32) {
+    println!("\n{model}, world {world} (8 per node, {preset}), bf16, every block recomputed; per rank and step");
+    println!(
+        "  {:<30} {:>9} {:>10} {:>10} {:>11} {:>13} {:>13} {:>10}",
+        "mesh",
+        "step",
+        "tokens/s",
+        "peak",
+        "fits",
+        "tensor bytes",
+        "across nodes",
+        "exposed"
+    );
+    let rows: Vec<(String, FsdpConfig)> = [
+        ("FSDP full_shard".to_string(), config(Strategy::FullShard, 1, true)),
+        ("FSDP hybrid_shard".to_string(), config(Strategy::HybridShard, 1, true)),
+    ]
+    .into_iter()
+    .chain([2, 4, 8].into_iter().flat_map(|t| {
+        [false, true].map(|sp| {
+            (
+                format!("T={t} + FSDP{}", if sp { " + SP" } else { "" }),
+                config(Strategy::FullShard, t, sp),
+            )
+        })
+    }))
+    .collect();
+    for (name, cfg) in rows {
+        let t = cfg.tensor_parallel;
+        match common::compile(&format!("{model}:batch={t}"), preset, world, 8, &cfg) {
+            Ok(p) => {
+                let e = &p.estimates;
+                let traffic = fsdpc_planner::cost::traffic(&p, &p.cluster);
+                let tensor: u64 = traffic
+                    .iter()
+                    .filter(|x| x.group == fsdpc_plan::Group::Tensor)
+                    .map(|x| x.bytes_sent)
+                    .sum();
+                let across: u64 = traffic.iter().map(|x| x.across_bytes).sum();
+                let tokens = p.model.tokens_per_rank_step as f64 / (f64::from(t) * e.step_time_s);
+                println!(
+                    "  {:<30} {:>7.2} s {:>10.0} {:>6.1} GiB {:>11} {:>9.2} GiB {:>9.2} GiB {:>8.2} s",
+                    name,
+                    e.step_time_s,
+                    tokens,
+                    gib(p.memory.rank_bytes),
+                    if p.memory.rank_bytes <= p.cluster.memory_bytes {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                    gib(tensor),
+                    gib(across),
+                    e.exposed_comm_s,
+                );
+            }
+            Err(e) => println!("  {name:<30} does not plan: {e}"),
+        }
+    }
+}
+
+/// `--auto` with bf16 allowed: every degree searched; the chosen mesh and
+/// the search's time, model loading included.
+fn auto(model: &str, preset: &str, world: u32) {
+    use fsdpc_planner::auto::{search_mesh, tensor_degrees, Fixed};
+    let started = std::time::Instant::now();
+    let m = fsdpc_frontends::load(model, &fsdpc_frontends::LoadOptions::default())
+        .expect("the model loads");
+    let info = fsdpc_plan::ModelInfo {
+        name: m.name.clone(),
+        params: m.program.graph.param_numel(),
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+    };
+    let cluster = fsdpc_planner::preset(preset, world, 8).expect("preset");
+    let base = FsdpConfig::default();
+    let degrees = tensor_degrees(&cluster, None);
+    match search_mesh(
+        &m.program,
+        &info,
+        &cluster,
+        &base,
+        &Fixed::default(),
+        true,
+        0.005,
+        &degrees,
+    ) {
+        Ok(choice) => {
+            println!(
+                "\n--auto, {model} on {world} ranks of {preset} (bf16 allowed): {:.2} s (load included)",
+                started.elapsed().as_secs_f64()
+            );
+            for row in &choice.rows {
+                match &row.outcome {
+                    Ok(b) => println!(
+                        "  T={:<2} {:<72} step {:>8.3} s {:>8.1} tokens/s per rank, peak {:>6.1} GiB{}",
+                        row.degree,
+                        b.config,
+                        b.step_time_s,
+                        b.tokens_per_s_per_rank,
+                        gib(b.peak_bytes),
+                        if row.degree == choice.degree {
+                            "  chosen"
+                        } else {
+                            ""
+                        }
+                    ),
+                    Err(e) => println!("  T={:<2} nothing fits: {e}", row.degree),
+                }
+            }
+        }
+        Err(e) => println!(
+            "\n--auto, {model} on {world} ranks: {:.2} s: {e}",
+            started.elapsed().as_secs_f64()
+        ),
+    }
+}
+
+fn main() {
+    common::figures(
+        "tensor",
+        "two-dimensional meshes at scale",
+        "Llama-3-70B on 64 H100 (`h100-80g-ib`) and GPT-3 175B on 512 A100 (`a100-80g-roce`), 8 ranks per node, from the memory plan and the cost model (nominal presets; nothing here is measured): FSDP alone, FSDP hybrid, and T = 2, 4, 8 with FSDP across, without and with sequence parallelism; bf16, every block recomputed, the per-rank batch T sequences so that the global batch is the same in every row. Then `--auto`'s choice with bf16 allowed, every degree searched, and its time.",
+    );
+    table("llama3-70b", "h100-80g-ib", 64);
+    table("gpt3-175b", "a100-80g-roce", 512);
+    auto("llama3-70b", "h100-80g-ib", 64);
+    auto("gpt3-175b", "a100-80g-roce", 512);
+}

@@ -1,0 +1,284 @@
+//! Sequence parallelism (Megatron-SP) on a member's forward graph: the
+//! activations between split regions, replicated on every member under
+//! plain tensor parallelism, are held as row chunks instead.
+//!
+//! A tensor whose leading axes are 1 up to an axis `a` before the last,
+//! with `a`'s size divisible by T, is *chunkable*: member k holds the k-th
+//! of T equal contiguous parts (rows of the last axis), shaped as the whole
+//! with axis `a` divided by T, so gathering and scattering are plain
+//! collectives over contiguous buffers.
+//!
+//! In graph order:
+//! - a region's `TpReduce` whose sum is chunkable becomes a
+//!   `TpReduceScatter` (each member keeps its chunk of the sum);
+//! - an op that works row by row (elementwise ops, casts, norms and
+//!   reductions over the last axis, dropout with p = 0, reshapes to a
+//!   chunkable shape) and reads a chunk computes on chunks: another
+//!   activation of the same whole shape it reads is split (`TpSplit`, no
+//!   communication), and a value computed from parameters and constants
+//!   alone (a norm's weight, a bias) is read through a `TpCopy`, so its
+//!   gradient, partial on each member, is summed over the group;
+//! - a `TpCopy` that enters a region from a chunk becomes a `TpGather`
+//!   whose gradient is reduce-scattered;
+//! - any other op that reads a chunk (a product with a replicated weight,
+//!   the loss, a dropout with p > 0, whose mask is keyed by the element's
+//!   place in the whole) reads it through a `TpGather` whose gradient is
+//!   this member's chunk.
+
+use fsdpc_ir::{Graph, IrError, NodeId, Op, ValueId};
+use std::collections::HashMap;
+
+/// What the rewrite did, for the plan's record.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sequence {
+    /// Region exits that reduce-scatter instead of all-reducing.
+    pub scattered: usize,
+    /// Region exits left as all-reduces (their sum is not chunkable).
+    pub whole: usize,
+    /// Chunks gathered whole for ops that do not run on chunks (the
+    /// head's product, the loss, a dropout).
+    pub gathered: usize,
+}
+
+/// The first axis not of size 1, when it lies before the last and `t`
+/// divides it.
+fn chunk_axis(dims: &[usize], t: usize) -> Option<usize> {
+    let a = dims.iter().position(|&d| d != 1)?;
+    (a + 1 < dims.len() && dims[a].is_multiple_of(t)).then_some(a)
+}
+
+/// Whether value `v` is computed from parameters and constants alone.
+fn is_static(g: &Graph, v: ValueId, memo: &mut HashMap<NodeId, bool>) -> bool {
+    if let Some(&s) = memo.get(&v.node) {
+        return s;
+    }
+    let s = match &g.node(v.node).op {
+        Op::Param { .. } | Op::Constant { .. } => true,
+        Op::Input { .. } => false,
+        _ => g.inputs(v.node).iter().all(|&i| is_static(g, i, memo)),
+    };
+    memo.insert(v.node, s);
+    s
+}
+
+/// Whether `op` works on each row of its last axis independently, so that
+/// it computes on chunks as it does on the whole.
+fn row_wise(op: &Op, rank: usize) -> bool {
+    match op {
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Compare { .. }
+        | Op::Logical { .. }
+        | Op::Not
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Reshape { .. } => true,
+        Op::Dropout { p, .. } => *p == 0.0,
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => *axis + 1 == rank,
+        Op::Reduce { axes, keepdims, .. } => *keepdims && axes.as_slice() == [rank - 1],
+        _ => false,
+    }
+}
+
+/// Rewrites the member's forward graph `g` (plain tensor parallelism over
+/// `t` members) to hold the activations between regions as chunks; `loss`
+/// is its loss. The nodes are renumbered so that each inserted node comes
+/// right before the op it was inserted for (the planner schedules in id
+/// order among ready nodes: a `TpCopy` of a norm's weight, ready from the
+/// start, would otherwise run first in forward and its gradient's sum last
+/// in backward, holding every unit's flat gradient until then). Returns
+/// the renumbered graph's loss.
+pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueId), IrError> {
+    let order = g
+        .topo_order()
+        .map_err(|_| IrError::Invalid("the forward graph has a cycle".into()))?;
+    let kept: std::collections::HashSet<NodeId> = g.node_ids().collect();
+    let parts = t as u32;
+    // Values held as chunks, with their chunk axis.
+    let mut chunks: HashMap<ValueId, usize> = HashMap::new();
+    let mut statics = HashMap::new();
+    // One split of a whole activation and one gather of a chunk, however
+    // many ops read them.
+    let mut splits: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut gathers: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut record = Sequence::default();
+    for n in order {
+        let node = g.node(n);
+        if node.phase != fsdpc_ir::Phase::Forward || node.op.is_source() {
+            continue;
+        }
+        let (name, module) = (node.name.clone(), node.module);
+        let out = ValueId { node: n, slot: 0 };
+        let ins = g.inputs(n);
+        let dims = |v: ValueId, g: &Graph| g.value_type(v).shape.0.clone();
+        match node.op.clone() {
+            Op::TpReduce => {
+                let whole = dims(out, g);
+                match chunk_axis(&whole, t) {
+                    Some(axis) => {
+                        g.node_mut(n).op = Op::TpReduceScatter { axis, parts };
+                        crate::precision::infer_outputs(g, n)?;
+                        chunks.insert(out, axis);
+                        record.scattered += 1;
+                    }
+                    None => record.whole += 1,
+                }
+            }
+            Op::TpCopy if chunks.contains_key(&ins[0]) => {
+                let axis = chunks[&ins[0]];
+                g.node_mut(n).op = Op::TpGather {
+                    axis,
+                    parts,
+                    partial_grad: true,
+                };
+                crate::precision::infer_outputs(g, n)?;
+            }
+            op => {
+                let chunked: Vec<usize> = ins
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| chunks.contains_key(v))
+                    .map(|(i, _)| i)
+                    .collect();
+                let Some(&first) = chunked.first() else {
+                    continue;
+                };
+                let axis = chunks[&ins[first]];
+                let whole_in = {
+                    let mut d = dims(ins[first], g);
+                    d[axis] *= t;
+                    d
+                };
+                let rank = whole_in.len();
+                let whole_out = dims(out, g);
+                // Every other input: a chunk of the same whole, a whole
+                // activation of that shape (split here), or a static value
+                // that does not vary along the chunk axis.
+                let fits = row_wise(&op, rank)
+                    && g.node(n).outputs.len() == 1
+                    && ins.iter().all(|&v| {
+                        if let Some(&a) = chunks.get(&v) {
+                            return a == axis && dims(v, g).len() == rank;
+                        }
+                        let d = dims(v, g);
+                        if d == whole_in {
+                            return true;
+                        }
+                        // Right-aligned broadcast: size 1 or absent at the
+                        // chunk axis and every axis before it.
+                        let lead = rank.saturating_sub(d.len());
+                        is_static(g, v, &mut statics)
+                            && d.len() <= rank
+                            && (0..=axis).all(|i| i < lead || d[i - lead] == 1)
+                    });
+                let out_axis = match &op {
+                    Op::Reshape { .. } => chunk_axis(&whole_out, t),
+                    _ => Some(axis).filter(|_| whole_out.len() == rank),
+                };
+                match (fits, out_axis) {
+                    (true, Some(out_axis)) => {
+                        for (i, &v) in ins.iter().enumerate() {
+                            if chunks.contains_key(&v) {
+                                continue;
+                            }
+                            let read = if dims(v, g) == whole_in {
+                                match splits.get(&v) {
+                                    Some(&c) => c,
+                                    None => {
+                                        let c = g.add1(
+                                            Op::TpSplit { axis, parts },
+                                            &[v],
+                                            format!("{name}.sp_split{i}"),
+                                            module,
+                                        )?;
+                                        splits.insert(v, c);
+                                        c
+                                    }
+                                }
+                            } else if g.node(v.node).op.is_source()
+                                && !matches!(g.node(v.node).op, Op::Param { .. })
+                            {
+                                continue;
+                            } else {
+                                // A static value with a gradient: summed over
+                                // the group, each member's part being partial.
+                                g.add1(Op::TpCopy, &[v], format!("{name}.sp_copy{i}"), module)?
+                            };
+                            g.set_input(n, i as u32, read);
+                        }
+                        if let Op::Reshape { shape } = &mut g.node_mut(n).op {
+                            shape[out_axis] /= t;
+                        }
+                        crate::precision::infer_outputs(g, n)?;
+                        chunks.insert(out, out_axis);
+                    }
+                    _ => {
+                        for &i in &chunked {
+                            let v = ins[i];
+                            let gathered = match gathers.get(&v) {
+                                Some(&w) => w,
+                                None => {
+                                    let w = g.add1(
+                                        Op::TpGather {
+                                            axis: chunks[&v],
+                                            parts,
+                                            partial_grad: false,
+                                        },
+                                        &[v],
+                                        format!("{name}.sp_gather{i}"),
+                                        module,
+                                    )?;
+                                    gathers.insert(v, w);
+                                    record.gathered += 1;
+                                    w
+                                }
+                            };
+                            g.set_input(n, i as u32, gathered);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The graph's outputs are whole.
+    for k in 0..g.outputs.len() {
+        let v = g.outputs[k];
+        if let Some(&w) = gathers.get(&v) {
+            g.outputs[k] = w;
+        } else if let Some(&axis) = chunks.get(&v) {
+            let node = g.node(v.node);
+            let (name, module) = (format!("{}.sp_gather", node.name), node.module);
+            let whole = g.add1(
+                Op::TpGather {
+                    axis,
+                    parts,
+                    partial_grad: false,
+                },
+                &[v],
+                name,
+                module,
+            )?;
+            g.outputs[k] = whole;
+            record.gathered += 1;
+        }
+    }
+    let (renumbered, loss) = crate::precision::just_in_time(g, loss, &kept)?;
+    *g = renumbered;
+    Ok((record, loss))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_axis;
+
+    #[test]
+    fn chunks_lie_on_the_first_axis_not_of_size_one() {
+        assert_eq!(chunk_axis(&[8, 16, 32], 2), Some(0));
+        assert_eq!(chunk_axis(&[1, 16, 32], 4), Some(1));
+        assert_eq!(chunk_axis(&[2, 16, 32], 4), None);
+        assert_eq!(chunk_axis(&[1, 1, 32], 2), None);
+        assert_eq!(chunk_axis(&[64, 32], 8), Some(0));
+    }
+}
