@@ -5,8 +5,9 @@
 //! across, each with and without sequence parallelism. bf16 parameters and
 //! reduction, every block recomputed. The per-rank batch is T sequences,
 //! so the global batch is the same in every row; tokens per second per
-//! rank compare the rows. Then what `--auto` chooses for each (the
-//! precision and recomputation searched too) and how long its search takes.
+//! rank compare the rows. Then what `--auto --mixed-precision bf16`
+//! chooses for each (every degree with the other dimensions) and how long
+//! its search takes.
 //!
 //! Run: `cargo bench --bench tensor`
 
@@ -41,18 +42,17 @@ fn table(model: &str, preset: &str, world: u32) {
     println!("\n{model}, world {world} (8 per node, {preset}), bf16, every block recomputed; per rank and step");
     println!(
         "  {:<30} {:>9} {:>10} {:>10} {:>11} {:>13} {:>13} {:>10}",
-        "mesh",
-        "step",
-        "tokens/s",
-        "peak",
-        "fits",
-        "tensor bytes",
-        "across nodes",
-        "exposed"
+        "mesh", "step", "tokens/s", "peak", "fits", "tensor bytes", "across nodes", "exposed"
     );
     let rows: Vec<(String, FsdpConfig)> = [
-        ("FSDP full_shard".to_string(), config(Strategy::FullShard, 1, true)),
-        ("FSDP hybrid_shard".to_string(), config(Strategy::HybridShard, 1, true)),
+        (
+            "FSDP full_shard".to_string(),
+            config(Strategy::FullShard, 1, true),
+        ),
+        (
+            "FSDP hybrid_shard".to_string(),
+            config(Strategy::HybridShard, 1, true),
+        ),
     ]
     .into_iter()
     .chain([2, 4, 8].into_iter().flat_map(|t| {
@@ -98,8 +98,9 @@ fn table(model: &str, preset: &str, world: u32) {
     }
 }
 
-/// `--auto` with bf16 allowed: every degree searched; the chosen mesh and
-/// the search's time, model loading included.
+/// `--auto --mixed-precision bf16`: every degree searched with the other
+/// dimensions; the chosen mesh and the search's time, model loading
+/// included.
 fn auto(model: &str, preset: &str, world: u32) {
     use fsdpc_planner::auto::{search_mesh, tensor_degrees, Fixed};
     let started = std::time::Instant::now();
@@ -111,21 +112,25 @@ fn auto(model: &str, preset: &str, world: u32) {
         tokens_per_rank_step: m.tokens_per_rank_step(),
     };
     let cluster = fsdpc_planner::preset(preset, world, 8).expect("preset");
-    let base = FsdpConfig::default();
+    let base = FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..FsdpConfig::default()
+    };
+    let fixed = Fixed {
+        precision: true,
+        ..Fixed::default()
+    };
     let degrees = tensor_degrees(&cluster, None);
     match search_mesh(
-        &m.program,
-        &info,
-        &cluster,
-        &base,
-        &Fixed::default(),
-        true,
-        0.005,
-        &degrees,
+        &m.program, &info, &cluster, &base, &fixed, false, 0.005, &degrees,
     ) {
         Ok(choice) => {
             println!(
-                "\n--auto, {model} on {world} ranks of {preset} (bf16 allowed): {:.2} s (load included)",
+                "\n--auto --mixed-precision bf16, {model} on {world} ranks of {preset}: {:.2} s (load included)",
                 started.elapsed().as_secs_f64()
             );
             for row in &choice.rows {
@@ -158,7 +163,7 @@ fn main() {
     common::figures(
         "tensor",
         "two-dimensional meshes at scale",
-        "Llama-3-70B on 64 H100 (`h100-80g-ib`) and GPT-3 175B on 512 A100 (`a100-80g-roce`), 8 ranks per node, from the memory plan and the cost model (nominal presets; nothing here is measured): FSDP alone, FSDP hybrid, and T = 2, 4, 8 with FSDP across, without and with sequence parallelism; bf16, every block recomputed, the per-rank batch T sequences so that the global batch is the same in every row. Then `--auto`'s choice with bf16 allowed, every degree searched, and its time.",
+        "Llama-3-70B on 64 H100 (`h100-80g-ib`) and GPT-3 175B on 512 A100 (`a100-80g-roce`), 8 ranks per node, from the memory plan and the cost model (nominal presets; nothing here is measured): FSDP alone, FSDP hybrid, and T = 2, 4, 8 with FSDP across, without and with sequence parallelism; bf16, every block recomputed, the per-rank batch T sequences so that the global batch is the same in every row. Then `--auto --mixed-precision bf16`'s choice, every degree searched with the other dimensions, and its time.",
     );
     table("llama3-70b", "h100-80g-ib", 64);
     table("gpt3-175b", "a100-80g-roce", 512);
