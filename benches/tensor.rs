@@ -148,7 +148,7 @@ fn auto(model: &str, preset: &str, world: u32) {
                             ""
                         }
                     ),
-                    Err(e) => println!("  T={:<2} nothing fits: {e}", row.degree),
+                    Err(e) => println!("  T={:<2} {e}", row.degree),
                 }
             }
         }

@@ -129,6 +129,17 @@ pub enum AutoError {
         smallest_world: Option<u32>,
         suggestion: String,
     },
+    /// No candidate beats the step another search reached
+    /// (`Search::with_incumbent`).
+    #[error(
+        "no configuration beats a step of {best_s:.4} s, what another tensor-parallel degree's \
+         fastest plan gives in tokens per second per rank ({candidates} weighed, {compiled} compiled)"
+    )]
+    Outpaced {
+        best_s: f64,
+        candidates: usize,
+        compiled: usize,
+    },
     /// A candidate's compile failed for a reason other than its
     /// configuration (a bug or a program the planner cannot lower).
     #[error(transparent)]
@@ -233,6 +244,8 @@ pub struct Search<'a> {
     /// With tensor parallelism: one member's program (the `tensor` pass's
     /// output), whose FLOPs and parameters the bounds count.
     local: Option<TrainingProgram>,
+    /// A step another search reached (`with_incumbent`).
+    incumbent: Option<f64>,
 }
 
 impl<'a> Search<'a> {
@@ -265,6 +278,19 @@ impl<'a> Search<'a> {
             gap: 0.0,
             prepared: Prepare::default(),
             local,
+            incumbent: None,
+        }
+    }
+
+    /// A step another search already reached, in this search's units (a
+    /// tensor-parallel degree's best, scaled to this degree's tokens):
+    /// candidates whose step bound cannot beat it by more than the gap are
+    /// pruned like those that cannot beat this search's own best, and when
+    /// no candidate beats it `run` says so (`AutoError::Outpaced`).
+    pub fn with_incumbent(self, step_s: f64) -> Search<'a> {
+        Search {
+            incumbent: Some(step_s),
+            ..self
         }
     }
 
@@ -438,7 +464,9 @@ impl Search<'_> {
         let mut known = Known::default();
         let mut t = Table {
             weighed: vec![None; classes.len() * per],
-            best: None,
+            // Another search's step stands as a best no candidate index
+            // precedes; one that beats it replaces it.
+            best: self.incumbent.map(|s| (s, usize::MAX)),
             plans: BTreeMap::new(),
         };
         let mut bound: Vec<f64> = classes
@@ -708,6 +736,13 @@ impl Search<'_> {
         let Some((best_s, best_i)) = t.best else {
             return Err(self.fits_nowhere(&weighed, compiled));
         };
+        if best_i == usize::MAX {
+            return Err(AutoError::Outpaced {
+                best_s,
+                candidates: weighed.len(),
+                compiled,
+            });
+        }
         for w in &mut weighed {
             if let (Verdict::Slower { by }, Some(s)) = (&mut w.verdict, w.step_time_s) {
                 if w.candidate.index == best_i {

@@ -397,7 +397,7 @@ fn mesh_table(mesh: &fsdpc_planner::auto::MeshChoice, cluster: &fsdpc_plan::Clus
                     String::new()
                 }
             )),
-            Err(e) => out.push_str(&format!("  T={:<3} nothing fits: {e}\n", row.degree)),
+            Err(e) => out.push_str(&format!("  T={:<3} {e}\n", row.degree)),
         }
     }
     out

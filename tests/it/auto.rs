@@ -679,6 +679,33 @@ fn the_search_chooses_the_tensor_parallel_degree() {
         .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
     assert_eq!(roomy.degree, best.0, "{:?}", roomy.rows);
     assert_eq!(roomy.result.plan.config.tensor_parallel, roomy.degree);
+    // The other degrees search against the first's best: the choice is
+    // the one independent searches of every degree give.
+    let independent = [1, 2]
+        .map(|t| {
+            let cfg = tensor(t);
+            let space = Space::around(&cfg, &program, 4 / t, &fixed, false).expect("space");
+            let r = Search::new(&program, &info, &cluster, &cfg, &space)
+                .run()
+                .expect("each degree fits");
+            let tokens =
+                info.tokens_per_rank_step as f64 / (f64::from(t) * r.plan.estimates.step_time_s);
+            (t, tokens, r.plan.estimates.step_time_s)
+        })
+        .into_iter()
+        .fold((0, 0.0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+    assert_eq!(roomy.degree, independent.0, "{:?}", roomy.rows);
+    assert_eq!(roomy.result.plan.estimates.step_time_s, independent.2);
+    // A step no candidate can beat: nothing is compiled, and the search
+    // says so.
+    let space = Space::around(&tensor(1), &program, 4, &fixed, false).expect("space");
+    let outpaced = Search::new(&program, &info, &cluster, &tensor(1), &space)
+        .with_incumbent(1e-12)
+        .run();
+    assert!(
+        matches!(outpaced, Err(AutoError::Outpaced { compiled: 0, .. })),
+        "{outpaced:?}"
+    );
     cluster.memory_bytes = (one + two) / 2;
     let tight = search_mesh(
         &program,

@@ -11,8 +11,11 @@
 //!   never spans nodes unless the user asks for it with
 //!   `--tensor-parallel`) and the world; a fixed degree is searched alone.
 //! - Each degree's search is a whole `Search` with its own bounds (over the
-//!   member's program) and optimality gap; a degree whose search finds
-//!   nothing that fits is listed with why.
+//!   member's program) and optimality gap. The first degree is searched
+//!   first; the others run against its best (`Search::with_incumbent`,
+//!   scaled to their tokens), so a candidate that cannot give more tokens
+//!   per rank is not compiled. A degree whose search finds nothing that
+//!   fits, or nothing that beats the first, is listed with why.
 
 use super::{AutoError, AutoResult, Fixed, Search, Space};
 use crate::config::FsdpConfig;
@@ -86,19 +89,37 @@ pub fn search_mesh(
     gap: f64,
     degrees: &[u32],
 ) -> Result<MeshChoice, AutoError> {
-    let one = |&t: &u32| -> Result<(u32, Result<AutoResult, AutoError>), AutoError> {
+    // `normalized`: the best step times its degree (what a degree's step
+    // must beat, times that degree, to give more tokens per rank).
+    let one = |t: u32,
+               normalized: Option<f64>|
+     -> Result<(u32, Result<AutoResult, AutoError>), AutoError> {
         let mut cfg = base.clone();
         cfg.tensor_parallel = t;
         let space = Space::around(&cfg, program, cluster.world / t.max(1), fixed, allow_bf16)?;
-        let outcome = Search::new(program, model, cluster, &cfg, &space)
-            .with_gap(gap)
-            .run();
-        Ok((t, outcome))
+        let mut search = Search::new(program, model, cluster, &cfg, &space).with_gap(gap);
+        if let Some(n) = normalized {
+            search = search.with_incumbent(n / f64::from(t.max(1)));
+        }
+        Ok((t, search.run()))
     };
-    let results = degrees
-        .par_iter()
-        .map(one)
-        .collect::<Result<Vec<_>, AutoError>>()?;
+    // The first degree alone, then the others against its best.
+    let Some((&first, rest)) = degrees.split_first() else {
+        return Err(AutoError::Plan(crate::error::PlanError::Program {
+            reason: "no tensor-parallel degree to search".into(),
+        }));
+    };
+    let mut results = vec![one(first, None)?];
+    let normalized = results[0]
+        .1
+        .as_ref()
+        .ok()
+        .map(|r| r.plan.estimates.step_time_s * f64::from(first.max(1)));
+    results.extend(
+        rest.par_iter()
+            .map(|&t| one(t, normalized))
+            .collect::<Result<Vec<_>, AutoError>>()?,
+    );
     let tokens = |t: u32, r: &AutoResult| {
         let step = r.plan.estimates.step_time_s;
         if step > 0.0 {
@@ -135,7 +156,6 @@ pub fn search_mesh(
             }
         }
     }
-    let mut results = results;
     match best {
         Some((i, _)) => {
             let (degree, r) = results.swap_remove(i);
