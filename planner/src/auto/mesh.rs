@@ -143,6 +143,14 @@ pub fn search_mesh(
                     tokens_per_s_per_rank: tokens(*t, r),
                     peak_bytes: r.plan.memory.peak_bytes,
                 }),
+                Err(AutoError::Outpaced {
+                    best_s,
+                    candidates,
+                    compiled,
+                }) => Err(format!(
+                    "nothing gives more tokens/s per rank than T={first}'s plan (a step under \
+                     {best_s:.4} s at this degree): {candidates} weighed, {compiled} compiled"
+                )),
                 Err(e) => Err(e.to_string()),
             },
         })
