@@ -94,7 +94,8 @@ fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 5] {
         Pass {
             name: "tensor",
             decides: "which layers split over the tensor group (column- and row-parallel \
-                      products, heads) and each member's part of the program",
+                      products, heads), which activations between them are row chunks \
+                      (sequence parallelism) and each member's part of the program",
             run: tensor,
         },
         Pass {
@@ -106,7 +107,8 @@ fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 5] {
         Pass {
             name: "precision",
             decides: "the program's dtypes under the mixed-precision policy: parameters, \
-                      activations and gradients in `param_dtype`, the loss in f32",
+                      activations and gradients in `param_dtype`, the loss in f32; the casts \
+                      it inserts run just before their readers",
             run: precision,
         },
         Pass {
