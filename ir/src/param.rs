@@ -117,6 +117,40 @@ impl TpSlice {
     }
 }
 
+impl TpSlice {
+    /// Where element `whole` (row-major) of the whole parameter lies:
+    /// `(member, element in that member's part, elements of the same run
+    /// from there)`, the run ending where the member's chunk does; `local`
+    /// is a member's shape. `None` past the end.
+    pub fn locate(&self, local: &[usize], whole: u64) -> Option<(u32, u64, u64)> {
+        let full = self.full_shape(local);
+        let inner: u64 = local[self.axis + 1..].iter().map(|&d| d as u64).product();
+        let (local_len, full_len) = (local[self.axis] as u64, full[self.axis] as u64);
+        let total: u64 = full.iter().map(|&d| d as u64).product();
+        if whole >= total || inner == 0 {
+            return None;
+        }
+        let parts = u64::from(self.parts.max(1));
+        let o = whole / (full_len * inner);
+        let x = whole / inner % full_len;
+        let (mut seg_start, mut at_local) = (0u64, 0u64);
+        for &seg in &self.segments {
+            let (seg, chunk) = (seg as u64, seg as u64 / parts);
+            if x < seg_start + seg && chunk > 0 {
+                let member = (x - seg_start) / chunk;
+                let within = (x - seg_start) % chunk;
+                let local_x = at_local + within;
+                let element = (o * local_len + local_x) * inner + whole % inner;
+                let run = (chunk - within) * inner - whole % inner;
+                return Some((member as u32, element, run));
+            }
+            seg_start += seg;
+            at_local += chunk;
+        }
+        None
+    }
+}
+
 impl ParamSpec {
     /// The whole parameter a tensor-parallel part belongs to (the spec
     /// itself when it is not split).
@@ -126,5 +160,55 @@ impl ParamSpec {
             p.ty.shape = crate::types::Shape(tp.full_shape(&self.ty.shape.0));
         }
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TpSlice;
+
+    /// `locate` inverts `runs`: every element of every member's runs is
+    /// found at its member and local place, and a run never crosses the end
+    /// of the member's chunk.
+    #[test]
+    fn locate_inverts_the_runs() {
+        for (tp, local) in [
+            // A fused query-key-value projection split on its last axis.
+            (
+                TpSlice {
+                    axis: 1,
+                    segments: vec![8, 4, 4],
+                    parts: 2,
+                },
+                vec![3, 8],
+            ),
+            // Rows of a row-parallel weight.
+            (
+                TpSlice {
+                    axis: 0,
+                    segments: vec![8],
+                    parts: 4,
+                },
+                vec![2, 5],
+            ),
+        ] {
+            let mut seen = 0;
+            for member in 0..tp.parts {
+                for (l, w, n) in tp.runs(&local, member) {
+                    for k in 0..n {
+                        let (m, at, run) = tp.locate(&local, w + k).expect("inside");
+                        assert_eq!((m, at), (member, l + k), "{tp:?} element {}", w + k);
+                        assert!(
+                            run >= 1 && k + run <= n,
+                            "{tp:?}: run {run} from {k} of {n}"
+                        );
+                        seen += 1;
+                    }
+                }
+            }
+            let total: usize = tp.full_shape(&local).iter().product();
+            assert_eq!(seen, total);
+            assert_eq!(tp.locate(&local, total as u64), None);
+        }
     }
 }

@@ -234,17 +234,17 @@ impl Checkpoint {
         let Some(tp) = &p.tp else {
             return self.read_part(name, u, p.offset + first, 0, part, out);
         };
-        let last = first + (out.len() / 4) as u64;
-        for member in 0..self.t() {
-            for (local, whole, n) in tp.runs(&p.shape, member) {
-                let (x, y) = (whole.max(first), (whole + n).min(last));
-                if x >= y {
-                    continue;
-                }
-                let o = ((x - first) * 4) as usize..((y - first) * 4) as usize;
-                let flat = p.offset + local + (x - whole);
-                self.read_part(name, u, flat, member, part, &mut out[o])?;
-            }
+        // Run by run of the whole: each lies in one member's part.
+        let mut done = 0usize;
+        while done + 4 <= out.len() {
+            let whole = first + (done / 4) as u64;
+            let (member, local, run) = tp.locate(&p.shape, whole).ok_or_else(|| {
+                self.format(MANIFEST, &format!("`{name}` has no element {whole}"))
+            })?;
+            let n = ((run * 4) as usize).min(out.len() - done);
+            let flat = p.offset + local;
+            self.read_part(name, u, flat, member, part, &mut out[done..done + n])?;
+            done += n;
         }
         Ok(())
     }
