@@ -420,14 +420,14 @@ fn two_checkpoints_are_kept() {
     assert_eq!(latest, "step-000000004");
 }
 
-#[test]
-fn export_gives_the_trained_parameters_with_their_names_and_shapes() {
-    let p = gpt_plan(4, Strategy::FullShard);
-    let dir = tmp();
-    let trained = checkpoint_at_3(&p, dir.path());
-    let out = dir.path().join("model.safetensors");
-    let ckpt =
-        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+/// Exports the checkpoint `trained` (of plan `p`) wrote into `dir` and
+/// checks the file holds the trained run's final parameters bit for bit,
+/// under their names and whole shapes; returns how many of them are split
+/// over a tensor group in `p`.
+fn check_export(p: &Plan, dir: &Path, trained: &TrainReport) -> usize {
+    assert!(!trained.final_params.is_empty());
+    let out = dir.join("model.safetensors");
+    let ckpt = fsdpc_runtime::checkpoint::Checkpoint::open(dir).unwrap_or_else(|e| panic!("{e}"));
     let n = ckpt
         .export_safetensors(&out)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -435,16 +435,19 @@ fn export_gives_the_trained_parameters_with_their_names_and_shapes() {
     let bytes = std::fs::read(&out).unwrap_or_else(|e| panic!("{e}"));
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(st.names().len(), n);
-    let shapes: std::collections::HashMap<&str, &[usize]> = p
+    let specs: std::collections::HashMap<&str, &fsdpc_ir::ParamSpec> = p
         .training
         .graph
         .params
         .iter()
-        .map(|q| (q.name.as_str(), q.ty.shape.dims()))
+        .map(|q| (q.name.as_str(), q))
         .collect();
+    let mut split = 0;
     for (name, vals) in &trained.final_params {
         let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(t.shape(), shapes[name.as_str()], "{name}");
+        let spec = specs[name.as_str()];
+        assert_eq!(t.shape(), spec.whole().ty.shape.dims(), "{name}");
+        split += usize::from(spec.tp.is_some());
         let got: Vec<u32> = t
             .data()
             .chunks_exact(4)
@@ -453,6 +456,15 @@ fn export_gives_the_trained_parameters_with_their_names_and_shapes() {
         let want: Vec<u32> = vals.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "{name}");
     }
+    split
+}
+
+#[test]
+fn export_gives_the_trained_parameters_with_their_names_and_shapes() {
+    let p = gpt_plan(4, Strategy::FullShard);
+    let dir = tmp();
+    let trained = checkpoint_at_3(&p, dir.path());
+    assert_eq!(check_export(&p, dir.path(), &trained), 0);
 }
 
 fn fsdpc(args: &[&str]) -> std::process::Output {
@@ -861,41 +873,8 @@ fn export_puts_tensor_parallel_parts_back_together() {
     let p = tp_plan(4, 2, Strategy::FullShard);
     let dir = tmp();
     let trained = checkpoint_at_3(&p, dir.path());
-    assert!(!trained.final_params.is_empty());
-    let out = dir.path().join("model.safetensors");
-    let ckpt =
-        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
-    let n = ckpt
-        .export_safetensors(&out)
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(n, trained.final_params.len());
-    let bytes = std::fs::read(&out).unwrap_or_else(|e| panic!("{e}"));
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
-    let whole: std::collections::HashMap<String, Vec<usize>> = p
-        .training
-        .graph
-        .params
-        .iter()
-        .map(|q| (q.name.clone(), q.whole().ty.shape.dims().to_vec()))
-        .collect();
-    let mut split = 0;
-    for (name, vals) in &trained.final_params {
-        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(t.shape(), whole[name.as_str()], "{name}");
-        split += usize::from(
-            p.training
-                .graph
-                .params
-                .iter()
-                .any(|q| &q.name == name && q.tp.is_some()),
-        );
-        let got: Vec<u32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let want: Vec<u32> = vals.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(got, want, "{name}");
-    }
-    assert!(split > 0, "some parameters are split");
+    assert!(
+        check_export(&p, dir.path(), &trained) > 0,
+        "some parameters are split"
+    );
 }
