@@ -9,7 +9,7 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -569,6 +569,102 @@ impl Graph {
     pub fn renumbered(&self) -> Result<(Graph, HashMap<NodeId, NodeId>), Vec<NodeId>> {
         let order = self.topo_order()?;
         self.reordered(&order).map_err(|_| order)
+    }
+
+    /// A copy renumbered in topological order with every node not in `kept`
+    /// (the nodes a pass inserted) moved to run right before the first node
+    /// that reads it, and the map from old to new ids. The planner
+    /// schedules in id order among ready nodes: an inserted node ready from
+    /// the start (a cast of a constant, a tensor-parallel copy of a norm's
+    /// weight) would otherwise run wherever its id falls, and a node that
+    /// blocks the forward pulls every ready node with a smaller id before it,
+    /// and their gradients to the end of backward.
+    pub fn reordered_just_in_time(
+        &self,
+        kept: &HashSet<NodeId>,
+    ) -> Result<(Graph, HashMap<NodeId, NodeId>), crate::IrError> {
+        let g = self;
+        // The kept nodes in topological order by id, as if no node had been
+        // inserted: each waits for the kept nodes it reads through inserted
+        // ones (an inserted node that blocks must not pull kept ones forward).
+        let kept_inputs = |n: NodeId| -> Vec<NodeId> {
+            let mut out = Vec::new();
+            let mut stack: Vec<NodeId> = g.inputs(n).iter().map(|v| v.node).collect();
+            let mut seen = HashSet::new();
+            while let Some(m) = stack.pop() {
+                if !seen.insert(m) {
+                    continue;
+                }
+                if kept.contains(&m) {
+                    out.push(m);
+                } else {
+                    stack.extend(g.inputs(m).iter().map(|v| v.node));
+                }
+            }
+            out
+        };
+        let mut indeg: HashMap<NodeId, usize> = HashMap::new();
+        let mut readers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+        for n in g.node_ids().filter(|n| kept.contains(n)) {
+            let ins = kept_inputs(n);
+            indeg.insert(n, ins.len());
+            for m in ins {
+                readers.entry(m).or_default().push(n);
+            }
+        }
+        let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<NodeId>> = indeg
+            .iter()
+            .filter(|(_, &d)| d == 0)
+            .map(|(&n, _)| std::cmp::Reverse(n))
+            .collect();
+        let mut order = Vec::with_capacity(indeg.len());
+        while let Some(std::cmp::Reverse(n)) = heap.pop() {
+            order.push(n);
+            for &r in readers.get(&n).map_or(&[][..], |v| v.as_slice()) {
+                if let Some(d) = indeg.get_mut(&r) {
+                    *d -= 1;
+                    if *d == 0 {
+                        heap.push(std::cmp::Reverse(r));
+                    }
+                }
+            }
+        }
+        if order.len() != indeg.len() {
+            return Err(crate::IrError::Invalid("the graph has a cycle".into()));
+        }
+        let mut placed: HashSet<NodeId> = HashSet::with_capacity(g.node_count());
+        let mut out = Vec::with_capacity(g.node_count());
+        // Places `n` after the inserted nodes it reads, depth first (every
+        // kept input is placed already: kept nodes go in topological order).
+        fn place(
+            g: &Graph,
+            n: NodeId,
+            kept: &HashSet<NodeId>,
+            placed: &mut HashSet<NodeId>,
+            out: &mut Vec<NodeId>,
+        ) {
+            if placed.contains(&n) {
+                return;
+            }
+            for v in g.inputs(n) {
+                if !kept.contains(&v.node) {
+                    place(g, v.node, kept, placed, out);
+                }
+            }
+            placed.insert(n);
+            out.push(n);
+        }
+        for &n in &order {
+            place(g, n, kept, &mut placed, &mut out);
+        }
+        // Inserted nodes no kept node reads, at the end.
+        let rest = g
+            .topo_order()
+            .map_err(|_| crate::IrError::Invalid("the graph has a cycle".into()))?;
+        for n in rest {
+            place(g, n, kept, &mut placed, &mut out);
+        }
+        g.reordered(&out).map_err(crate::IrError::Invalid)
     }
 
     /// A copy of the graph whose node ids are `0..` in the order of `order`,

@@ -151,102 +151,15 @@ pub fn apply(program: TrainingProgram, cfg: &FsdpConfig) -> Result<TrainingProgr
         .map_err(|e| bad(e.to_string()))
 }
 
-/// `g` renumbered in its topological order with every node not in `kept`
-/// (the nodes a pass inserted) moved to run right before the first node
-/// that reads it, and the loss `loss` renumbered with it. The planner
-/// schedules in id order among ready nodes: an inserted node ready from
-/// the start (a cast of a constant, a tensor-parallel copy of a norm's
-/// weight) would otherwise run wherever its id falls, and a node that
-/// blocks the forward pulls every ready node with a smaller id before it,
-/// and their gradients to the end of backward.
+/// `g` renumbered with the nodes not in `kept` (those a pass inserted)
+/// right before their first reader (`Graph::reordered_just_in_time`), and
+/// its loss `loss` renumbered with it.
 pub(crate) fn just_in_time(
     g: &Graph,
     loss: ValueId,
     kept: &HashSet<NodeId>,
 ) -> Result<(Graph, ValueId), fsdpc_ir::IrError> {
-    // The kept nodes in topological order by id, as if no node had been
-    // inserted: each waits for the kept nodes it reads through inserted
-    // ones (an inserted node that blocks must not pull kept ones forward).
-    let kept_inputs = |n: NodeId| -> Vec<NodeId> {
-        let mut out = Vec::new();
-        let mut stack: Vec<NodeId> = g.inputs(n).iter().map(|v| v.node).collect();
-        let mut seen = HashSet::new();
-        while let Some(m) = stack.pop() {
-            if !seen.insert(m) {
-                continue;
-            }
-            if kept.contains(&m) {
-                out.push(m);
-            } else {
-                stack.extend(g.inputs(m).iter().map(|v| v.node));
-            }
-        }
-        out
-    };
-    let mut indeg: HashMap<NodeId, usize> = HashMap::new();
-    let mut readers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
-    for n in g.node_ids().filter(|n| kept.contains(n)) {
-        let ins = kept_inputs(n);
-        indeg.insert(n, ins.len());
-        for m in ins {
-            readers.entry(m).or_default().push(n);
-        }
-    }
-    let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<NodeId>> = indeg
-        .iter()
-        .filter(|(_, &d)| d == 0)
-        .map(|(&n, _)| std::cmp::Reverse(n))
-        .collect();
-    let mut order = Vec::with_capacity(indeg.len());
-    while let Some(std::cmp::Reverse(n)) = heap.pop() {
-        order.push(n);
-        for &r in readers.get(&n).map_or(&[][..], |v| v.as_slice()) {
-            if let Some(d) = indeg.get_mut(&r) {
-                *d -= 1;
-                if *d == 0 {
-                    heap.push(std::cmp::Reverse(r));
-                }
-            }
-        }
-    }
-    if order.len() != indeg.len() {
-        return Err(fsdpc_ir::IrError::Invalid(
-            "the forward graph has a cycle".into(),
-        ));
-    }
-    let mut placed: HashSet<NodeId> = HashSet::with_capacity(g.node_count());
-    let mut out = Vec::with_capacity(g.node_count());
-    // Places `n` after the inserted nodes it reads, depth first (every
-    // kept input is placed already: kept nodes go in topological order).
-    fn place(
-        g: &Graph,
-        n: NodeId,
-        kept: &HashSet<NodeId>,
-        placed: &mut HashSet<NodeId>,
-        out: &mut Vec<NodeId>,
-    ) {
-        if placed.contains(&n) {
-            return;
-        }
-        for v in g.inputs(n) {
-            if !kept.contains(&v.node) {
-                place(g, v.node, kept, placed, out);
-            }
-        }
-        placed.insert(n);
-        out.push(n);
-    }
-    for &n in &order {
-        place(g, n, kept, &mut placed, &mut out);
-    }
-    // Inserted nodes no kept node reads, at the end.
-    let rest = g
-        .topo_order()
-        .map_err(|_| fsdpc_ir::IrError::Invalid("the forward graph has a cycle".into()))?;
-    for n in rest {
-        place(g, n, kept, &mut placed, &mut out);
-    }
-    let (renumbered, map) = g.reordered(&out).map_err(fsdpc_ir::IrError::Invalid)?;
+    let (renumbered, map) = g.reordered_just_in_time(kept)?;
     let loss = ValueId {
         node: map.get(&loss.node).copied().unwrap_or(loss.node),
         slot: loss.slot,
