@@ -696,6 +696,13 @@ fn the_search_chooses_the_tensor_parallel_degree() {
         .fold((0, 0.0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
     assert_eq!(roomy.degree, independent.0, "{:?}", roomy.rows);
     assert_eq!(roomy.result.plan.estimates.step_time_s, independent.2);
+    // A degree that does not divide the world is its one error, not a
+    // search that fits nowhere.
+    let bad = search_mesh(&program, &info, &cluster, &base, &fixed, false, 0.0, &[3]);
+    assert!(
+        matches!(&bad, Err(e) if e.to_string().contains("tensor_parallel") && e.to_string().contains("must divide the world")),
+        "{bad:?}"
+    );
     // A step no candidate can beat: nothing is compiled, and the search
     // says so.
     let space = Space::around(&tensor(1), &program, 4, &fixed, false).expect("space");

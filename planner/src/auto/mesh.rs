@@ -96,6 +96,12 @@ pub fn search_mesh(
      -> Result<(u32, Result<AutoResult, AutoError>), AutoError> {
         let mut cfg = base.clone();
         cfg.tensor_parallel = t;
+        // What every candidate of this degree would be refused for (a T
+        // that does not divide the world): the degree's one error, not a
+        // search that fits nowhere.
+        if let Err(e) = crate::check(cluster, &cfg) {
+            return Ok((t, Err(e.into())));
+        }
         let space = Space::around(&cfg, program, cluster.world / t.max(1), fixed, allow_bf16)?;
         let mut search = Search::new(program, model, cluster, &cfg, &space).with_gap(gap);
         if let Some(n) = normalized {
