@@ -172,6 +172,28 @@ pub enum Op {
         parts: u32,
     },
 
+    /// Vocabulary parallelism: an embedding table's rows split over
+    /// `parts` members. `(table[rows, ..], indices, offset[1])`: for each
+    /// index, row `index - offset` of this member's rows when it holds it,
+    /// zeros otherwise, so the members' outputs summed (`TpReduce`) are
+    /// `Gather { axis: 0 }` of the whole table. Indices count in the whole
+    /// table (`rows * parts`; negative ones from its end); one outside it
+    /// is an error.
+    TpLookup {
+        parts: u32,
+    },
+    /// Vocabulary parallelism: per-row statistics of this member's columns
+    /// of split logits. `(logits[n, c], labels[n], offset[1])` ->
+    /// `[1, n, 3]` f32: the row's maximum `m`, `sum(exp(x - m))`, and the
+    /// label's logit when this member holds its column (`0 <= label -
+    /// offset < c`), else 0. The members' statistics gathered give the
+    /// cross-entropy without gathering the logits. A label outside `0..c *
+    /// parts` that is not `ignore_index` is an error.
+    TpLogitStats {
+        ignore_index: Option<i64>,
+        parts: u32,
+    },
+
     // ---- gradient kernels (produced by autodiff) ----
     /// Sum a broadcast gradient back to `shape` (inverse of numpy broadcasting).
     SumTo {
@@ -212,6 +234,18 @@ pub enum Op {
     /// `(logits, labels, dloss) -> dlogits`.
     CrossEntropyGrad {
         ignore_index: Option<i64>,
+    },
+    /// `(indices, offset, dy) -> d table` of `TpLookup`: `dy`'s rows added
+    /// into zeros of `table_shape` at the rows this member holds.
+    TpLookupGrad {
+        parts: u32,
+        table_shape: Vec<usize>,
+    },
+    /// `(logits, labels, offset, stats, dstats) -> dlogits` of
+    /// `TpLogitStats`.
+    TpLogitStatsGrad {
+        ignore_index: Option<i64>,
+        parts: u32,
     },
     /// `dy -> dx` of a `Slice`: scatter into zeros of `input_shape`.
     SliceGrad {
@@ -346,6 +380,7 @@ impl Op {
                 | Op::TpCopy
                 | Op::TpGather { .. }
                 | Op::TpSplit { .. }
+                | Op::TpLookup { .. }
         )
     }
 }

@@ -36,10 +36,13 @@ pub fn decays(graph: &Graph, params: &HashMap<ParamId, NodeId>, p: ParamId) -> b
         return true;
     };
     let value = ValueId { node, slot: 0 };
-    !graph
-        .users(value)
-        .iter()
-        .any(|&(n, slot)| slot == 0 && matches!(graph.node(n).op, Op::Gather { axis: 0 }))
+    !graph.users(value).iter().any(|&(n, slot)| {
+        slot == 0
+            && matches!(
+                graph.node(n).op,
+                Op::Gather { axis: 0 } | Op::TpLookup { .. }
+            )
+    })
 }
 
 /// Marks each parameter's `decay` (`decays`; all of them with `decay_all`).

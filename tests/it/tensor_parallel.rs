@@ -21,6 +21,14 @@ const STEPS: u64 = 12;
 /// order of the row-parallel sums only.
 const LOSS_RTOL: f32 = 1e-6;
 const PARAM_ATOL: f32 = 2e-5;
+/// Parameter tolerance for the GPT-2 exports: the key projection's bias
+/// gets a gradient that is zero in exact arithmetic (softmax ignores a
+/// constant added to every score of a row), so what it gets is rounding
+/// noise, which AdamW scales to steps of the learning rate's size, and any
+/// other summation order (the vocabulary-parallel loss's) moves it. After
+/// 12 steps at T = 2 the key bias differs by 1.4e-5, the query and value
+/// biases by 4e-8, and the rest of the model follows.
+const EXPORT_PARAM_ATOL: f32 = 5e-5;
 
 fn gpt(batch: u32) -> String {
     format!("gpt:layers=2,hidden=32,heads=4,seq=8,vocab=64,batch={batch}")
@@ -81,21 +89,25 @@ fn check_family(name: &str, spec: &dyn Fn(u32) -> String) {
             assert_eq!(record.degree, t);
             let what = format!("{name} T={t} world {world} {strategy:?} sequence {sequence}");
             if sequence {
-                // Every region leaves through a reduce-scatter into chunks,
-                // and only the head's input is gathered whole.
+                // Every region and the embedding leave through a
+                // reduce-scatter into chunks, and nothing is gathered whole
+                // but for a product with split weights (the head's input).
                 let s = record.sequence.as_ref().expect("a sequence record");
                 assert_eq!(
                     (s.scattered, s.whole, s.gathered),
-                    (4, 0, 1),
+                    (5, 0, 0),
                     "{what}: {record:?}"
                 );
                 assert!(chunk_moves(&plan) > 0, "{what}");
             } else {
                 // Each block's attention and MLP split: two forward and two
-                // backward sums each.
+                // backward sums each; the embedding's sum forward and the
+                // head's input gradient's backward.
                 assert_eq!(record.sequence, None);
-                assert_eq!(tensor_sums(&plan), 2 * 2 * 2, "{what}: {record:?}");
-                assert_eq!(chunk_moves(&plan), 0, "{what}");
+                assert_eq!(tensor_sums(&plan), 2 * 2 * 2 + 2, "{what}: {record:?}");
+                // The vocabulary's: each member's offset, the logit
+                // statistics gathered, and their gradient's chunk.
+                assert_eq!(chunk_moves(&plan), 3, "{what}");
             }
             let loss = max_loss_rel_diff(&reference, &r);
             let (abs, _) = max_param_diff(&reference, &r);
@@ -195,20 +207,22 @@ fn onnx_exports_split_and_train_like_one_rank() {
         let (reference, _) = at(1, 1);
         let (r, plan) = at(2, 2);
         let record = plan.config.tensor.as_ref().expect("a tensor record");
-        assert_eq!(record.split.len(), 4, "{name}: {record:?}");
-        // Sequence parallelism: every region leaves into chunks, and only
-        // the head's input is gathered whole.
+        // Two blocks' attention and MLP, the head and the embedding.
+        assert_eq!(record.split.len(), 6, "{name}: {record:?}");
+        assert!(record.replicated.is_empty(), "{name}: {record:?}");
+        // Sequence parallelism: every region and the embedding leave into
+        // chunks, and nothing is gathered whole.
         let q = record.sequence.as_ref().expect("a sequence record");
         assert_eq!(
             (q.scattered, q.whole, q.gathered),
-            (4, 0, 1),
+            (5, 0, 0),
             "{name}: {q:?}"
         );
         let loss = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!("{name} T=2: max loss rel diff {loss:e}, max param abs diff {abs:e}");
         assert!(loss <= LOSS_RTOL, "{name}: loss {loss:e}");
-        assert!(abs <= PARAM_ATOL, "{name}: params {abs:e}");
+        assert!(abs <= EXPORT_PARAM_ATOL, "{name}: params {abs:e}");
     }
 }
 
@@ -220,36 +234,62 @@ fn full_shard_and_no_shard_under_tensor_parallelism_agree_bit_for_bit() {
     assert!(bits(&a) == bits(&b), "full_shard and no_shard differ");
 }
 
-/// The regions found, and those left whole with why: Llama's untied head
-/// would split the logits into the loss.
+/// The regions found, the head and embedding split by vocabulary, and
+/// what stayed whole with why: a vocabulary T does not divide.
 #[test]
 fn the_plan_lists_what_split_and_what_stayed_replicated() {
+    let blocks = [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.mlp.gate_proj",
+        "model.layers.1.self_attn.q_proj",
+        "model.layers.1.mlp.gate_proj",
+    ];
     let plan = plan_with(&llama(8), 2, &cfg(2, Strategy::FullShard, None));
     let record = plan.config.tensor.as_ref().expect("a tensor record");
-    assert_eq!(
-        record.split,
-        [
-            "model.layers.0.self_attn.q_proj",
-            "model.layers.0.mlp.gate_proj",
-            "model.layers.1.self_attn.q_proj",
-            "model.layers.1.mlp.gate_proj",
-        ]
-    );
-    assert_eq!(record.replicated.len(), 1, "{record:?}");
-    assert!(record.replicated[0].starts_with("lm_head"), "{record:?}");
+    let mut split = blocks.to_vec();
+    split.extend(["lm_head", "model.embed_tokens"]);
+    assert_eq!(record.split, split);
+    assert!(record.replicated.is_empty(), "{record:?}");
     // Split parameters are a member's part; the others whole.
     let params = &plan.training.graph.params;
-    let q = params
-        .iter()
-        .find(|p| p.name == "model.layers.0.self_attn.q_proj.weight")
-        .expect("q_proj");
-    assert_eq!(q.ty.shape.0, [16, 32]);
-    assert!(q.tp.is_some());
-    let norm = params
-        .iter()
-        .find(|p| p.name == "model.layers.0.input_layernorm.weight")
-        .expect("norm");
-    assert!(norm.tp.is_none());
+    let shape = |name: &str| {
+        let p = params.iter().find(|p| p.name == name).expect(name);
+        (p.ty.shape.0.clone(), p.tp.is_some())
+    };
+    assert_eq!(
+        shape("model.layers.0.self_attn.q_proj.weight"),
+        (vec![16, 32], true)
+    );
+    assert_eq!(shape("lm_head.weight"), (vec![32, 32], true));
+    assert_eq!(shape("model.embed_tokens.weight"), (vec![32, 32], true));
+    assert_eq!(
+        shape("model.layers.0.input_layernorm.weight"),
+        (vec![32], false)
+    );
+    // A vocabulary of 63 does not split over 2: the head and the
+    // embedding stay whole, each with why, and the blocks still split.
+    let odd = "llama:layers=2,hidden=32,heads=8,kv_heads=4,ffn=48,vocab=63,seq=8,batch=8";
+    let plan = plan_with(odd, 2, &cfg(2, Strategy::FullShard, None));
+    let record = plan.config.tensor.as_ref().expect("a tensor record");
+    assert_eq!(record.split, blocks);
+    assert_eq!(record.replicated.len(), 2, "{record:?}");
+    assert!(
+        record.replicated[0].starts_with("lm_head: its vocabulary of 63"),
+        "{record:?}"
+    );
+    assert!(
+        record.replicated[1].starts_with("model.embed_tokens: its 63 rows"),
+        "{record:?}"
+    );
+    let (reference, r) = (
+        train(
+            &plan_with(odd, 1, &cfg(1, Strategy::NoShard, None)),
+            STEPS,
+            ExecMode::Arena,
+        ),
+        train(&plan, STEPS, ExecMode::Arena),
+    );
+    assert!(max_loss_rel_diff(&reference, &r) <= LOSS_RTOL);
 }
 
 fn compile_err(spec: &str, world: u32, c: &FsdpConfig) -> String {
@@ -419,14 +459,15 @@ fn the_fp16_loss_scaler_holds_under_tensor_parallelism() {
 /// whole (all-reduced), listed in the record. Each trains like one rank.
 #[test]
 fn sequence_chunks_follow_the_shape() {
-    for (batch, t, scattered) in [(1, 2, 4), (1, 4, 4), (2, 4, 0)] {
+    for (batch, t, scattered) in [(1, 2, 5), (1, 4, 5), (2, 4, 0)] {
         let spec = gpt(batch);
         let plan = plan_with(&spec, t, &cfg(t, Strategy::FullShard, None));
         let q = plan.config.tensor.as_ref().and_then(|r| r.sequence.clone());
         let q = q.expect("a sequence record");
+        // Four regions and the embedding.
         assert_eq!(
             (q.scattered, q.whole),
-            (scattered, 4 - scattered),
+            (scattered, 5 - scattered),
             "batch {batch} T={t}"
         );
         let one = plan_with(&spec, 1, &cfg(1, Strategy::NoShard, None));

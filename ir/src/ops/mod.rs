@@ -26,6 +26,7 @@ mod softmax;
 mod source;
 mod tensor_parallel;
 mod vjp;
+mod vocab;
 
 pub use check::{broadcast_shapes, broadcasts_to};
 pub use vjp::vjp;
@@ -72,6 +73,9 @@ fn family(op: &Op) -> &'static dyn Family {
         CrossEntropy { .. } => &loss::Loss,
         TpCopy | TpReduce | TpGather { .. } | TpReduceScatter { .. } | TpSplit { .. } => {
             &tensor_parallel::TensorParallel
+        }
+        TpLookup { .. } | TpLookupGrad { .. } | TpLogitStats { .. } | TpLogitStatsGrad { .. } => {
+            &vocab::Vocab
         }
         UnaryGrad { .. }
         | LayerNormGrad { .. }

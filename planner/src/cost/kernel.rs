@@ -72,14 +72,14 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
         Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. } => "layer_norm_grad",
         Op::Softmax { .. } | Op::LogSoftmax { .. } => "softmax",
         Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } => "softmax_grad",
-        Op::CrossEntropy { .. } => "cross_entropy",
-        Op::CrossEntropyGrad { .. } => "cross_entropy_grad",
+        Op::CrossEntropy { .. } | Op::TpLogitStats { .. } => "cross_entropy",
+        Op::CrossEntropyGrad { .. } | Op::TpLogitStatsGrad { .. } => "cross_entropy_grad",
         Op::Transpose { .. } => "transpose",
         Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => "slice",
         Op::SliceGrad { .. } => "slice_grad",
         Op::SumTo { .. } | Op::Reduce { .. } | Op::ReduceMaxGrad { .. } => "sum_to",
-        Op::Gather { .. } => "gather",
-        Op::GatherGrad { .. } => "gather_grad",
+        Op::Gather { .. } | Op::TpLookup { .. } => "gather",
+        Op::GatherGrad { .. } | Op::TpLookupGrad { .. } => "gather_grad",
         _ => "reshape",
     };
     Some(if half {

@@ -21,6 +21,7 @@
 
 mod layout;
 mod sequence;
+mod vocab;
 
 use crate::error::PlanError;
 use fsdpc_ir::{Graph, NodeId, Op, ParamId, Phase, TpSlice, TrainingProgram, ValueId};
@@ -48,7 +49,8 @@ pub fn apply(
     let found = find(&forward, loss, t as usize).map_err(|r| match r {
         Refusal::Indivisible(m) | Refusal::Unsupported(m) => bad(m),
     })?;
-    if found.regions.is_empty() {
+    let vocab = vocab::find(&forward, t as usize, &found.params);
+    if found.regions.is_empty() && vocab.split.is_empty() {
         let why = found.replicated.first().map_or(
             "it has no matrix product with a weight".to_string(),
             |(_, w)| w.clone(),
@@ -57,16 +59,30 @@ pub fn apply(
     }
     let mut record = TensorRecord {
         degree: t,
-        split: found.regions.iter().map(|r| r.name.clone()).collect(),
+        split: found
+            .regions
+            .iter()
+            .map(|r| r.name.clone())
+            .chain(vocab.split.iter().cloned())
+            .collect(),
         replicated: found
             .replicated
             .iter()
+            .filter(|(n, _)| !vocab.split.contains(n))
+            .chain(&vocab.replicated)
             .map(|(n, why)| format!("{n}: {why}"))
             .collect(),
         sequence: None,
     };
     let mut local = rewrite(forward, &found, t as usize).map_err(|e| bad(e.to_string()))?;
     let mut loss = loss;
+    if vocab.splits() {
+        // The lookups, offsets and loss it inserts run just in time.
+        let kept: HashSet<NodeId> = local.node_ids().collect();
+        let split = vocab::apply(&mut local, &vocab, t as usize, loss);
+        let split = split.and_then(|l| crate::precision::just_in_time(&local, l, &kept));
+        (local, loss) = split.map_err(|e| bad(e.to_string()))?;
+    }
     if sequence {
         let (s, renumbered_loss) =
             sequence::apply(&mut local, loss, t as usize).map_err(|e| bad(e.to_string()))?;
@@ -189,7 +205,8 @@ fn find(g: &Graph, loss: ValueId, t: usize) -> Result<Found, Refusal> {
         regions: Vec::new(),
         replicated: Vec::new(),
     };
-    let mut claimed: HashSet<NodeId> = HashSet::new();
+    // The head is the vocabulary's (`vocab`).
+    let mut claimed: HashSet<NodeId> = vocab::head_product(g).into_iter().collect();
     for (x, products) in seeds(g, &order) {
         if products.iter().any(|p| claimed.contains(p)) || found.layouts.contains_key(&x) {
             continue;

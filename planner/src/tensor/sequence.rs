@@ -48,7 +48,7 @@ fn chunk_axis(dims: &[usize], t: usize) -> Option<usize> {
 }
 
 /// Whether value `v` is computed from parameters and constants alone.
-fn is_static(g: &Graph, v: ValueId, memo: &mut HashMap<NodeId, bool>) -> bool {
+pub(super) fn is_static(g: &Graph, v: ValueId, memo: &mut HashMap<NodeId, bool>) -> bool {
     if let Some(&s) = memo.get(&v.node) {
         return s;
     }

@@ -114,6 +114,16 @@ fn bound(graph: &Graph, user: NodeId, op: &Op, slot: u32) -> Option<i64> {
     match (op, slot) {
         (Op::Gather { axis }, 1) => dim(0, Some(*axis)),
         (Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. }, 1) => dim(0, None),
+        // A vocabulary split over `parts` members: the whole table's rows,
+        // the whole logits' classes.
+        (Op::TpLookup { parts }, 1) => dim(0, Some(0)).map(|d| d * i64::from(*parts)),
+        (Op::TpLogitStats { parts, .. } | Op::TpLogitStatsGrad { parts, .. }, 1) => {
+            dim(0, None).map(|d| d * i64::from(*parts))
+        }
+        (Op::TpLookupGrad { table_shape, parts }, 0) => table_shape
+            .first()
+            .and_then(|&d| i64::try_from(d).ok())
+            .map(|d| d * i64::from(*parts)),
         (Op::GatherGrad { axis, data_shape }, 0) => {
             data_shape.get(*axis).and_then(|&d| i64::try_from(d).ok())
         }
@@ -150,7 +160,14 @@ fn label_shift(graph: &Graph, v: ValueId) -> Option<i64> {
     while let Some(t) = todo.pop() {
         for (user, slot) in graph.users(t.value) {
             let op = &graph.node(user).op;
-            if matches!(op, Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. }) && slot == 1 {
+            let loss = matches!(
+                op,
+                Op::CrossEntropy { .. }
+                    | Op::CrossEntropyGrad { .. }
+                    | Op::TpLogitStats { .. }
+                    | Op::TpLogitStatsGrad { .. }
+            );
+            if loss && slot == 1 {
                 offsets.push(t.offset);
             } else if moves_values(op, slot) {
                 let next = moved(graph, &t, user, op);

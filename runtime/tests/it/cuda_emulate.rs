@@ -39,6 +39,9 @@ impl Mem {
     fn f32(&mut self, p: u64, i: i64) -> f32 {
         f32::from_le_bytes(self.slot(p + 4 * i as u64, 4).try_into().unwrap())
     }
+    fn i64(&mut self, p: u64, i: i64) -> i64 {
+        i64::from_le_bytes(self.slot(p + 8 * i as u64, 8).try_into().unwrap())
+    }
     fn set_f32(&mut self, p: u64, i: i64, v: f32) {
         self.slot(p + 4 * i as u64, 4)
             .copy_from_slice(&v.to_le_bytes());
@@ -154,6 +157,76 @@ fn launch(m: &mut Mem, l: &Launch) {
                     _ => p.powf(q),
                 };
                 m.set_f32(y, i, r);
+            }
+        }
+        "vocab_lookup_fwd" | "vocab_lookup_bwd" => {
+            // f32 rows, i64 indices and offset (kernels/vocab.cu).
+            let fwd = l.kernel == "vocab_lookup_fwd";
+            let (idx, off) = if fwd {
+                (ptr(&a[1]), m.i64(ptr(&a[3]), 0))
+            } else {
+                (ptr(&a[0]), m.i64(ptr(&a[2]), 0))
+            };
+            let (n, whole, inner, nidx) = (int(&a[7]), int(&a[8]), int(&a[9]), int(&a[10]));
+            for o in 0..nidx * inner {
+                let (c, i) = (o % inner, o / inner);
+                let r = m.i64(idx, i);
+                let r = if r < 0 { r + whole } else { r } - off;
+                let held = (0..n).contains(&r);
+                if fwd {
+                    let v = if held {
+                        m.f32(ptr(&a[0]), r * inner + c)
+                    } else {
+                        0.0
+                    };
+                    m.set_f32(ptr(&a[5]), o, v);
+                } else if held {
+                    let (acc, dy) = (ptr(&a[6]), ptr(&a[4]));
+                    let v = m.f32(acc, r * inner + c) + m.f32(dy, o);
+                    m.set_f32(acc, r * inner + c, v);
+                }
+            }
+        }
+        "vocab_stats" | "vocab_stats_bwd" => {
+            let (x, labels, off) = (ptr(&a[0]), ptr(&a[2]), m.i64(ptr(&a[4]), 0));
+            let bwd = l.kernel == "vocab_stats_bwd";
+            let k = if bwd { 10 } else { 6 };
+            let (rows, c, has_ignore, ignore) =
+                (int(&a[k]), int(&a[k + 1]), int(&a[k + 3]), int(&a[k + 4]));
+            for r in 0..rows {
+                let row: Vec<f32> = (0..c).map(|j| m.f32(x, r * c + j)).collect();
+                let l = m.i64(labels, r);
+                let t = if has_ignore != 0 && l == ignore {
+                    -1
+                } else {
+                    l - off
+                };
+                let t = if (0..c).contains(&t) { t } else { -1 };
+                if bwd {
+                    let (st, ds, dx) = (ptr(&a[6]), ptr(&a[7]), ptr(&a[8]));
+                    let (mx, sum) = (m.f32(st, 3 * r), m.f32(st, 3 * r + 1));
+                    let (dm, dsum, dt) =
+                        (m.f32(ds, 3 * r), m.f32(ds, 3 * r + 1), m.f32(ds, 3 * r + 2));
+                    let first = row.iter().position(|&v| v == mx).map_or(-1, |j| j as i64);
+                    for (j, &v) in row.iter().enumerate() {
+                        let j = j as i64;
+                        let mut g = dsum * (v - mx).exp();
+                        if j == first {
+                            g += dm - dsum * sum;
+                        }
+                        if j == t {
+                            g += dt;
+                        }
+                        m.set_f32(dx, r * c + j, g);
+                    }
+                } else {
+                    let y = ptr(&a[11]);
+                    let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let sum: f32 = row.iter().map(|v| (v - mx).exp()).sum();
+                    m.set_f32(y, 3 * r, mx);
+                    m.set_f32(y, 3 * r + 1, sum);
+                    m.set_f32(y, 3 * r + 2, if t < 0 { 0.0 } else { row[t as usize] });
+                }
             }
         }
         "reduce_to" => {
@@ -841,6 +914,55 @@ fn matrix_products_map_onto_cublas_column_major_calls() {
             },
             &[t(a, k as u32), t(b, 100 + k as u32)],
             &[ty(out)],
+        );
+    }
+}
+
+/// Vocabulary parallelism's lookups and logit statistics, with their
+/// gradients: the lowering's arguments against the CPU kernels.
+#[test]
+fn vocabulary_parallel_kernels_lower_to_the_cpus_results() {
+    let ints = |shape: &[usize], v: &[i64]| HostTensor::from_i64(shape, v).unwrap();
+    let idx = ints(&[5], &[0, 7, 3, -1, 4]);
+    for member in 0..2i64 {
+        let off = ints(&[1, 1], &[4 * member]);
+        same(
+            Op::TpLookup { parts: 2 },
+            &[t(&[4, 3], 21), idx.clone(), off.clone()],
+            &[ty(&[5, 3])],
+        );
+        same(
+            Op::TpLookupGrad {
+                parts: 2,
+                table_shape: vec![4, 3],
+            },
+            &[idx.clone(), off.clone(), t(&[5, 3], 22)],
+            &[ty(&[4, 3])],
+        );
+        let labels = ints(&[5], &[0, 7, -100, 3, 5]);
+        let op = Op::TpLogitStats {
+            ignore_index: Some(-100),
+            parts: 2,
+        };
+        let logits = t(&[5, 4], 23);
+        let (stats, _) = both(
+            op.clone(),
+            &[logits.clone(), labels.clone(), off.clone()],
+            &[ty(&[1, 5, 3])],
+        );
+        same(
+            op,
+            &[logits.clone(), labels.clone(), off.clone()],
+            &[ty(&[1, 5, 3])],
+        );
+        let stats = HostTensor::from_f32(&[1, 5, 3], &stats[0]).unwrap();
+        same(
+            Op::TpLogitStatsGrad {
+                ignore_index: Some(-100),
+                parts: 2,
+            },
+            &[logits, labels, off, stats, t(&[1, 5, 3], 24)],
+            &[ty(&[5, 4])],
         );
     }
 }

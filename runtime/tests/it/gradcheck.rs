@@ -204,6 +204,33 @@ proptest! {
     }
 
     #[test]
+    fn tp_lookup(rows in 1usize..4, cols in 1usize..4, n in 1usize..5, member in 0i64..2, seed in 0u64..1000) {
+        let mut c = Case::new(seed);
+        let table = c.rand_param(&[rows, cols]);
+        let idx: Vec<i64> = (0..n).map(|_| c.rng.below(2 * rows as u64)).collect();
+        let i = c.ints("idx", &[n], idx);
+        let off = c.ints("offset", &[1, 1], vec![member * rows as i64]);
+        let y = c.op(Op::TpLookup { parts: 2 }, &[table, i, off]);
+        let r = c.check(y);
+        prop_assert!(r.is_ok(), "{:?}", r);
+    }
+
+    #[test]
+    fn tp_logit_stats(n in 1usize..5, classes in 2usize..5, member in 0i64..2, ignore_some: bool, seed in 0u64..1000) {
+        let mut c = Case::new(seed);
+        let logits = c.rand_param(&[n, classes]);
+        let mut labels: Vec<i64> = (0..n).map(|_| c.rng.below(2 * classes as u64)).collect();
+        if ignore_some && n > 1 {
+            labels[0] = -100;
+        }
+        let l = c.ints("labels", &[n], labels);
+        let off = c.ints("offset", &[1, 1], vec![member * classes as i64]);
+        let y = c.op(Op::TpLogitStats { ignore_index: Some(-100), parts: 2 }, &[logits, l, off]);
+        let r = c.check(y);
+        prop_assert!(r.is_ok(), "{:?}", r);
+    }
+
+    #[test]
     fn reduce(dims in prop::collection::vec(1usize..4, 1..4), axis_mask in 1u32..8, keepdims: bool, f in prop::sample::select(vec![ReduceFn::Sum, ReduceFn::Mean, ReduceFn::Max]), seed in 0u64..1000) {
         let axes: Vec<usize> = (0..dims.len()).filter(|i| axis_mask >> i & 1 == 1).collect();
         prop_assume!(!axes.is_empty());
@@ -236,4 +263,83 @@ proptest! {
         let res = c.check(e);
         prop_assert!(res.is_ok(), "{:?}", res);
     }
+}
+
+/// The members' logit statistics, combined, are the whole logits'
+/// cross-entropy, and a label outside the whole vocabulary is an error.
+#[test]
+fn split_logit_statistics_combine_into_the_cross_entropy() {
+    use crate::support::run_cpu;
+    use fsdpc_ir::{DType, TensorType};
+    use fsdpc_runtime::HostTensor;
+    let (n, c, parts) = (5usize, 6usize, 3usize);
+    let x: Vec<f32> = (0..n * c)
+        .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7)
+        .collect();
+    let labels = vec![0i64, 5, -100, 3, 2];
+    let lab = HostTensor::from_i64(&[n], &labels).unwrap();
+    let whole = HostTensor::from_f32(&[n, c], &x).unwrap();
+    let ce = Op::CrossEntropy {
+        ignore_index: Some(-100),
+    };
+    let want = run_cpu(
+        ce,
+        &[whole, lab.clone()],
+        &[TensorType::new(DType::F32, vec![])],
+    )
+    .unwrap()[0]
+        .to_f32()[0];
+    let local = c / parts;
+    let stats: Vec<Vec<f32>> = (0..parts)
+        .map(|k| {
+            let part: Vec<f32> = (0..n)
+                .flat_map(|r| x[r * c + k * local..r * c + (k + 1) * local].to_vec())
+                .collect();
+            let ins = [
+                HostTensor::from_f32(&[n, local], &part).unwrap(),
+                lab.clone(),
+                HostTensor::from_i64(&[1, 1], &[(k * local) as i64]).unwrap(),
+            ];
+            let op = Op::TpLogitStats {
+                ignore_index: Some(-100),
+                parts: parts as u32,
+            };
+            run_cpu(op, &ins, &[TensorType::new(DType::F32, vec![1, n, 3])]).unwrap()[0].to_f32()
+        })
+        .collect();
+    let (mut sum, mut count) = (0f64, 0);
+    for (r, &l) in labels.iter().enumerate() {
+        if l == -100 {
+            continue;
+        }
+        let m = stats
+            .iter()
+            .map(|s| s[3 * r])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = stats
+            .iter()
+            .map(|s| s[3 * r + 1] * (s[3 * r] - m).exp())
+            .sum();
+        let target: f32 = stats.iter().map(|s| s[3 * r + 2]).sum();
+        sum += f64::from(total.ln() + m - target);
+        count += 1;
+    }
+    let got = (sum / f64::from(count)) as f32;
+    assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} vs {want}");
+    // A label of 18 is outside 3 members' 6 columns.
+    let bad = HostTensor::from_i64(&[1], &[18]).unwrap();
+    let e = run_cpu(
+        Op::TpLogitStats {
+            ignore_index: None,
+            parts: 3,
+        },
+        &[
+            HostTensor::from_f32(&[1, 2], &[0.0, 1.0]).unwrap(),
+            bad,
+            HostTensor::from_i64(&[1, 1], &[0]).unwrap(),
+        ],
+        &[TensorType::new(DType::F32, vec![1, 1, 3])],
+    )
+    .unwrap_err();
+    assert!(e.contains("label 18 out of range for 6 classes"), "{e}");
 }

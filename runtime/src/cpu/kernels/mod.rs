@@ -21,6 +21,7 @@ pub mod simd;
 pub mod softmax;
 pub mod source;
 pub mod unary;
+pub mod vocab;
 
 use crate::backend::{KernelCtx, Workspace};
 use crate::error::KResult;
@@ -245,6 +246,14 @@ fn dispatch_structured(
             loss::forward(*ignore_index, logits, labels, out1(ys)?)
         }
         Op::CrossEntropyGrad { ignore_index } => loss::backward(*ignore_index, ins(xs)?, out1(ys)?),
+        Op::TpLogitStats {
+            ignore_index,
+            parts,
+        } => vocab::logit_stats(*ignore_index, *parts, ins(xs)?, out1(ys)?),
+        Op::TpLogitStatsGrad {
+            ignore_index,
+            parts,
+        } => vocab::logit_stats_grad(*ignore_index, *parts, ins(xs)?, out1(ys)?),
         Op::Reduce { f, axes, .. } => reduce::reduce(*f, axes, ins::<1>(xs)?[0], out1(ys)?),
         Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, ins(xs)?, out1(ys)?, ws),
         Op::SumTo { .. } => reduce::sum_to(ins::<1>(xs)?[0], out1(ys)?),
@@ -263,6 +272,8 @@ fn dispatch_shape(op: &Op, xs: &[TensorRef], ys: &mut [TensorMut]) -> KResult<()
             let [idx, dy] = ins(xs)?;
             gather::gather_grad(*axis, idx, dy, out1(ys)?)
         }
+        Op::TpLookup { parts } => vocab::lookup(*parts, ins(xs)?, out1(ys)?),
+        Op::TpLookupGrad { parts, .. } => vocab::lookup_grad(*parts, ins(xs)?, out1(ys)?),
         Op::Reshape { .. } => shape::reshape(ins::<1>(xs)?[0], out1(ys)?),
         Op::Transpose { perm } => shape::transpose(perm, ins::<1>(xs)?[0], out1(ys)?),
         &Op::Slice {

@@ -108,6 +108,18 @@ pub const LOSS: KernelFile = KernelFile {
     kernels: &["ce_rows", "ce_valid", "ce_finish", "ce_bwd"],
 };
 
+/// Vocabulary parallelism: the split embedding and the logits' statistics.
+pub const VOCAB: KernelFile = KernelFile {
+    name: "vocab.cu",
+    body: include_str!("kernels/vocab.cu"),
+    kernels: &[
+        "vocab_lookup_fwd",
+        "vocab_lookup_bwd",
+        "vocab_stats",
+        "vocab_stats_bwd",
+    ],
+};
+
 /// Optimizers and gradient clipping.
 pub const OPTIM: KernelFile = KernelFile {
     name: "optim.cu",
@@ -116,7 +128,7 @@ pub const OPTIM: KernelFile = KernelFile {
 };
 
 /// Every kernel file.
-pub const ALL: [KernelFile; 9] = [
+pub const ALL: [KernelFile; 10] = [
     ELEMENTWISE,
     LAYOUT,
     REDUCE,
@@ -125,6 +137,7 @@ pub const ALL: [KernelFile; 9] = [
     ATTENTION,
     GATHER,
     LOSS,
+    VOCAB,
     OPTIM,
 ];
 

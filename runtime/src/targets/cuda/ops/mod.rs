@@ -10,7 +10,7 @@
 //! every family shares, and the dispatch: one arm per op, in the order of
 //! `cpu/kernels/mod.rs`, each calling its family's file, which mirror
 //! `cpu/kernels/`: `source`, `unary`, `elementwise`, `cast`, `dropout`,
-//! `norm`, `softmax`, `loss`, `reduce`, `gather`, `shape`. Matrix products
+//! `norm`, `softmax`, `loss`, `reduce`, `gather`, `vocab`, `shape`. Matrix products
 //! and attention are lowered by the sibling modules `blas` and `attention`.
 
 mod cast;
@@ -24,6 +24,7 @@ mod shape;
 mod softmax;
 mod source;
 mod unary;
+mod vocab;
 
 use super::blas::Gemm;
 use super::device::{blocks_for, Arg, Launch, Ptr, THREADS};
@@ -286,6 +287,14 @@ fn lower_structured(
         }
         Op::CrossEntropy { ignore_index } => loss::forward(*ignore_index, xs, ys, l)?,
         Op::CrossEntropyGrad { ignore_index } => loss::backward(*ignore_index, xs, ys, l)?,
+        Op::TpLogitStats {
+            ignore_index,
+            parts,
+        } => vocab::stats(*ignore_index, *parts, xs, ys, &mut l.actions)?,
+        Op::TpLogitStatsGrad {
+            ignore_index,
+            parts,
+        } => vocab::stats_grad(*ignore_index, *parts, xs, ys, &mut l.actions)?,
         Op::Reduce { f, axes, .. } => reduce::reduce_axes(*f, axes, xs, ys, l)?,
         Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, xs, ys, l)?,
         Op::SumTo { .. } => reduce::sum_to(xs, ys, l)?,
@@ -306,6 +315,8 @@ fn lower_shape(
     match op {
         Op::Gather { axis } => gather::gather(*axis, xs, ys, a)?,
         Op::GatherGrad { axis, .. } => gather::gather_grad(*axis, xs, ys, ws, a)?,
+        Op::TpLookup { parts } => vocab::lookup(*parts, xs, ys, a)?,
+        Op::TpLookupGrad { parts, .. } => vocab::lookup_grad(*parts, xs, ys, ws, a)?,
         Op::Reshape { .. } => shape::reshape(xs, ys, a)?,
         Op::Transpose { perm } => shape::transpose(perm, xs, ys, a)?,
         &Op::Slice {
