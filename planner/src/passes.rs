@@ -94,8 +94,9 @@ fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 5] {
         Pass {
             name: "tensor",
             decides: "which layers split over the tensor group (column- and row-parallel \
-                      products, heads), which activations between them are row chunks \
-                      (sequence parallelism) and each member's part of the program",
+                      products, heads, the vocabulary of the embedding, head and loss), \
+                      which activations between them are row chunks (sequence \
+                      parallelism) and each member's part of the program",
             run: tensor,
         },
         Pass {

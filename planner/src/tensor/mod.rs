@@ -13,6 +13,10 @@
 //! (a norm over the split axis, a dropout, the loss) is left replicated and
 //! listed with the reason; a dimension T does not divide is an error.
 //!
+//! The head and the token embedding split by vocabulary (`vocab`): the
+//! head's output columns and the table's rows, with the loss computed
+//! from the members' per-row logit statistics, never from whole logits.
+//!
 //! The rewritten program is each member's: split parameters have their
 //! part's type and a `TpSlice` saying which elements of the whole they
 //! hold, reshapes and slices their part's sizes, and autodiff runs again,
