@@ -223,6 +223,19 @@ fn onnx_exports_split_and_train_like_one_rank() {
         eprintln!("{name} T=2: max loss rel diff {loss:e}, max param abs diff {abs:e}");
         assert!(loss <= LOSS_RTOL, "{name}: loss {loss:e}");
         assert!(abs <= EXPORT_PARAM_ATOL, "{name}: params {abs:e}");
+        // The Llama export's two key/value heads at T = 4: computed whole,
+        // each member taking its share through the exporter's batched
+        // products.
+        if name.starts_with("llama") {
+            let (r, plan) = at(4, 4);
+            let record = plan.config.tensor.as_ref().expect("a tensor record");
+            assert_eq!(record.split.len(), 6, "{record:?}");
+            assert_eq!(record.replicated.len(), 4, "{record:?}");
+            let loss = max_loss_rel_diff(&reference, &r);
+            let (abs, _) = max_param_diff(&reference, &r);
+            eprintln!("{name} T=4: max loss rel diff {loss:e}, max param abs diff {abs:e}");
+            assert!(loss <= LOSS_RTOL && abs <= PARAM_ATOL, "{name} T=4");
+        }
     }
 }
 
@@ -307,12 +320,6 @@ fn a_degree_that_does_not_divide_the_heads_or_the_world_is_refused() {
         &cfg(2, Strategy::FullShard, None),
     );
     assert!(e.contains("does not split over T = 2"), "{e}");
-    // Four key/value heads do not split over T = 8.
-    let e = compile_err(&llama(8), 8, &cfg(8, Strategy::FullShard, None));
-    assert!(
-        e.contains("k_reshape") && e.contains("does not split over T = 8"),
-        "{e}"
-    );
     let e = compile_err(&gpt(4), 4, &cfg(3, Strategy::FullShard, None));
     assert!(
         e.contains("tensor_parallel") && e.contains("must divide the world of 4"),
@@ -479,6 +486,55 @@ fn sequence_chunks_follow_the_shape() {
         assert!(
             loss <= LOSS_RTOL && abs <= PARAM_ATOL,
             "batch {batch} T={t}"
+        );
+    }
+}
+
+/// Grouped-query attention with fewer key/value heads than T: the key and
+/// value projections are computed whole on every member, each member
+/// takes its query heads' share of them, and their gradients are summed
+/// over the group. Listed as such, and trains like one rank, with and
+/// without sequence parallelism, in a 2-D mesh too.
+#[test]
+fn key_value_heads_fewer_than_t_are_computed_whole_and_shared() {
+    let spec = |b: u32| {
+        format!("llama:layers=2,hidden=32,heads=8,kv_heads=2,ffn=48,vocab=64,seq=8,batch={b}")
+    };
+    let (_, reference) = run(&spec, 1, &cfg(1, Strategy::NoShard, None));
+    for (t, world, sequence) in [(4, 4, false), (4, 4, true), (8, 8, true), (4, 8, true)] {
+        let mut c = cfg(t, Strategy::FullShard, None);
+        c.sequence_parallel = sequence;
+        let (plan, r) = run(&spec, world, &c);
+        let record = plan.config.tensor.as_ref().expect("a tensor record");
+        let what = format!("T={t} world {world} sequence {sequence}");
+        // Attention and MLP of both blocks, the head and the embedding.
+        assert_eq!(record.split.len(), 6, "{what}: {record:?}");
+        let whole: Vec<&String> = record
+            .replicated
+            .iter()
+            .filter(|w| w.contains("computed whole on every member"))
+            .collect();
+        assert_eq!(whole.len(), 4, "{what}: {record:?}");
+        assert!(
+            whole[0].starts_with("model.layers.0.self_attn.k_proj"),
+            "{what}: {record:?}"
+        );
+        let k = plan
+            .training
+            .graph
+            .params
+            .iter()
+            .find(|p| p.name == "model.layers.0.self_attn.k_proj.weight")
+            .expect("k_proj");
+        assert!(k.tp.is_none(), "{what}");
+        let loss = max_loss_rel_diff(&reference, &r);
+        let (abs, _) = max_param_diff(&reference, &r);
+        eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
+        assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
+        assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
+        assert!(
+            r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
+            "{what}: measured over planned"
         );
     }
 }

@@ -27,20 +27,25 @@ pub enum Refusal {
 }
 
 /// What a rule decided for one node: its output's layout, the parameters
-/// it splits (`param`, axis, segments), and whether its output is a
-/// partial sum the tensor group must add.
+/// it splits (`param`, axis, segments), whether its output is a partial
+/// sum the tensor group must add, and which whole inputs each member reads
+/// only its part of (`select`: slot, axis, segments).
 #[derive(Debug, Default)]
 pub struct Decision {
     pub out: Option<Layout>,
     pub split_params: Vec<(ParamId, usize, Vec<usize>)>,
     pub partial: bool,
+    pub select: Vec<(usize, usize, Vec<usize>)>,
 }
 
-/// What the rules read: the graph, T, and the layout of every value so
-/// far (absent: `Rep`).
+/// What the rules read: the graph, T, and whether a whole operand may
+/// meet a split one in attention or a batched product, each member then
+/// taking its part of the whole (`select`: key/value projections computed
+/// whole when T exceeds their heads).
 pub struct Rules<'g> {
     pub g: &'g Graph,
     pub t: usize,
+    pub select: bool,
 }
 
 fn unsupported(g: &Graph, n: NodeId, why: impl std::fmt::Display) -> Refusal {
@@ -96,7 +101,7 @@ impl Rules<'_> {
                 segments: segments.clone(),
             }),
             split_params: vec![(w, usize::from(!trans_b), segments)],
-            partial: false,
+            ..Decision::default()
         })
     }
 
@@ -148,6 +153,7 @@ impl Rules<'_> {
                             out: Some(Layout::Rep),
                             split_params: vec![(w, k_b, segments.clone())],
                             partial: true,
+                            ..Decision::default()
                         })
                     }
                     (Layout::Split { axis, segments }, Layout::Rep)
@@ -171,6 +177,26 @@ impl Rules<'_> {
                         // A batched product over split heads.
                         same(ins[0].clone())
                     }
+                    // A batched product over split heads with a whole
+                    // operand (keys or values computed whole): each member
+                    // takes its heads of it.
+                    (Layout::Split { axis, segments }, Layout::Rep)
+                    | (Layout::Rep, Layout::Split { axis, segments })
+                        if self.select
+                            && ra == rb
+                            && *axis + 2 < ra
+                            && self.shape(inputs[0])[*axis] == self.shape(inputs[1])[*axis] =>
+                    {
+                        let whole = usize::from(ins[1] == Layout::Rep);
+                        Ok(Decision {
+                            out: Some(Layout::Split {
+                                axis: *axis,
+                                segments: segments.clone(),
+                            }),
+                            select: vec![(whole, *axis, segments.clone())],
+                            ..Decision::default()
+                        })
+                    }
                     _ => Err(unsupported(g, n, "split operands this product cannot use")),
                 }
             }
@@ -178,8 +204,26 @@ impl Rules<'_> {
                 let all = ins.iter().all(
                     |l| matches!(l, Layout::Split { axis: 1, segments } if segments.len() == 1),
                 );
+                let q_heads = self.shape(inputs[0]).get(1).copied();
+                let whole_kv = ins[1..].iter().all(|l| *l == Layout::Rep)
+                    && inputs[1..]
+                        .iter()
+                        .all(|v| self.shape(*v).get(1).copied() == q_heads);
                 if all && ins.iter().all(|l| *l == ins[0]) {
                     same(ins[0].clone())
+                } else if let (true, true, Layout::Split { segments, .. }) =
+                    (self.select, whole_kv, &ins[0])
+                {
+                    // Keys and values computed whole: each member takes
+                    // its query heads' share.
+                    if segments.len() != 1 || !matches!(ins[0], Layout::Split { axis: 1, .. }) {
+                        return Err(unsupported(g, n, "query not split by heads"));
+                    }
+                    Ok(Decision {
+                        out: Some(ins[0].clone()),
+                        select: vec![(1, 1, segments.clone()), (2, 1, segments.clone())],
+                        ..Decision::default()
+                    })
                 } else {
                     Err(unsupported(
                         g,

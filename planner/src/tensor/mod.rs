@@ -118,6 +118,16 @@ struct Found {
     params: BTreeMap<ParamId, (usize, Vec<usize>)>,
     regions: Vec<Region>,
     replicated: Vec<(String, String)>,
+    selects: Vec<Select>,
+}
+
+/// A whole operand of which each member reads its part: input `slot` of
+/// `node`, cut on `axis` in `segments` (`Layout::Split`).
+struct Select {
+    node: NodeId,
+    slot: usize,
+    axis: usize,
+    segments: Vec<usize>,
 }
 
 /// The matrix products that may start a region, by the activation they
@@ -202,12 +212,17 @@ fn find(g: &Graph, loss: ValueId, t: usize) -> Result<Found, Refusal> {
         .topo_order()
         .map_err(|_| Refusal::Unsupported("the forward graph has a cycle".into()))?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let rules = Rules { g, t };
+    let rules = Rules {
+        g,
+        t,
+        select: false,
+    };
     let mut found = Found {
         layouts: HashMap::new(),
         params: BTreeMap::new(),
         regions: Vec::new(),
         replicated: Vec::new(),
+        selects: Vec::new(),
     };
     // The head is the vocabulary's (`vocab`).
     let mut claimed: HashSet<NodeId> = vocab::head_product(g).into_iter().collect();
@@ -216,11 +231,18 @@ fn find(g: &Graph, loss: ValueId, t: usize) -> Result<Found, Refusal> {
             continue;
         }
         let name = g.module_info(g.node(products[0]).module).path.clone();
-        match trial(&rules, &order, &pos, loss, &products, &found) {
+        let (result, products) = match trial(&rules, &order, &pos, loss, &products, &found) {
+            Err(Refusal::Indivisible(m)) => {
+                retry_whole(&rules, &order, &pos, loss, &products, &mut found, m)?
+            }
+            r => (r, products),
+        };
+        match result {
             Ok(r) => {
                 claimed.extend(r.nodes.iter().copied());
                 found.layouts.extend(r.layouts);
                 found.params.extend(r.params);
+                found.selects.extend(r.selects);
                 found.regions.push(Region {
                     name,
                     enters: vec![(x, products)],
@@ -244,6 +266,51 @@ struct Trial {
     params: BTreeMap<ParamId, (usize, Vec<usize>)>,
     leaves: Vec<ValueId>,
     nodes: Vec<NodeId>,
+    selects: Vec<Select>,
+}
+
+type Tried = Result<Trial, Refusal>;
+
+/// A region whose products do not all split (grouped-query attention with
+/// fewer key/value heads than T): the products that do not split alone are
+/// computed whole on every member, and each member reads its query heads'
+/// share of their heads (`Rules::select`). The error `m` stands when that
+/// does not make a region either.
+fn retry_whole(
+    rules: &Rules<'_>,
+    order: &[NodeId],
+    pos: &HashMap<NodeId, usize>,
+    loss: ValueId,
+    products: &[NodeId],
+    found: &mut Found,
+    m: String,
+) -> Result<(Tried, Vec<NodeId>), Refusal> {
+    let g = rules.g;
+    let (whole, split): (Vec<NodeId>, Vec<NodeId>) = products.iter().partition(|&&p| {
+        matches!(
+            trial(rules, order, pos, loss, &[p], found),
+            Err(Refusal::Indivisible(_))
+        )
+    });
+    if whole.is_empty() || split.is_empty() {
+        return Err(Refusal::Indivisible(m));
+    }
+    let selecting = Rules {
+        g,
+        t: rules.t,
+        select: true,
+    };
+    match trial(&selecting, order, pos, loss, &split, found) {
+        Ok(r) => {
+            for p in whole {
+                let path = g.module_info(g.node(p).module).path.clone();
+                let why = format!("computed whole on every member, each taking its share ({m})");
+                found.replicated.push((path, why));
+            }
+            Ok((Ok(r), split))
+        }
+        Err(_) => Err(Refusal::Indivisible(m)),
+    }
 }
 
 fn trial(
@@ -260,6 +327,7 @@ fn trial(
         params: BTreeMap::new(),
         leaves: Vec::new(),
         nodes: Vec::new(),
+        selects: Vec::new(),
     };
     let take = |tr: &mut Trial, n: NodeId, d: Decision| -> Result<(), Refusal> {
         for (p, axis, segs) in d.split_params {
@@ -283,6 +351,14 @@ fn trial(
         let v = ValueId { node: n, slot: 0 };
         if d.partial {
             tr.leaves.push(v);
+        }
+        for (slot, axis, segments) in d.select {
+            tr.selects.push(Select {
+                node: n,
+                slot,
+                axis,
+                segments,
+            });
         }
         if let Some(l @ Layout::Split { .. }) = d.out {
             tr.layouts.insert(v, l);
@@ -391,6 +467,49 @@ fn rewrite(mut g: Graph, found: &Found, t: usize) -> Result<Graph, fsdpc_ir::IrE
             }
         }
         left.extend(r.leaves.iter().copied());
+    }
+    // Whole operands read in part: summed over the group in backward (each
+    // member's gradient covers its part), then each member's elements.
+    for s in &found.selects {
+        let v = g.inputs(s.node)[s.slot];
+        let node = g.node(s.node);
+        let (name, module) = (format!("{}.tp_select{}", node.name, s.slot), node.module);
+        let mut rows = vec![Vec::new(); t];
+        let mut start = 0;
+        for &seg in &s.segments {
+            for (k, r) in rows.iter_mut().enumerate() {
+                let n = seg / t;
+                r.extend((start + k * n..start + (k + 1) * n).map(|i| i as f64));
+            }
+            start += seg;
+        }
+        let local = rows[0].len();
+        let all: Vec<f64> = rows.concat();
+        let ty = fsdpc_ir::TensorType::new(fsdpc_ir::DType::I64, vec![t, local]);
+        let value = fsdpc_ir::TensorData::from_f64s(ty, &all)
+            .ok_or_else(|| fsdpc_ir::IrError::Invalid("selection indices".into()))?;
+        let parts = t as u32;
+        let c = g.add1(
+            Op::Constant { value },
+            &[],
+            format!("{name}.indices"),
+            module,
+        )?;
+        let mine = g.add1(
+            Op::TpSplit { axis: 0, parts },
+            &[c],
+            format!("{name}.mine"),
+            module,
+        )?;
+        let mine = g.add1(
+            Op::Reshape { shape: vec![local] },
+            &[mine],
+            format!("{name}.mine_flat"),
+            module,
+        )?;
+        let summed = g.add1(Op::TpCopy, &[v], format!("{name}.tp_copy"), module)?;
+        let part = g.add1(Op::Gather { axis: s.axis }, &[summed, mine], name, module)?;
+        g.set_input(s.node, s.slot as u32, part);
     }
     // Retype in order: parameters first, then every node from its inputs.
     for &n in &order {

@@ -75,7 +75,7 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(t) = &s.tensor {
         let _ = writeln!(
             out,
-            "tensor    T = {} ({} data ranks): {} regions split (column- then row-parallel), {} tensor collectives a step",
+            "tensor    T = {} ({} data ranks): {} layers split (column- then row-parallel, or by vocabulary), {} tensor collectives a step",
             t.degree,
             s.world / t.degree.max(1),
             t.split.len(),
