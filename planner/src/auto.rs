@@ -309,6 +309,10 @@ impl<'a> Search<'a> {
     }
 }
 
+/// How many candidates the search compiles at once (in parallel): a
+/// constant, so that which are compiled does not depend on the threads.
+const COMPILE_BATCH: usize = 2;
+
 /// A screened candidate that fits, waiting to be compiled.
 struct Ready {
     /// The larger of its class's bound and its own screen's.
@@ -441,6 +445,10 @@ impl Search<'_> {
     /// compiled only while its lower bound can beat the best step found by
     /// more than the gap (`Search::gap`).
     ///
+    /// 0. When another degree's step is there to beat: one screen per
+    ///    prepared program, whose compute-stream work (kernels and tensor
+    ///    collectives, the same in every class that prepares that program)
+    ///    bounds its classes; classes it rules out are not screened.
     /// 1. One screen per class, in parallel: first the least-memory member
     ///    of each structure's first class (in order of compute bound, then
     ///    index) whose persistent bytes fit (it bounds the memory of the
@@ -450,7 +458,9 @@ impl Search<'_> {
     /// 2. Best first: the screened candidate with the smallest lower bound
     ///    is compiled when no class still unexplored has a bound smaller by
     ///    more than the gap; otherwise the class with the smallest bound is
-    ///    explored (its other members screened, in parallel). The search
+    ///    explored (its other members screened, in parallel). Candidates
+    ///    are compiled `COMPILE_BATCH` at a time, in parallel, each one
+    ///    that would be compiled next on its own. The search
     ///    stops when neither can beat the best; the rest are pruned. Ties
     ///    go to the smaller index, and the result and the table do not
     ///    depend on the number of threads.
@@ -477,24 +487,61 @@ impl Search<'_> {
         let mut ready: Vec<Ready> = Vec::new();
         let mut order: Vec<usize> = (0..classes.len()).collect();
         order.sort_by(|&a, &b| bound[a].total_cmp(&bound[b]).then(a.cmp(&b)));
+        let mut first: BTreeMap<usize, (usize, Screened)> = BTreeMap::new();
+        // 0. With a step to beat already (another degree's): one screen
+        // per prepared program, of its first class in order at the
+        // least-memory knobs, whose compute-stream work bounds every class
+        // that prepares the same program; classes that cannot beat the
+        // step are screened no further.
+        if t.best.is_some() {
+            let key = |ci: usize| crate::Prepared::key(&apply(self.base, &classes[ci], least));
+            let mut seen = std::collections::BTreeSet::new();
+            let reps: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|&ci| seen.insert(key(ci)))
+                .collect();
+            let mut work: BTreeMap<String, f64> = BTreeMap::new();
+            for (ci, r) in self.screen_each(&reps, |ci| apply(self.base, &classes[ci], least))? {
+                if let Ok(q) = &r {
+                    work.insert(
+                        key(ci),
+                        crate::simulate::program_work_s(&q.plan, self.cluster),
+                    );
+                }
+                first.insert(ci, (least_at, r));
+            }
+            for (ci, b) in bound.iter_mut().enumerate() {
+                *b = b.max(work.get(&key(ci)).copied().unwrap_or(0.0));
+            }
+            order.sort_by(|&a, &b| bound[a].total_cmp(&bound[b]).then(a.cmp(&b)));
+        }
+        let live = |ci: usize, bound: &[f64]| !self.pruned(t.best, bound[ci], ci * per);
         // 1a. One probe per structure: its first class in order whose
-        // persistent bytes fit, screened at the least-memory knobs.
+        // persistent bytes fit (and that may beat the step to beat),
+        // screened at the least-memory knobs.
         let floor: Vec<u64> = classes.iter().map(|c| self.persistent_bound(c)).collect();
         let mut probes: Vec<usize> = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for &ci in &order {
-            if floor[ci] <= cap && seen.insert(classes[ci].structure()) {
+            if floor[ci] <= cap && live(ci, &bound) && seen.insert(classes[ci].structure()) {
                 probes.push(ci);
             }
         }
-        let mut first: BTreeMap<usize, (usize, Screened)> = BTreeMap::new();
-        for (ci, r) in self.screen_each(&probes, |ci| apply(self.base, &classes[ci], least))? {
-            if let Ok(q) = &r {
+        let todo: Vec<usize> = probes
+            .iter()
+            .copied()
+            .filter(|ci| !first.contains_key(ci))
+            .collect();
+        for (ci, r) in self.screen_each(&todo, |ci| apply(self.base, &classes[ci], least))? {
+            first.insert(ci, (least_at, r));
+        }
+        for &ci in &probes {
+            if let Some((_, Ok(q))) = first.get(&ci) {
                 known
                     .structure
                     .insert(classes[ci].structure(), Probe::from_plan(&q.plan));
             }
-            first.insert(ci, (least_at, r));
         }
         for ci in 0..classes.len() {
             mem[ci] = known
@@ -507,7 +554,7 @@ impl Search<'_> {
         let rest: Vec<usize> = order
             .iter()
             .copied()
-            .filter(|ci| !first.contains_key(ci) && mem[*ci] <= cap)
+            .filter(|&ci| !first.contains_key(&ci) && mem[ci] <= cap && live(ci, &bound))
             .collect();
         for (ci, r) in self.screen_each(&rest, |ci| apply(self.base, &classes[ci], knobs[0]))? {
             first.insert(ci, (0, r));
@@ -541,11 +588,31 @@ impl Search<'_> {
                 (None, Some(_)) => false,
             };
             if compile_next {
-                let Some(r) = ready.pop() else { break };
-                let evaluated = self.evaluate(&r.candidate.config)?;
-                let index = r.candidate.index;
-                let w = self.record(r.candidate, evaluated, &mut t, r.lower, r.bound_bytes);
-                t.weighed[index] = Some(w);
+                // Up to `COMPILE_BATCH` candidates at once, each of which
+                // would be compiled next on its own: the batch does not
+                // depend on the number of threads.
+                let mut batch = Vec::new();
+                while batch.len() < COMPILE_BATCH {
+                    let next = ready.last().filter(|r| {
+                        !self.pruned(t.best, r.lower, r.index)
+                            && c.is_none_or(|ci| r.lower <= bound[ci] * (1.0 + self.gap))
+                    });
+                    if next.is_none() && !batch.is_empty() {
+                        break;
+                    }
+                    let Some(r) = ready.pop() else { break };
+                    batch.push(r);
+                }
+                use rayon::prelude::*;
+                let evaluated: Vec<Result<Evaluated, AutoError>> = batch
+                    .par_iter()
+                    .map(|r| self.evaluate(&r.candidate.config))
+                    .collect();
+                for (r, e) in batch.into_iter().zip(evaluated) {
+                    let index = r.candidate.index;
+                    let w = self.record(r.candidate, e?, &mut t, r.lower, r.bound_bytes);
+                    t.weighed[index] = Some(w);
+                }
             } else if let Some(ci) = c {
                 open.pop();
                 let todo: Vec<usize> = (0..per)

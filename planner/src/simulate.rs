@@ -89,6 +89,27 @@ pub fn busiest_stream_s(plan: &Plan, cluster: &Cluster) -> f64 {
     busy.into_iter().fold(0.0, f64::max)
 }
 
+/// Seconds of the compute stream's kernels and tensor-parallel
+/// collectives, each at its cost alone: what every plan of the same
+/// prepared program (`crate::Prepared`) runs on its compute stream,
+/// whatever its strategy, sharding factor, offload and schedule knobs, so
+/// a bound on the step of each.
+pub fn program_work_s(plan: &Plan, cluster: &Cluster) -> f64 {
+    plan.instructions
+        .iter()
+        .filter(|ins| {
+            ins.stream == Stream::Compute
+                && matches!(
+                    ins.op,
+                    InstrOp::Kernel { .. }
+                        | InstrOp::TensorAllReduce { .. }
+                        | InstrOp::TensorChunks { .. }
+                )
+        })
+        .map(|ins| cost::instr_cost(plan, cluster, ins).0)
+        .sum()
+}
+
 /// The simulation without contention: one pass in instruction order.
 fn one_pass(plan: &Plan, costs: &[(f64, u64)], tl: &mut Timeline) {
     let mut t = [0f64; Stream::ALL.len()];
