@@ -4,8 +4,9 @@
 # NCCL for CUDA 13, builds with `--features cuda` (or takes the binaries
 # `scripts/gpu-bundle.sh` made, for machines without cargo or crates.io),
 # runs the GPU tests (every kernel against the CPU backend, a training step
-# at world 1 against the CPU run, world 1 through NCCL), a CLI run and the
-# GPU benchmark, and prints what they printed. Meant to finish well under
+# at world 1 against the CPU run, world 1 through NCCL), a CLI run, a
+# tensor-parallel run over two GPUs where there are two, and the GPU
+# benchmark, and prints what they printed. Meant to finish well under
 # 8 minutes on a fresh machine; every step has a timeout.
 #
 #   bash scripts/gpu-check.sh [--bundle DIR] [--quick]
@@ -101,6 +102,22 @@ run "fsdpc train --target cuda" 120 \
     "$cli" train gpt:layers=2,hidden=128,heads=4,seq=64,vocab=256,batch=4 --steps 5 --target cuda
 run "conformance suite on the cuda target" 180 \
     env FSDPC_BIN="$cli" "$tests_root" --nocapture conformance::cuda
+# A two-dimensional mesh (tensor parallelism over 2 GPUs, the vocabulary
+# split too) needs two GPUs: two processes launched as torchrun would.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
+if [ "${gpus:-0}" -ge 2 ]; then
+    mesh=target/gpu-check-tp2.json
+    run "fsdpc train --target cuda, T = 2 over two GPUs" 180 bash -c '
+        "$0" compile gpt:layers=2,hidden=128,heads=4,seq=64,vocab=256,batch=4 \
+            --world 2 --tensor-parallel 2 --target cuda -o "$1" || exit $?
+        for r in 0 1; do
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r \
+                "$0" train "$1" --target cuda --steps 5 &
+        done
+        rc=0; for j in $(jobs -p); do wait "$j" || rc=$?; done; exit $rc' "$cli" "$mesh"
+else
+    step "T = 2 over two GPUs: skipped, ${gpus:-0} GPU(s) here"
+fi
 if [ "$quick" = 1 ]; then
     run "benchmark (GPT 4 layers, hidden 2048, seq 2048, bf16)" 240 "$bench" --layers 4 --steps 5
 else
