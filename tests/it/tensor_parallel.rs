@@ -11,6 +11,7 @@
 //! world) agree bit for bit.
 
 use crate::common::{bits, max_loss_rel_diff, max_param_diff, plan_with, train};
+use fsdpc_ir::Op;
 use fsdpc_plan::{InstrOp, Plan, Strategy};
 use fsdpc_planner::FsdpConfig;
 use fsdpc_runtime::{ExecMode, TrainReport};
@@ -527,6 +528,18 @@ fn key_value_heads_fewer_than_t_are_computed_whole_and_shared() {
             .find(|p| p.name == "model.layers.0.self_attn.k_proj.weight")
             .expect("k_proj");
         assert!(k.tp.is_none(), "{what}");
+        // Their gradients are summed before the repeat to the query heads
+        // (after the rotary embedding for the keys, at the projection for
+        // the values): a data rank's samples x 8 positions x 2 heads x 4,
+        // not the 8 heads they are repeated to.
+        let g = &plan.training.graph;
+        let sums: Vec<u64> = g
+            .node_ids()
+            .filter(|&n| g.node(n).name.contains("tp_select") && g.node(n).op == Op::TpCopy)
+            .map(|n| g.node(n).outputs[0].numel())
+            .collect();
+        let samples = u64::from(8 / (world / t));
+        assert_eq!(sums, [samples * 8 * 2 * 4; 4], "{what}");
         let loss = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");

@@ -398,6 +398,23 @@ fn trial(
     Ok(tr)
 }
 
+/// Where the gradient of a whole operand `v`, read in part, is summed over
+/// the group: the first value up from `v` through reshapes, transposes and
+/// expansions, each the only reader of the value above it.
+fn sum_point(g: &Graph, v: ValueId) -> ValueId {
+    let mut at = v;
+    loop {
+        let moves = matches!(
+            g.node(at.node).op,
+            Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. }
+        );
+        match g.inputs(at.node).as_slice() {
+            [up] if moves && g.users(*up).len() == 1 => at = *up,
+            _ => return at,
+        }
+    }
+}
+
 /// The forward graph `g` as one member's part: split parameters and the
 /// sizes of split values divided, a `TpCopy` where each region is
 /// entered and a `TpReduce` where it is left.
@@ -507,9 +524,22 @@ fn rewrite(mut g: Graph, found: &Found, t: usize) -> Result<Graph, fsdpc_ir::IrE
             format!("{name}.mine_flat"),
             module,
         )?;
-        let summed = g.add1(Op::TpCopy, &[v], format!("{name}.tp_copy"), module)?;
-        let part = g.add1(Op::Gather { axis: s.axis }, &[summed, mine], name, module)?;
+        let part = g.add1(
+            Op::Gather { axis: s.axis },
+            &[v, mine],
+            name.clone(),
+            module,
+        )?;
         g.set_input(s.node, s.slot as u32, part);
+        // The sum goes as far up as only data movement read by nothing
+        // else separates it from the gather (before grouped-query
+        // attention's repeat of the key/value heads: a fraction of the
+        // bytes), so every op below it that reads parameters still sees
+        // the summed gradient.
+        let at = sum_point(&g, v);
+        let (reader, slot) = g.users(at).first().copied().unwrap_or((part.node, 0));
+        let summed = g.add1(Op::TpCopy, &[at], format!("{name}.tp_copy"), module)?;
+        g.set_input(reader, slot, summed);
     }
     // Retype in order: parameters first, then every node from its inputs.
     for &n in &order {
