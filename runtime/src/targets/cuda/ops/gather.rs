@@ -57,28 +57,8 @@ pub(super) fn gather_grad(
             dy.ty, idx.ty
         ));
     }
-    // An f32 gradient is its own accumulator; a half one adds into
-    // f32 workspace (the plan's promoted-output share) and is cast.
-    let acc = if dx.ty.dtype == DType::F32 {
-        dx.ptr
-    } else {
-        match ws {
-            Some((p, bytes)) if bytes >= 4 * dx.numel() => p,
-            _ => {
-                return Err(format!(
-                    "gather_grad into {} needs {} bytes of f32 workspace, the plan gave {}",
-                    dx.ty,
-                    4 * dx.numel(),
-                    ws.map_or(0, |w| w.1)
-                ))
-            }
-        }
-    };
+    let acc = accumulator("gather_grad", &dx, ws, a)?;
     let total = dy.numel();
-    a.push(Action::Zero {
-        ptr: Ptr::Abs(acc),
-        bytes: 4 * dx.numel(),
-    });
     a.push(ew(
         "gather_bwd",
         total,
@@ -95,6 +75,43 @@ pub(super) fn gather_grad(
             Arg::Ptr(Ptr::Err),
         ],
     ));
+    cast_back(acc, &dx, a);
+    Ok(())
+}
+
+/// The zeroed f32 accumulator a scatter-add into `dx` adds into: `dx`
+/// itself when it is f32, else the instruction's workspace `ws` (the
+/// plan's promoted-output share), cast into `dx` by `cast_back`.
+pub(super) fn accumulator(
+    kernel: &str,
+    dx: &Operand,
+    ws: Option<(u64, u64)>,
+    a: &mut Vec<Action>,
+) -> R<u64> {
+    let acc = if dx.ty.dtype == DType::F32 {
+        dx.ptr
+    } else {
+        match ws {
+            Some((p, bytes)) if bytes >= 4 * dx.numel() => p,
+            _ => {
+                return Err(format!(
+                    "{kernel} into {} needs {} bytes of f32 workspace, the plan gave {}",
+                    dx.ty,
+                    4 * dx.numel(),
+                    ws.map_or(0, |w| w.1)
+                ))
+            }
+        }
+    };
+    a.push(Action::Zero {
+        ptr: Ptr::Abs(acc),
+        bytes: 4 * dx.numel(),
+    });
+    Ok(acc)
+}
+
+/// Casts the f32 accumulator `acc` into `dx` when they differ.
+pub(super) fn cast_back(acc: u64, dx: &Operand, a: &mut Vec<Action>) {
     if acc != dx.ptr {
         let m = dx.numel();
         a.push(ew(
@@ -109,7 +126,6 @@ pub(super) fn gather_grad(
             ],
         ));
     }
-    Ok(())
 }
 
 fn int_indices(idx: &Operand) -> R<()> {

@@ -79,25 +79,7 @@ pub(super) fn lookup_grad(
             dy.ty, idx.ty
         ));
     }
-    let acc = if dx.ty.dtype == DType::F32 {
-        dx.ptr
-    } else {
-        match ws {
-            Some((p, bytes)) if bytes >= 4 * dx.numel() => p,
-            _ => {
-                return Err(format!(
-                    "tp_lookup_grad into {} needs {} bytes of f32 workspace, the plan gave {}",
-                    dx.ty,
-                    4 * dx.numel(),
-                    ws.map_or(0, |w| w.1)
-                ))
-            }
-        }
-    };
-    a.push(Action::Zero {
-        ptr: Ptr::Abs(acc),
-        bytes: 4 * dx.numel(),
-    });
+    let acc = super::gather::accumulator("tp_lookup_grad", &dx, ws, a)?;
     a.push(ew(
         "vocab_lookup_bwd",
         dy.numel(),
@@ -116,20 +98,7 @@ pub(super) fn lookup_grad(
             Arg::Ptr(Ptr::Err),
         ],
     ));
-    if acc != dx.ptr {
-        let m = dx.numel();
-        a.push(ew(
-            "cast",
-            m,
-            vec![
-                Arg::Ptr(Ptr::Abs(acc)),
-                Arg::I32(0),
-                dx.p(),
-                dx.dt(),
-                n_arg(m),
-            ],
-        ));
-    }
+    super::gather::cast_back(acc, &dx, a);
     Ok(())
 }
 
