@@ -315,10 +315,13 @@ pub struct PlanConfig {
 pub struct TensorRecord {
     /// T.
     pub degree: u32,
-    /// The split regions, each named by the module of its first
-    /// (column-parallel) product.
+    /// The split layers: regions, each named by the module of its first
+    /// (column-parallel) product, then the head and the embeddings split
+    /// by vocabulary, by module.
     pub split: Vec<String>,
-    /// The regions left replicated, each `module: why`.
+    /// What was left whole, each `module: why`: regions and vocabulary
+    /// layers that do not split, and key/value projections computed whole
+    /// on every member.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicated: Vec<String>,
     /// With sequence parallelism: how the regions are left (absent: plain
@@ -335,8 +338,8 @@ pub struct SequenceRecord {
     /// Region exits left as all-reduces (the sum's shape has no axis T
     /// divides before its last).
     pub whole: u32,
-    /// Chunks gathered whole for ops that do not run on chunks (the
-    /// head's product, the loss, a dropout).
+    /// Chunks gathered whole for ops that do not run on chunks (a
+    /// replicated head's product, the loss, a dropout).
     #[serde(default)]
     pub gathered: u32,
 }

@@ -35,8 +35,8 @@ pub struct Sequence {
     pub scattered: usize,
     /// Region exits left as all-reduces (their sum is not chunkable).
     pub whole: usize,
-    /// Chunks gathered whole for ops that do not run on chunks (the
-    /// head's product, the loss, a dropout).
+    /// Chunks gathered whole for ops that do not run on chunks (a
+    /// replicated head's product, the loss, a dropout).
     pub gathered: usize,
 }
 
