@@ -551,3 +551,47 @@ fn key_value_heads_fewer_than_t_are_computed_whole_and_shared() {
         );
     }
 }
+
+/// LoRA adapters on split projections: the up-projection of an adapter
+/// added to a column-parallel product splits with it (its input entering
+/// whole), the down-projection of one on a row-parallel product splits
+/// by rows, and nothing stays replicated. Trains like one rank (only the
+/// adapters train), with and without sequence parallelism and with F = 2.
+#[test]
+fn lora_adapters_split_with_their_projections() {
+    let gpt = |b: u32| format!("gpt:layers=2,hidden=32,heads=4,seq=8,vocab=64,lora=4,batch={b}");
+    let llama = |b: u32| {
+        format!(
+            "llama:layers=2,hidden=32,heads=8,kv_heads=4,ffn=48,vocab=64,seq=8,lora=4,batch={b}"
+        )
+    };
+    let specs: [(&str, &dyn Fn(u32) -> String); 2] = [("gpt", &gpt), ("llama", &llama)];
+    for (name, spec) in specs {
+        let (_, reference) = run(spec, 1, &cfg(1, Strategy::NoShard, None));
+        for (t, world, sequence) in [(2, 2, false), (2, 2, true), (2, 4, true)] {
+            let mut c = cfg(t, Strategy::FullShard, None);
+            c.sequence_parallel = sequence;
+            let (plan, r) = run(spec, world, &c);
+            let record = plan.config.tensor.as_ref().expect("a tensor record");
+            let what = format!("{name} lora T={t} world {world} sequence {sequence}");
+            assert_eq!(record.split.len(), 6, "{what}: {record:?}");
+            assert!(record.replicated.is_empty(), "{what}: {record:?}");
+            let b = plan
+                .training
+                .graph
+                .params
+                .iter()
+                .find(|p| p.name.ends_with("lora_B") && p.tp.is_some());
+            assert!(b.is_some(), "{what}: an adapter's up weight is split");
+            let loss = max_loss_rel_diff(&reference, &r);
+            let (abs, _) = max_param_diff(&reference, &r);
+            eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
+            assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
+            assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
+            assert!(
+                r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
+                "{what}: measured over planned"
+            );
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! its inputs lie, how its output lies, which parameters it splits, or why
 //! it cannot run split. The rules read the whole (unsplit) graph.
 
-use fsdpc_ir::{Graph, NodeId, Op, ParamId, ValueId};
+use fsdpc_ir::{BinaryFn, Graph, NodeId, Op, ParamId, ValueId};
 
 /// How a value lies over the T members of the tensor group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +36,12 @@ pub struct Decision {
     pub split_params: Vec<(ParamId, usize, Vec<usize>)>,
     pub partial: bool,
     pub select: Vec<(usize, usize, Vec<usize>)>,
+    /// Values between an adapter's up-projection and this node, split
+    /// with it (`Rules::adapter`).
+    pub also: Vec<(ValueId, Layout)>,
+    /// Column-parallel products this node makes, each entered from its
+    /// whole input like a region's first products.
+    pub enter: Vec<NodeId>,
 }
 
 /// What the rules read: the graph, T, and whether a whole operand may
@@ -421,18 +427,74 @@ impl Rules<'_> {
             if shape[axis] == 1 {
                 continue;
             }
-            match self.param_of(*v) {
-                Some(p) => d.split_params.push((p, axis, segs.clone())),
-                None => {
-                    return Err(unsupported(
-                        g,
-                        n,
-                        "a whole activation meets a split one along the split axis",
-                    ))
-                }
+            if let Some(p) = self.param_of(*v) {
+                d.split_params.push((p, axis, segs.clone()));
+            } else if let Some((product, chain)) = self.adapter(*v, shape.len() - 1, axis) {
+                // A low-rank adapter's up-projection added to a split
+                // product: it becomes column-parallel too.
+                let Op::MatMul { trans_b, .. } = g.node(product).op else {
+                    unreachable!("an adapter ends in a product")
+                };
+                let w = self
+                    .param_of(g.inputs(product)[1])
+                    .expect("an adapter's weight");
+                d.split_params
+                    .push((w, usize::from(!trans_b), segs.clone()));
+                let split = Layout::Split {
+                    axis,
+                    segments: segs.clone(),
+                };
+                d.also.extend(chain.into_iter().map(|c| (c, split.clone())));
+                d.enter.push(product);
+            } else {
+                return Err(unsupported(
+                    g,
+                    n,
+                    "a whole activation meets a split one along the split axis",
+                ));
             }
         }
         Ok(d)
+    }
+
+    /// Whether `v` is a low-rank adapter's output (LoRA's `h @ B`, scaled
+    /// by static values or cast, each read only by the next): the product
+    /// and the values from it to `v`, when `v`'s last axis is the split
+    /// `axis` and the product's weight is a matrix read only there.
+    fn adapter(&self, v: ValueId, last: usize, axis: usize) -> Option<(NodeId, Vec<ValueId>)> {
+        let g = self.g;
+        if axis != last {
+            return None;
+        }
+        let mut memo = std::collections::HashMap::new();
+        let mut chain = vec![v];
+        let mut at = v;
+        loop {
+            if g.users(at).len() != 1 {
+                return None;
+            }
+            let ins = g.inputs(at.node);
+            match &g.node(at.node).op {
+                Op::MatMul { trans_a: false, .. } => {
+                    let w = ins[1];
+                    let whole_input = self.param_of(ins[0]).is_none();
+                    let weight = self.param_of(w).is_some()
+                        && self.shape(w).len() == 2
+                        && g.users(w).len() == 1;
+                    return (whole_input && weight).then_some((at.node, chain));
+                }
+                Op::Cast { .. } => at = ins[0],
+                Op::Binary {
+                    f: BinaryFn::Mul | BinaryFn::Div,
+                } if super::sequence::is_static(g, ins[1], &mut memo)
+                    && self.shape(ins[1]).iter().product::<usize>() == 1 =>
+                {
+                    at = ins[0]
+                }
+                _ => return None,
+            }
+            chain.push(at);
+        }
     }
 }
 

@@ -145,7 +145,22 @@ fn seeds(g: &Graph, order: &[NodeId]) -> Vec<(ValueId, Vec<NodeId>)> {
             && g.value_type(ins[1]).shape.0.len() == 2
             && users_of_param(ins[1]) == 1;
         let x_is_param = matches!(g.node(ins[0].node).op, Op::Param { .. });
-        if !is_weight || x_is_param {
+        // A low-rank adapter's down-projection (read only by the product
+        // with its up weight) does not start a region, as the input of a
+        // row-parallel product or whole beside a column-parallel one; its
+        // up-projection splits with the product it is added to
+        // (`Rules::adapter`),
+        let out = ValueId { node: n, slot: 0 };
+        let down = !g.users(out).is_empty()
+            && g.users(out).iter().all(|&(u, slot)| {
+                slot == 0
+                    && matches!(g.node(u).op, Op::MatMul { .. })
+                    && matches!(g.node(g.inputs(u)[1].node).op, Op::Param { .. })
+            });
+        // and so does its up-projection, which reads the down one.
+        let up = matches!(g.node(ins[0].node).op, Op::MatMul { .. })
+            && matches!(g.node(g.inputs(ins[0].node)[1].node).op, Op::Param { .. });
+        if !is_weight || x_is_param || down || up {
             continue;
         }
         match by_input.iter_mut().find(|(x, _)| *x == ins[0]) {
@@ -243,9 +258,11 @@ fn find(g: &Graph, loss: ValueId, t: usize) -> Result<Found, Refusal> {
                 found.layouts.extend(r.layouts);
                 found.params.extend(r.params);
                 found.selects.extend(r.selects);
+                let mut enters = vec![(x, products)];
+                enters.extend(r.enters);
                 found.regions.push(Region {
                     name,
-                    enters: vec![(x, products)],
+                    enters,
                     leaves: r.leaves,
                 });
             }
@@ -267,6 +284,8 @@ struct Trial {
     leaves: Vec<ValueId>,
     nodes: Vec<NodeId>,
     selects: Vec<Select>,
+    /// Adapters' up-projections made column-parallel, with their inputs.
+    enters: Vec<(ValueId, Vec<NodeId>)>,
 }
 
 type Tried = Result<Trial, Refusal>;
@@ -328,6 +347,7 @@ fn trial(
         leaves: Vec::new(),
         nodes: Vec::new(),
         selects: Vec::new(),
+        enters: Vec::new(),
     };
     let take = |tr: &mut Trial, n: NodeId, d: Decision| -> Result<(), Refusal> {
         for (p, axis, segs) in d.split_params {
@@ -351,6 +371,13 @@ fn trial(
         let v = ValueId { node: n, slot: 0 };
         if d.partial {
             tr.leaves.push(v);
+        }
+        for (value, layout) in d.also {
+            tr.nodes.push(value.node);
+            tr.layouts.insert(value, layout);
+        }
+        for p in d.enter {
+            tr.enters.push((g.inputs(p)[0], vec![p]));
         }
         for (slot, axis, segments) in d.select {
             tr.selects.push(Select {
