@@ -70,6 +70,22 @@ fn chunk_moves(plan: &Plan) -> usize {
         .count()
 }
 
+/// Checks that run `r` of `plan` trained like the one-rank `reference`
+/// within the tolerances, and measured no more than its plan.
+fn like_one_rank(what: &str, reference: &TrainReport, plan: &Plan, r: &TrainReport) {
+    let loss = max_loss_rel_diff(reference, r);
+    let (abs, _) = max_param_diff(reference, r);
+    eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
+    assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
+    assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
+    assert!(
+        r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
+        "{what}: measured {:?} over planned {}",
+        r.measured_peak_bytes,
+        plan.memory.rank_bytes
+    );
+}
+
 /// Each mesh with plain tensor parallelism and with sequence parallelism
 /// against one rank, and the two against each other.
 fn check_family(name: &str, spec: &dyn Fn(u32) -> String) {
@@ -110,17 +126,7 @@ fn check_family(name: &str, spec: &dyn Fn(u32) -> String) {
                 // statistics gathered, and their gradient's chunk.
                 assert_eq!(chunk_moves(&plan), 3, "{what}");
             }
-            let loss = max_loss_rel_diff(&reference, &r);
-            let (abs, _) = max_param_diff(&reference, &r);
-            eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
-            assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
-            assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
-            assert!(
-                r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
-                "{what}: measured {:?} over planned {}",
-                r.measured_peak_bytes,
-                plan.memory.rank_bytes
-            );
+            like_one_rank(&what, &reference, &plan, &r);
             runs.push((plan, r));
         }
         // Sequence parallelism sums the norms' and biases' gradients over
@@ -540,15 +546,7 @@ fn key_value_heads_fewer_than_t_are_computed_whole_and_shared() {
             .collect();
         let samples = u64::from(8 / (world / t));
         assert_eq!(sums, [samples * 8 * 2 * 4; 4], "{what}");
-        let loss = max_loss_rel_diff(&reference, &r);
-        let (abs, _) = max_param_diff(&reference, &r);
-        eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
-        assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
-        assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
-        assert!(
-            r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
-            "{what}: measured over planned"
-        );
+        like_one_rank(&what, &reference, &plan, &r);
     }
 }
 
@@ -583,15 +581,7 @@ fn lora_adapters_split_with_their_projections() {
                 .iter()
                 .find(|p| p.name.ends_with("lora_B") && p.tp.is_some());
             assert!(b.is_some(), "{what}: an adapter's up weight is split");
-            let loss = max_loss_rel_diff(&reference, &r);
-            let (abs, _) = max_param_diff(&reference, &r);
-            eprintln!("{what}: max loss rel diff {loss:e}, max param abs diff {abs:e}");
-            assert!(loss <= LOSS_RTOL, "{what}: loss {loss:e}");
-            assert!(abs <= PARAM_ATOL, "{what}: params {abs:e}");
-            assert!(
-                r.measured_peak_bytes.unwrap_or(0) <= plan.memory.rank_bytes,
-                "{what}: measured over planned"
-            );
+            like_one_rank(&what, &reference, &plan, &r);
         }
     }
 }
