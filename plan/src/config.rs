@@ -324,6 +324,10 @@ pub struct TensorRecord {
     /// on every member.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicated: Vec<String>,
+    /// The vocabulary, when T does not divide it: the head and the
+    /// embedding are then whole on every member, and so are the logits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary_whole: Option<u64>,
     /// With sequence parallelism: how the regions are left (absent: plain
     /// tensor parallelism).
     #[serde(default, skip_serializing_if = "Option::is_none")]

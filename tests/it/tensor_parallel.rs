@@ -292,6 +292,7 @@ fn the_plan_lists_what_split_and_what_stayed_replicated() {
     let plan = plan_with(odd, 2, &cfg(2, Strategy::FullShard, None));
     let record = plan.config.tensor.as_ref().expect("a tensor record");
     assert_eq!(record.split, blocks);
+    assert_eq!(record.vocabulary_whole, Some(63));
     assert_eq!(record.replicated.len(), 2, "{record:?}");
     assert!(
         record.replicated[0].starts_with("lm_head: its vocabulary of 63"),

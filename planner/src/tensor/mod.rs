@@ -76,6 +76,7 @@ pub fn apply(
             .chain(&vocab.replicated)
             .map(|(n, why)| format!("{n}: {why}"))
             .collect(),
+        vocabulary_whole: vocab.indivisible.map(|v| v as u64),
         sequence: None,
     };
     let mut local = rewrite(forward, &found, t as usize).map_err(|e| bad(e.to_string()))?;

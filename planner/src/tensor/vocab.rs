@@ -43,6 +43,9 @@ pub(super) struct Vocab {
     pub split: Vec<String>,
     /// Embeddings and heads left whole, with why.
     pub replicated: Vec<Whole>,
+    /// The vocabulary (a head's classes or a table's rows) when T does
+    /// not divide it.
+    pub indivisible: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -188,6 +191,12 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
         Ok(h) => h,
         Err(why) => {
             out.replicated.push(why);
+            // Whether it was the vocabulary that did not split.
+            out.indivisible = head(g, 1)
+                .ok()
+                .flatten()
+                .map(|h| h.width)
+                .filter(|w| !w.is_multiple_of(t));
             None
         }
     };
@@ -239,6 +248,7 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
                 g.node(r).name
             ))
         } else if !rows.is_multiple_of(t) {
+            out.indivisible.get_or_insert(rows);
             Some(format!(
                 "its {rows} rows do not split over T = {t} (pad the vocabulary to a multiple of T)"
             ))
