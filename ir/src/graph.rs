@@ -289,6 +289,20 @@ impl Graph {
         );
     }
 
+    /// Points every reader of `from` at `to` instead, the graph's outputs
+    /// too; `to`'s own node keeps reading `from` (a value inserted after
+    /// `from` that reads it, such as a cast or a sum, takes its place).
+    pub fn replace_uses(&mut self, from: ValueId, to: ValueId) {
+        for (user, slot) in self.users(from) {
+            if user != to.node {
+                self.set_input(user, slot, to);
+            }
+        }
+        for o in self.outputs.iter_mut().filter(|o| **o == from) {
+            *o = to;
+        }
+    }
+
     /// Removes node `n` and its edges; other ids are unchanged.
     pub fn remove_node(&mut self, n: NodeId) -> Option<Node> {
         self.g.remove_node(NodeIndex::new(n.0 as usize))

@@ -218,16 +218,13 @@ fn cast_source(g: &mut Graph, n: NodeId, to: DType) -> Result<(), fsdpc_ir::IrEr
     if !from.is_float() || from == to {
         return Ok(());
     }
-    let users = g.users(v);
-    if users.is_empty() {
+    if g.users(v).is_empty() {
         return Ok(());
     }
     let node = g.node(n);
     let (name, module) = (format!("{}.to_{to}", node.name), node.module);
     let c = g.add1(Op::Cast { to }, &[v], name, module)?;
-    for (user, slot) in users {
-        g.set_input(user, slot, c);
-    }
+    g.replace_uses(v, c);
     Ok(())
 }
 

@@ -233,12 +233,7 @@ fn replace(g: &mut Graph, softmax: NodeId, a: &Attn) -> bool {
     ) else {
         return false;
     };
-    for (user, slot) in g.users(val(a.out)) {
-        g.set_input(user, slot, y);
-    }
-    for o in g.outputs.iter_mut().filter(|o| **o == val(a.out)) {
-        *o = y;
-    }
+    g.replace_uses(val(a.out), y);
     true
 }
 

@@ -162,12 +162,6 @@ fn attempt(g: &Graph, pairs: &[(ValueId, &Pat)], found: &mut Found) -> bool {
 /// Points every reader of node `old`'s output (and the graph outputs) at
 /// `new`, then removes `old`.
 pub(crate) fn replace_node(g: &mut Graph, old: NodeId, new: ValueId) {
-    let v = ValueId { node: old, slot: 0 };
-    for (user, slot) in g.users(v) {
-        g.set_input(user, slot, new);
-    }
-    for o in g.outputs.iter_mut().filter(|o| **o == v) {
-        *o = new;
-    }
+    g.replace_uses(ValueId { node: old, slot: 0 }, new);
     g.remove_node(old);
 }

@@ -289,12 +289,7 @@ fn build(g: &mut Graph, outer: NodeId, x: ValueId, best: &RecExpr<Layout>) -> Op
         }
         return None;
     };
-    for (u, slot) in g.users(val(outer)) {
-        g.set_input(u, slot, new);
-    }
-    for o in g.outputs.iter_mut().filter(|o| **o == val(outer)) {
-        *o = new;
-    }
+    g.replace_uses(val(outer), new);
     Some(())
 }
 

@@ -586,16 +586,10 @@ fn rewrite(mut g: Graph, found: &Found, t: usize) -> Result<Graph, fsdpc_ir::IrE
         crate::precision::infer_outputs(&mut g, n)?;
     }
     for v in left {
-        let users = g.users(v);
         let node = g.node(v.node);
         let (name, module) = (format!("{}.tp_reduce", node.name), node.module);
         let r = g.add1(Op::TpReduce, &[v], name, module)?;
-        for (u, slot) in users {
-            g.set_input(u, slot, r);
-        }
-        if let Some(o) = g.outputs.iter_mut().find(|o| **o == v) {
-            *o = r;
-        }
+        g.replace_uses(v, r);
     }
     Ok(g)
 }

@@ -302,16 +302,6 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
         offsets.insert(local, o);
         Ok(o)
     };
-    let redirect = |g: &mut Graph, from: ValueId, to: ValueId| {
-        for (u, slot) in g.users(from) {
-            if u != to.node {
-                g.set_input(u, slot, to);
-            }
-        }
-        for o in g.outputs.iter_mut().filter(|o| **o == from) {
-            *o = to;
-        }
-    };
     for &n in &v.lookups {
         let ins = g.inputs(n);
         let local = g.value_type(ins[0]).shape.0[0];
@@ -324,7 +314,7 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
             module,
         )?;
         let sum = g.add1(Op::TpReduce, &[part], format!("{name}.tp_reduce"), module)?;
-        redirect(g, ValueId { node: n, slot: 0 }, sum);
+        g.replace_uses(ValueId { node: n, slot: 0 }, sum);
         g.remove_node(n);
     }
     let mut loss = loss;
@@ -353,7 +343,7 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
             node: h.loss,
             slot: 0,
         };
-        redirect(g, old, new);
+        g.replace_uses(old, new);
         if loss == old {
             loss = new;
         }
