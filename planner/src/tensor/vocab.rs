@@ -79,8 +79,9 @@ fn is_lookup(g: &Graph, n: NodeId, memo: &mut HashMap<NodeId, bool>) -> bool {
         && !is_static(g, ins[1], memo)
 }
 
-/// The head reading the loss's logits, or why there is none to split.
-fn head(g: &Graph, t: usize) -> Result<Option<Head>, Whole> {
+/// The head reading the loss's logits (whatever T), or why it is not one
+/// the split can take.
+fn head(g: &Graph) -> Result<Option<Head>, Whole> {
     let losses: Vec<NodeId> = g
         .node_ids()
         .filter(|&n| matches!(g.node(n).op, Op::CrossEntropy { .. }))
@@ -139,15 +140,6 @@ fn head(g: &Graph, t: usize) -> Result<Option<Head>, Whole> {
             "the head's weight is not a [hidden, vocabulary] matrix".into(),
         );
     }
-    if !width.is_multiple_of(t) {
-        return refuse(
-            product,
-            format!(
-                "its vocabulary of {width} does not split over T = {t} (pad it to a multiple \
-                 of T, as Megatron's --make-vocab-size-divisible-by does)"
-            ),
-        );
-    }
     path.reverse();
     Ok(Some(Head {
         product,
@@ -169,7 +161,7 @@ impl Vocab {
 /// The product that computes the loss's logits, split or not (the
 /// regions leave it to this pass).
 pub(super) fn head_product(g: &Graph) -> Option<NodeId> {
-    head(g, 1).ok().flatten().map(|h| h.product)
+    head(g).ok().flatten().map(|h| h.product)
 }
 
 /// Finds the head and embeddings of `g` (the whole forward graph) to split
@@ -187,16 +179,22 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
         })
     };
     let module = |n: NodeId| g.module_info(g.node(n).module).path.clone();
-    let head = match head(g, t) {
+    let head = match head(g) {
+        Ok(Some(h)) if !h.width.is_multiple_of(t) => {
+            out.replicated.push((
+                module(h.product),
+                format!(
+                    "its vocabulary of {} does not split over T = {t} (pad it to a multiple \
+                     of T, as Megatron's --make-vocab-size-divisible-by does)",
+                    h.width
+                ),
+            ));
+            out.indivisible = Some(h.width);
+            None
+        }
         Ok(h) => h,
         Err(why) => {
             out.replicated.push(why);
-            // Whether it was the vocabulary that did not split.
-            out.indivisible = head(g, 1)
-                .ok()
-                .flatten()
-                .map(|h| h.width)
-                .filter(|w| !w.is_multiple_of(t));
             None
         }
     };
