@@ -184,6 +184,21 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return warp_max(v);
 }
 
+// The maximum m of row x[base + j * stride] (j < len) and the sum of
+// exp(x - m) over it, block-wide (every thread gets both). `sh` is 32
+// floats of shared memory.
+__device__ __forceinline__ void row_max_sum_exp(const void* x, int dt, i64 base, i64 len,
+                                                i64 stride, float* sh, float* m_out,
+                                                float* s_out) {
+    float m = NEG_INF;
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, ldf(x, dt, base + j * stride));
+    m = block_max(m, sh);
+    float s = 0.0f;
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) s += expf(ldf(x, dt, base + j * stride) - m);
+    *m_out = m;
+    *s_out = block_sum(s, sh);
+}
+
 __device__ __forceinline__ double block_sum_d(double v, double* sh) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_sum_d(v);

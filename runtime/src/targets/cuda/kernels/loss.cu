@@ -31,12 +31,8 @@ extern "C" __global__ void ce_rows(const void* logits, int xdt, const void* labe
             continue;
         }
         const i64 base = r * c;
-        float m = NEG_INF;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ldf(logits, xdt, base + j));
-        m = block_max(m, sh);
-        float s = 0.0f;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ldf(logits, xdt, base + j) - m);
-        s = block_sum(s, sh);
+        float m, s;
+        row_max_sum_exp(logits, xdt, base, c, 1, sh, &m, &s);
         if (threadIdx.x == 0) {
             row_loss[r] = (double)((m + logf(s)) - ldf(logits, xdt, base + t));
             valid[r] = 1;
@@ -93,12 +89,8 @@ extern "C" __global__ void ce_bwd(const void* logits, int xdt, const void* label
             for (i64 j = threadIdx.x; j < c; j += blockDim.x) stf(dx, dxdt, base + j, 0.0f);
             continue;
         }
-        float m = NEG_INF;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ldf(logits, xdt, base + j));
-        m = block_max(m, sh);
-        float s = 0.0f;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ldf(logits, xdt, base + j) - m);
-        s = block_sum(s, sh);
+        float m, s;
+        row_max_sum_exp(logits, xdt, base, c, 1, sh, &m, &s);
         const float f = scale / s;
         for (i64 j = threadIdx.x; j < c; j += blockDim.x) {
             float v = expf(ldf(logits, xdt, base + j) - m) * f;

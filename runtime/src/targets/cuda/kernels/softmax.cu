@@ -8,12 +8,8 @@ extern "C" __global__ void softmax_fwd(const void* x, int xdt, void* y, int ydt,
     __shared__ float sh[32];
     for (i64 row = blockIdx.x; row < outer * inner; row += gridDim.x) {
         const i64 base = (row / inner) * len * inner + row % inner;
-        float m = NEG_INF;
-        for (i64 j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, ldf(x, xdt, base + j * inner));
-        m = block_max(m, sh);
-        float s = 0.0f;
-        for (i64 j = threadIdx.x; j < len; j += blockDim.x) s += expf(ldf(x, xdt, base + j * inner) - m);
-        s = block_sum(s, sh);
+        float m, s;
+        row_max_sum_exp(x, xdt, base, len, inner, sh, &m, &s);
         const float ls = logf(s), inv = 1.0f / s;
         for (i64 j = threadIdx.x; j < len; j += blockDim.x) {
             float v = ldf(x, xdt, base + j * inner) - m;

@@ -67,12 +67,8 @@ extern "C" __global__ void vocab_stats(const void* logits, int xdt, const void* 
     const i64 off = ldi(offset, odt, 0);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const i64 base = r * c;
-        float m = NEG_INF;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, ldf(logits, xdt, base + j));
-        m = block_max(m, sh);
-        float s = 0.0f;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x) s += expf(ldf(logits, xdt, base + j) - m);
-        s = block_sum(s, sh);
+        float m, s;
+        row_max_sum_exp(logits, xdt, base, c, 1, sh, &m, &s);
         if (threadIdx.x == 0) {
             i64 t = member_col(labels, ldt, r, has_ignore, ignore, off, c, whole, err);
             stats[3 * r] = m;
