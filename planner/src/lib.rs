@@ -163,7 +163,11 @@ fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForwar
         return Err(PlanError::BadConfig {
             what: "tensor_parallel",
             value: t.to_string(),
-            reason: format!("must divide the world of {} ranks", cluster.world),
+            reason: if t == 0 {
+                "must be at least 1 (1: no tensor parallelism)".to_string()
+            } else {
+                format!("must divide the world of {} ranks", cluster.world)
+            },
         });
     }
     let shard_factor = cfg.shard_factor(cluster.world, cluster.ranks_per_node)?;

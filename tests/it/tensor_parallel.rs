@@ -328,6 +328,8 @@ fn a_degree_that_does_not_divide_the_heads_or_the_world_is_refused() {
         &cfg(2, Strategy::FullShard, None),
     );
     assert!(e.contains("does not split over T = 2"), "{e}");
+    let e = compile_err(&gpt(4), 4, &cfg(0, Strategy::FullShard, None));
+    assert!(e.contains("must be at least 1"), "{e}");
     let e = compile_err(&gpt(4), 4, &cfg(3, Strategy::FullShard, None));
     assert!(
         e.contains("tensor_parallel") && e.contains("must divide the world of 4"),
