@@ -16,6 +16,24 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// The configuration the at-scale benches plan with: bf16 parameters and
+/// reductions, every unit recomputed, no fit check (so a row that does
+/// not fit is still planned and shown as such).
+#[allow(dead_code)]
+pub fn bf16_recomputed() -> fsdpc_planner::FsdpConfig {
+    use fsdpc_ir::DType;
+    fsdpc_planner::FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            param_dtype: DType::Bf16,
+            reduce_dtype: DType::Bf16,
+            activation_checkpointing: fsdpc_plan::CheckpointPolicy::Units,
+            ..fsdpc_plan::Settings::default()
+        },
+        check_fits: false,
+        ..fsdpc_planner::FsdpConfig::default()
+    }
+}
+
 /// Loads `model` and compiles it for `world` ranks (`per_node` per node) on
 /// the cluster `preset` with `cfg`.
 #[allow(dead_code)]

@@ -12,8 +12,6 @@
 
 mod common;
 
-use fsdpc_ir::DType;
-use fsdpc_plan::CheckpointPolicy;
 use fsdpc_planner::rewrite::Rules;
 use fsdpc_planner::FsdpConfig;
 use std::time::Instant;
@@ -41,16 +39,7 @@ fn main() {
         ("t5-large", 512),
         ("gpt2", 64),
     ];
-    let base = FsdpConfig {
-        settings: fsdpc_plan::Settings {
-            param_dtype: DType::Bf16,
-            reduce_dtype: DType::Bf16,
-            activation_checkpointing: CheckpointPolicy::Units,
-            ..fsdpc_plan::Settings::default()
-        },
-        check_fits: false,
-        ..FsdpConfig::default()
-    };
+    let base = common::bf16_recomputed();
     println!(
         "{:<14} {:<10} {:>5} {:>11} {:>11} {:>7} {:>8}  rules fired (collectives, saved per step)",
         "preset", "model", "world", "none s", "all s", "gain %", "compile"

@@ -15,7 +15,7 @@
 mod common;
 
 use fsdpc_ir::DType;
-use fsdpc_plan::{CheckpointPolicy, Strategy};
+use fsdpc_plan::Strategy;
 use fsdpc_planner::FsdpConfig;
 
 fn gib(b: u64) -> f64 {
@@ -23,19 +23,11 @@ fn gib(b: u64) -> f64 {
 }
 
 fn config(strategy: Strategy, t: u32, sequence: bool) -> FsdpConfig {
-    FsdpConfig {
-        settings: fsdpc_plan::Settings {
-            strategy,
-            tensor_parallel: t,
-            sequence_parallel: sequence,
-            param_dtype: DType::Bf16,
-            reduce_dtype: DType::Bf16,
-            activation_checkpointing: CheckpointPolicy::Units,
-            ..fsdpc_plan::Settings::default()
-        },
-        check_fits: false,
-        ..FsdpConfig::default()
-    }
+    let mut c = common::bf16_recomputed();
+    c.settings.strategy = strategy;
+    c.settings.tensor_parallel = t;
+    c.settings.sequence_parallel = sequence;
+    c
 }
 
 fn table(model: &str, preset: &str, world: u32) {
