@@ -11,6 +11,8 @@ use crate::param::ParamId;
 use crate::types::{DType, TensorData};
 use serde::{Deserialize, Serialize};
 
+mod name;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
@@ -333,15 +335,9 @@ impl Op {
         if let Op::Constant { .. } = self {
             return "constant".into();
         }
-        let v = serde_json::to_value(self).ok();
-        let base = v
-            .as_ref()
-            .and_then(|v| v.get("op"))
-            .and_then(|o| o.as_str())
-            .unwrap_or("?")
-            .to_string();
-        let sub = v.as_ref().and_then(|v| v.get("f")).and_then(|f| f.as_str());
-        match sub {
+        let name::Name { op, f } = name::Name::of(self);
+        let base = op.unwrap_or_else(|| "?".into());
+        match f {
             Some(f) => format!("{base}.{f}"),
             None => base,
         }
