@@ -188,22 +188,28 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool, keep: &Keep) -> u64 {
     arena
 }
 
-/// The buffers `assign_offsets` has placed, indexed by time: each in every
-/// bucket of `BUCKET` instruction indices its lifetime touches, so finding
-/// the ones live at the same time as a new buffer reads only the buckets
-/// of its own lifetime.
+/// The buffers `assign_offsets` has placed, indexed by time so that those
+/// live at the same time as a new buffer `[s, e]` are found without reading
+/// the others: the ones that started before `s` are those whose lifetime
+/// contains `s` (a segment tree over instruction indices, each lifetime in
+/// the few nodes that cover it: a point's path from leaf to root meets
+/// each lifetime containing it once), and the others started in `[s, e]`
+/// (lists by start, in buckets of `BUCKET` instruction indices).
 struct Placed {
-    /// Per bucket: the indices of the placed buffers live in it.
-    buckets: Vec<Vec<u32>>,
-    /// Per buffer index: `(offset, end offset, start, end)` once placed.
+    /// Leaves: instruction indices `0..leaves`.
+    leaves: usize,
+    /// Segment tree nodes (root 1; node `k`'s children `2k`, `2k + 1`):
+    /// the placed buffers whose lifetime covers the node's range and not
+    /// its parent's.
+    tree: Vec<Vec<u32>>,
+    /// Per bucket of start indices: the placed buffers starting in it.
+    starts: Vec<Vec<u32>>,
+    /// Per buffer index: `(offset, end offset, start, end)` once placed,
+    /// the end capped at the last instruction index.
     at: Vec<Option<(u64, u64, u32, u32)>>,
-    /// Per buffer index: the query that last reported it (to report each
-    /// once).
-    seen: Vec<u32>,
-    query: u32,
 }
 
-/// Instruction indices per time bucket of `Placed`.
+/// Instruction indices per start bucket of `Placed`.
 const BUCKET: u32 = 64;
 
 impl Placed {
@@ -218,56 +224,75 @@ impl Placed {
             })
             .max()
             .unwrap_or(0);
+        let leaves = (last as usize + 1).next_power_of_two();
         Placed {
-            buckets: vec![Vec::new(); (last / BUCKET) as usize + 1],
+            leaves,
+            tree: vec![Vec::new(); 2 * leaves],
+            starts: vec![Vec::new(); (last / BUCKET) as usize + 1],
             at: vec![None; buffers.len()],
-            seen: vec![0; buffers.len()],
-            query: 0,
         }
     }
 
-    /// The buckets a lifetime `[s, e]` touches (`e` capped at the last).
-    fn span(&self, s: u32, e: u32) -> std::ops::RangeInclusive<usize> {
-        let last = self.buckets.len().saturating_sub(1);
-        ((s / BUCKET) as usize).min(last)..=((e / BUCKET) as usize).min(last)
+    /// The last instruction index a lifetime can hold.
+    fn last(&self) -> u32 {
+        (self.leaves - 1) as u32
     }
 
     fn insert(&mut self, i: usize, off: u64, end_off: u64, s: u32, e: u32) {
+        let e = e.min(self.last()).max(s);
         self.at[i] = Some((off, end_off, s, e));
-        for b in self.span(s, e) {
-            self.buckets[b].push(i as u32);
+        if let Some(list) = self.starts.get_mut((s / BUCKET) as usize) {
+            list.push(i as u32);
+        }
+        let (mut lo, mut hi) = (s as usize + self.leaves, e as usize + 1 + self.leaves);
+        while lo < hi {
+            if lo & 1 == 1 {
+                self.tree[lo].push(i as u32);
+                lo += 1;
+            }
+            if hi & 1 == 1 {
+                hi -= 1;
+                self.tree[hi].push(i as u32);
+            }
+            lo >>= 1;
+            hi >>= 1;
         }
     }
 
     /// Into `out`, the byte ranges of the placed buffers that buffer `i`
-    /// (live `[s, e]`) may not share bytes with, unsorted.
-    fn conflicts(&mut self, i: usize, s: u32, e: u32, keep: &Keep, out: &mut Vec<(u64, u64)>) {
+    /// (live `[s, e]`) may not share bytes with, each once, unsorted.
+    fn conflicts(&self, i: usize, s: u32, e: u32, keep: &Keep, out: &mut Vec<(u64, u64)>) {
         out.clear();
-        self.query += 1;
-        for b in self.span(s, e) {
-            for &j in &self.buckets[b] {
-                let j = j as usize;
-                if self.seen[j] == self.query {
-                    continue;
+        let e = e.min(self.last()).max(s);
+        // Started before `s` and still live at `s`.
+        let mut node = (s as usize).min(self.leaves - 1) + self.leaves;
+        while node >= 1 {
+            for &j in &self.tree[node] {
+                if let Some((off, end_off, ps, _)) = self.at[j as usize] {
+                    if ps < s {
+                        out.push((off, end_off));
+                    }
                 }
-                // Marked only when reported: a buffer live at another time
-                // may still be a partner kept apart (below).
-                if let Some((off, end_off, ps, pe)) = self.at[j] {
-                    if !(ps > e || s > pe) {
-                        self.seen[j] = self.query;
+            }
+            node >>= 1;
+        }
+        // Started in `[s, e]`.
+        let buckets = (s / BUCKET) as usize..=(e / BUCKET) as usize;
+        for list in self.starts.get(buckets).unwrap_or_default() {
+            for &j in list {
+                if let Some((off, end_off, ps, _)) = self.at[j as usize] {
+                    if (s..=e).contains(&ps) {
                         out.push((off, end_off));
                     }
                 }
             }
         }
+        // Kept apart though live at other times.
         for &j in keep.partners(i) {
-            let j = j as usize;
-            if self.seen.get(j) == Some(&self.query) {
-                continue;
-            }
-            if let Some((off, end_off, _, _)) = self.at.get(j).copied().flatten() {
-                self.seen[j] = self.query;
-                out.push((off, end_off));
+            if let Some((off, end_off, ps, pe)) = self.at.get(j as usize).copied().flatten() {
+                if ps > e || s > pe {
+                    out.push((off, end_off));
+                }
             }
         }
     }
@@ -310,6 +335,10 @@ fn fence_count(s: &Schedule, clocks: &Clocks) -> usize {
 
 /// `(free index of A, first-write index of B, A, B)` where B reuses A's
 /// bytes after A's lifetime and nothing orders A's free before B's write.
+///
+/// A buffer freed on the stream that first writes it (or never freed) is
+/// *pure* on that stream: two pure buffers of one stream are ordered by it,
+/// so such pairs are never read, only pairs with a buffer of another group.
 fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize, BufferId, BufferId)> {
     /// A buffer as the pair loop reads it: offset, end offset, first write,
     /// free (`u32::MAX`: none), id.
@@ -324,17 +353,46 @@ fn needed_fences(s: &Schedule, clocks: &Clocks) -> Vec<(usize, usize, BufferId, 
         })
         .collect();
     order.sort_unstable_by_key(|b| (b.0, b.4));
+    // Group of each buffer: its stream's index when pure, else `MIXED`.
+    const MIXED: usize = usize::MAX;
+    let group = |b: &Span| {
+        let write = clocks.stream(b.2 as usize).index();
+        match b.3 {
+            u32::MAX => write,
+            f if clocks.stream(f as usize).index() == write => write,
+            _ => MIXED,
+        }
+    };
+    let groups: Vec<usize> = order.iter().map(group).collect();
+    // Positions in `order` of each group's buffers (pure streams, then
+    // mixed), ascending.
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); Stream::ALL.len() + 1];
+    for (i, &g) in groups.iter().enumerate() {
+        members[g.min(Stream::ALL.len())].push(i);
+    }
     let mut out = Vec::new();
-    for (i, a) in order.iter().enumerate() {
-        for b in &order[i + 1..] {
-            if b.0 >= a.1 {
-                break;
+    let mut pair = |a: &Span, b: &Span| {
+        for (x, y) in [(a, b), (b, a)] {
+            let f = x.3;
+            if f != u32::MAX && f < y.2 && !clocks.hb(f as usize, y.2 as usize) {
+                out.push((f as usize, y.2 as usize, x.4, y.4));
             }
-            for (x, y) in [(a, b), (b, a)] {
-                let f = x.3;
-                if f != u32::MAX && f < y.2 && !clocks.hb(f as usize, y.2 as usize) {
-                    out.push((f as usize, y.2 as usize, x.4, y.4));
+        }
+    };
+    // Each pair once, from the buffer earlier in `order` (`b` starts
+    // inside `a`'s bytes).
+    for (i, a) in order.iter().enumerate() {
+        for (g, list) in members.iter().enumerate() {
+            if groups[i] != MIXED && g == groups[i] {
+                continue;
+            }
+            let from = list.partition_point(|&j| j <= i);
+            for &j in &list[from..] {
+                let b = &order[j];
+                if b.0 >= a.1 {
+                    break;
                 }
+                pair(a, b);
             }
         }
     }
@@ -453,5 +511,159 @@ mod tests {
         far[1].end = Some(5 * BUCKET + 2);
         assign_offsets(&mut far, false, &Keep::new(&apart, 3));
         assert!(disjoint(&far[0], &far[1]), "{far:?}");
+    }
+
+    use proptest::prelude::*;
+    use proptest::strategy::Strategy as _;
+
+    /// Random transient buffers: `(bytes in ALIGN units, start, length,
+    /// communication)`, over a span of several `BUCKET`s.
+    fn buffers_strategy() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
+        prop::collection::vec(
+            (1u64..8, 0u32..6 * BUCKET, 0u32..3 * BUCKET, any::<bool>()),
+            1..48,
+        )
+        .prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (units, start, len, comm))| {
+                    let mut b = activation(i as u32, units * ALIGN, start, start + len);
+                    if comm {
+                        b.kind = BufferKind::GatheredParams;
+                    }
+                    b
+                })
+                .collect()
+        })
+    }
+
+    /// `assign_offsets` by its definition: in its order, each buffer at the
+    /// lowest offset from its region's base that meets no placed buffer
+    /// live at the same time or kept apart, every placed one read.
+    fn first_fit(buffers: &mut [Buffer], segregate: bool, apart: &Apart) -> u64 {
+        let class = |b: &Buffer| u8::from(segregate && !is_comm(b));
+        let mut order: Vec<usize> = (0..buffers.len()).collect();
+        order.sort_by_key(|&i| {
+            (
+                class(&buffers[i]),
+                std::cmp::Reverse(buffers[i].bytes),
+                buffers[i].start,
+                i,
+            )
+        });
+        let (mut arena, mut base, mut region) = (0u64, 0u64, 0u8);
+        let mut placed: Vec<usize> = Vec::new();
+        for i in order {
+            if class(&buffers[i]) != region {
+                region = class(&buffers[i]);
+                base = align(arena);
+            }
+            let (s, e) = (buffers[i].start, buffers[i].end.unwrap_or(u32::MAX));
+            #[allow(clippy::nonminimal_bool)]
+            let mut taken: Vec<(u64, u64)> = placed
+                .iter()
+                .filter(|&&j| {
+                    let (ps, pe) = (buffers[j].start, buffers[j].end.unwrap_or(u32::MAX));
+                    let pair = (BufferId(i.min(j) as u32), BufferId(i.max(j) as u32));
+                    !(ps > e || s > pe) || apart.contains(&pair)
+                })
+                .map(|&j| {
+                    (
+                        buffers[j].offset,
+                        buffers[j].offset + align(buffers[j].bytes),
+                    )
+                })
+                .collect();
+            taken.sort_unstable();
+            let size = align(buffers[i].bytes);
+            let mut cand = base;
+            for (off, end) in taken {
+                if off >= cand + size {
+                    break;
+                }
+                cand = cand.max(end);
+            }
+            buffers[i].offset = cand;
+            placed.push(i);
+            arena = arena.max(cand + buffers[i].bytes);
+        }
+        arena
+    }
+
+    proptest! {
+        /// The time index of `Placed` finds what reading every placed
+        /// buffer finds: the same offsets as the definition.
+        #[test]
+        fn offsets_are_first_fit(
+            buffers in buffers_strategy(),
+            pairs in prop::collection::vec((0u32..48, 0u32..48), 0..12),
+            segregate in any::<bool>(),
+        ) {
+            let n = buffers.len() as u32;
+            let apart: Apart = pairs
+                .into_iter()
+                .filter(|&(a, b)| a < n && b < n && a != b)
+                .map(|(a, b)| (BufferId(a.min(b)), BufferId(a.max(b))))
+                .collect();
+            let mut fast = buffers.clone();
+            let arena = assign_offsets(&mut fast, segregate, &Keep::new(&apart, buffers.len()));
+            let mut slow = buffers;
+            let expected = first_fit(&mut slow, segregate, &apart);
+            prop_assert_eq!(arena, expected);
+            let offsets = |v: &[Buffer]| v.iter().map(|b| b.offset).collect::<Vec<_>>();
+            prop_assert_eq!(offsets(&fast), offsets(&slow));
+        }
+
+        /// `needed_fences` skips only pairs that need no fence: it finds
+        /// what checking every pair of byte-sharing buffers finds.
+        #[test]
+        fn fences_are_those_of_every_pair(
+            buffers in buffers_strategy(),
+            places in prop::collection::vec(0u64..6, 48),
+            streams in prop::collection::vec((0usize..3, 0u8..4), 9 * BUCKET as usize),
+        ) {
+            // A list of instructions on three streams, with events recorded
+            // and waited for at random, and buffers at random offsets.
+            let mut events = 0u32;
+            let mut instructions = Vec::new();
+            for (s, what) in streams {
+                let stream = Stream::ALL[s];
+                let op = match what {
+                    0 => {
+                        events += 1;
+                        InstrOp::Record { event: EventId(events - 1) }
+                    }
+                    1 if events > 0 => InstrOp::Wait { event: EventId(events / 2) },
+                    _ => InstrOp::Free { buffer: BufferId(0) },
+                };
+                instructions.push(Instr { stream, op });
+            }
+            let mut buffers = buffers;
+            for (b, &at) in buffers.iter_mut().zip(&places) {
+                b.offset = at * ALIGN;
+            }
+            let s = Schedule {
+                buffers,
+                instructions,
+                events,
+                loss: Slot { buffer: BufferId(0), offset: 0 },
+            };
+            let clocks = Clocks::new(&s.instructions, s.events);
+            let mut every = Vec::new();
+            for a in &s.buffers {
+                for b in &s.buffers {
+                    let shares = a.id != b.id
+                        && a.offset < b.offset + b.bytes
+                        && b.offset < a.offset + a.bytes;
+                    let f = a.end.unwrap_or(u32::MAX);
+                    if shares && f != u32::MAX && f < b.start && !clocks.hb(f as usize, b.start as usize) {
+                        every.push((f as usize, b.start as usize, a.id, b.id));
+                    }
+                }
+            }
+            every.sort();
+            every.dedup();
+            prop_assert_eq!(needed_fences(&s, &clocks), every);
+        }
     }
 }
