@@ -42,6 +42,7 @@ use crate::config::FsdpConfig;
 use crate::error::PlanError;
 use fsdpc_ir::{DType, TrainingProgram};
 use fsdpc_plan::cluster::Cluster;
+use fsdpc_plan::config::TensorRecord;
 use fsdpc_plan::readable::human_bytes;
 use fsdpc_plan::*;
 use std::collections::BTreeMap;
@@ -241,9 +242,10 @@ pub struct Search<'a> {
     space: &'a Space,
     gap: f64,
     prepared: Prepare,
-    /// With tensor parallelism: one member's program (the `tensor` pass's
-    /// output), whose FLOPs and parameters the bounds count.
-    local: Option<TrainingProgram>,
+    /// With tensor parallelism: the `tensor` pass's output for the base's
+    /// degree, one member's program (whose FLOPs and parameters the bounds
+    /// count), from which every candidate is prepared.
+    split: Option<(TrainingProgram, Option<TensorRecord>)>,
     /// A step another search reached (`with_incumbent`).
     incumbent: Option<f64>,
 }
@@ -258,7 +260,7 @@ impl<'a> Search<'a> {
         base: &'a FsdpConfig,
         space: &'a Space,
     ) -> Search<'a> {
-        let local = (base.tensor_parallel > 1)
+        let split = (base.tensor_parallel > 1)
             .then(|| {
                 crate::tensor::apply(
                     program.clone(),
@@ -267,8 +269,7 @@ impl<'a> Search<'a> {
                 )
                 .ok()
             })
-            .flatten()
-            .map(|(p, _)| p);
+            .flatten();
         Search {
             program,
             model,
@@ -277,7 +278,7 @@ impl<'a> Search<'a> {
             space,
             gap: 0.0,
             prepared: Prepare::default(),
-            local,
+            split,
             incumbent: None,
         }
     }
@@ -297,7 +298,7 @@ impl<'a> Search<'a> {
     /// The program one rank computes: its FLOPs and parameters bound the
     /// candidates'.
     fn rank_program(&self) -> &TrainingProgram {
-        self.local.as_ref().unwrap_or(self.program)
+        self.split.as_ref().map_or(self.program, |(p, _)| p)
     }
 
     /// The optimality gap, a fraction: a candidate is not compiled when
@@ -340,18 +341,15 @@ impl Prepare {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A copy of `cfg`'s prepared program, prepared on first use.
-    fn get(
-        &self,
-        program: &TrainingProgram,
-        cfg: &FsdpConfig,
-    ) -> Result<crate::Prepared, PlanError> {
+    /// A copy of `cfg`'s prepared program, prepared (`Search::prepare`) on
+    /// first use.
+    fn get(&self, search: &Search, cfg: &FsdpConfig) -> Result<crate::Prepared, PlanError> {
         let key = crate::Prepared::key(cfg);
         let known = self.lock().get(&key).cloned();
         let p = match known {
             Some(p) => p,
             None => {
-                let p = Arc::new(crate::prepare(program.clone(), cfg)?);
+                let p = Arc::new(search.prepare(cfg)?);
                 self.lock().insert(key, p.clone());
                 p
             }
@@ -361,9 +359,23 @@ impl Prepare {
 }
 
 impl Search<'_> {
+    /// `cfg`'s prepared program: from the split program when `cfg` has the
+    /// base's degree and sequence setting (every candidate of the search).
+    fn prepare(&self, cfg: &FsdpConfig) -> Result<crate::Prepared, PlanError> {
+        match &self.split {
+            Some((program, record))
+                if cfg.tensor_parallel == self.base.tensor_parallel
+                    && cfg.sequence_parallel == self.base.sequence_parallel =>
+            {
+                crate::prepare_split(program.clone(), record.clone(), cfg)
+            }
+            _ => crate::prepare(self.program.clone(), cfg),
+        }
+    }
+
     fn compile(&self, cfg: &FsdpConfig) -> Result<Plan, PlanError> {
         crate::check(self.cluster, cfg)?;
-        let prepared = self.prepared.get(self.program, cfg)?;
+        let prepared = self.prepared.get(self, cfg)?;
         crate::compile_prepared(prepared, self.model.clone(), self.cluster, cfg)
     }
 
@@ -390,7 +402,7 @@ impl Search<'_> {
     fn screen(&self, cfg: &FsdpConfig) -> Result<Screened, AutoError> {
         let quick = || -> Result<crate::Quick, PlanError> {
             crate::check(self.cluster, cfg)?;
-            let prepared = self.prepared.get(self.program, cfg)?;
+            let prepared = self.prepared.get(self, cfg)?;
             crate::quick_prepared(prepared, self.model.clone(), self.cluster, cfg)
         };
         match quick() {
@@ -561,7 +573,7 @@ impl Search<'_> {
         }
         for (ci, (ki, r)) in first {
             if let Ok(q) = &r {
-                bound[ci] = bound[ci].max(q.busy_s);
+                bound[ci] = bound[ci].max(q.class_s);
             }
             let cand = Candidate {
                 index: ci * per + ki,

@@ -105,6 +105,11 @@ pub struct Quick {
     /// The busiest stream's total work at full speed (a bound for every
     /// schedule that runs the same instructions).
     pub busy_s: f64,
+    /// At most the step of every plan whose streams run the same
+    /// instructions in the same orders, whatever they wait for
+    /// (`simulate::Bounds::relaxed_s`): a bound for each member of the
+    /// auto-planner's class, whose schedule knobs change only waits.
+    pub class_s: f64,
 }
 
 /// Runs every pass up to memory planning and judges the result (`Quick`).
@@ -139,17 +144,13 @@ pub fn quick_prepared(
     plan.events = sched.events;
     plan.instructions = sched.instructions;
     plan.memory = memory;
-    let busy_s = simulate::busiest_stream_s(&plan, cluster);
-    let step_lower_s = if simulate::contends(cluster) {
-        busy_s
-    } else {
-        simulate::simulate(&plan, cluster).step_time_s
-    };
+    let bounds = simulate::bounds(&plan, cluster);
     Ok(Quick {
         peak_bytes: plan.memory.peak_bytes,
         plan,
-        step_lower_s,
-        busy_s,
+        step_lower_s: bounds.step_s,
+        busy_s: bounds.busy_s,
+        class_s: bounds.relaxed_s,
     })
 }
 
@@ -209,6 +210,17 @@ impl Prepared {
 /// Runs the program passes on `program` (`Prepared`).
 pub fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prepared, PlanError> {
     passes::prepare(program, cfg)
+}
+
+/// `prepare` from what the `tensor` pass gave for `cfg`'s degree and
+/// sequence setting (`tensor::apply`), so that configurations of one
+/// degree split the program once.
+pub(crate) fn prepare_split(
+    program: TrainingProgram,
+    tensor: Option<TensorRecord>,
+    cfg: &FsdpConfig,
+) -> Result<Prepared, PlanError> {
+    passes::prepare_split(program, tensor, cfg)
 }
 
 /// Parameter elements of a program (tied parameters counted once): what

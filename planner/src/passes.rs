@@ -142,10 +142,34 @@ const NO_UNITS: &str = "the units pass runs before the passes that read units";
 
 /// Runs the program passes on `program` (`crate::prepare`).
 pub(crate) fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prepared, PlanError> {
+    prepare_from(&program_passes(), program, None, cfg)
+}
+
+/// `prepare` of the `tensor` pass's output for `cfg`'s degree and sequence
+/// setting (`crate::tensor::apply`): the passes after it.
+pub(crate) fn prepare_split(
+    program: TrainingProgram,
+    tensor: Option<TensorRecord>,
+    cfg: &FsdpConfig,
+) -> Result<Prepared, PlanError> {
+    let passes = program_passes();
+    let after = passes
+        .iter()
+        .position(|p| p.name == "tensor")
+        .map_or(0, |i| i + 1);
+    prepare_from(&passes[after..], program, tensor, cfg)
+}
+
+fn prepare_from<'a>(
+    passes: &[Pass<ProgramData<'a>>],
+    program: TrainingProgram,
+    tensor: Option<TensorRecord>,
+    cfg: &'a FsdpConfig,
+) -> Result<Prepared, PlanError> {
     let data = ProgramData {
         cfg,
         program,
-        tensor: None,
+        tensor,
         assign: None,
         checkpointed_units: Vec::new(),
     };
@@ -155,7 +179,7 @@ pub(crate) fn prepare(program: TrainingProgram, cfg: &FsdpConfig) -> Result<Prep
         assign,
         checkpointed_units,
         ..
-    } = run(&program_passes(), data)?;
+    } = run(passes, data)?;
     Ok(Prepared {
         program,
         tensor,

@@ -37,11 +37,7 @@ pub struct Timeline {
 /// Simulates one step of `plan` on `cluster`.
 pub fn simulate(plan: &Plan, cluster: &Cluster) -> Timeline {
     let mut tl = Timeline::default();
-    let costs: Vec<(f64, u64)> = plan
-        .instructions
-        .iter()
-        .map(|ins| cost::instr_cost(plan, cluster, ins))
-        .collect();
+    let costs = costs(plan, cluster);
     match &cluster.hardware.comm_compute_contention {
         Some(c) if c.slows() => {
             let items = items(plan, &costs);
@@ -82,11 +78,119 @@ pub fn contends(cluster: &Cluster) -> bool {
 /// Seconds of work on the plan's busiest stream, each instruction at its
 /// cost alone: no schedule of these instructions takes less.
 pub fn busiest_stream_s(plan: &Plan, cluster: &Cluster) -> f64 {
+    let costs = costs(plan, cluster);
+    busiest(plan, &costs)
+}
+
+/// What bounds a plan's step before memory planning adds its fences
+/// (`bounds`).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Bounds {
+    /// The busiest stream's work, each instruction at its cost alone: no
+    /// schedule of these instructions takes less, with contention or not.
+    pub busy_s: f64,
+    /// Without contention, the streams' work with only its data
+    /// dependencies: each stream runs its instructions in its order, and
+    /// an instruction starts once its stream is free and the last writer
+    /// of every buffer it reads has finished; `Wait`s are ignored; a
+    /// gather that could be in a bucket (`bucketable_gather`) is charged
+    /// its transfer without the call's latency, as a bucket's member is.
+    /// Every plan whose streams run the same collectives and kernels in
+    /// the same orders, whatever it waits for (prefetch, rate limits,
+    /// fences) and however it buckets its gathers, takes at least this.
+    /// With contention, the busiest stream's work so charged.
+    pub relaxed_s: f64,
+    /// Without contention, the simulated step of the plan as it is (its
+    /// waits, no fences yet): memory planning only adds waits, so the
+    /// compiled step is at least this. With contention, `busy_s`.
+    pub step_s: f64,
+}
+
+/// The bounds of `plan`'s step on `cluster` (`Bounds`), from one pass over
+/// its costs.
+pub fn bounds(plan: &Plan, cluster: &Cluster) -> Bounds {
+    let costs = costs(plan, cluster);
+    let busy_s = busiest(plan, &costs);
+    let unbucketed = unbucketed(plan, cluster, &costs);
+    if contends(cluster) {
+        return Bounds {
+            busy_s,
+            relaxed_s: busiest(plan, &unbucketed),
+            step_s: busy_s,
+        };
+    }
+    let mut tl = Timeline::default();
+    one_pass(plan, &costs, &mut tl);
+    Bounds {
+        busy_s,
+        relaxed_s: relaxed(plan, &unbucketed),
+        step_s: tl.end.iter().copied().fold(0.0, f64::max),
+    }
+}
+
+/// `costs` with every gather that could be in a bucket
+/// (`bucketable_gather`) charged as a bucket's member is: its transfer
+/// without the call's latency.
+fn unbucketed(plan: &Plan, cluster: &Cluster, costs: &[(f64, u64)]) -> Vec<(f64, u64)> {
+    plan.instructions
+        .iter()
+        .zip(costs)
+        .map(|(ins, &cost)| match &ins.op {
+            InstrOp::AllGather { c, bucketed: false }
+                if bucketable_gather(&ins.op, &plan.buffers).is_some() =>
+            {
+                let member = Instr {
+                    stream: ins.stream,
+                    op: InstrOp::AllGather {
+                        c: c.clone(),
+                        bucketed: true,
+                    },
+                };
+                cost::instr_cost(plan, cluster, &member)
+            }
+            _ => cost,
+        })
+        .collect()
+}
+
+fn costs(plan: &Plan, cluster: &Cluster) -> Vec<(f64, u64)> {
+    plan.instructions
+        .iter()
+        .map(|ins| cost::instr_cost(plan, cluster, ins))
+        .collect()
+}
+
+fn busiest(plan: &Plan, costs: &[(f64, u64)]) -> f64 {
     let mut busy = [0f64; Stream::ALL.len()];
-    for ins in &plan.instructions {
-        busy[ins.stream.index()] += cost::instr_cost(plan, cluster, ins).0;
+    for (ins, &(dt, _)) in plan.instructions.iter().zip(costs) {
+        busy[ins.stream.index()] += dt;
     }
     busy.into_iter().fold(0.0, f64::max)
+}
+
+/// `Bounds::relaxed_s` without contention, from `unbucketed` costs.
+fn relaxed(plan: &Plan, costs: &[(f64, u64)]) -> f64 {
+    let mut t = [0f64; Stream::ALL.len()];
+    let mut ready = vec![0f64; plan.buffers.len()];
+    for (ins, &(dt, _)) in plan.instructions.iter().zip(costs) {
+        if matches!(ins.op, InstrOp::Wait { .. } | InstrOp::Record { .. }) {
+            continue;
+        }
+        let s = ins.stream.index();
+        let start = ins
+            .op
+            .reads()
+            .into_iter()
+            .filter_map(|b| ready.get(b.index()).copied())
+            .fold(t[s], f64::max);
+        t[s] = start + dt;
+        for b in ins.op.writes() {
+            if let Some(r) = ready.get_mut(b.index()) {
+                *r = t[s];
+            }
+        }
+    }
+    t.into_iter().fold(0.0, f64::max)
 }
 
 /// Seconds of the compute stream's kernels and tensor-parallel

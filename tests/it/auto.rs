@@ -194,6 +194,64 @@ fn pruned_search_finds_the_grids_best_under_tensor_parallelism() {
     check_same_best_at(FOUR_LAYERS, "a100-80g-roce", 8, None, true, 2);
 }
 
+/// The schedule knobs change only what a plan waits for: every member of
+/// a class runs the same instructions in the same order on each stream, so
+/// they share one relaxed step (`Quick::class_s`), which bounds the step of
+/// each of them. The search bounds a class by its first member's, without
+/// screening the others; here every knob of the full space is screened.
+#[test]
+fn every_member_of_a_class_has_its_relaxed_step() {
+    for (spec, t, preset) in [
+        (FOUR_LAYERS, 1, "h100-80g-ib"),
+        (FOUR_LAYERS, 2, "h100-80g-ib"),
+        ("llama-mini", 1, "h100-80g-ib"),
+        // Contention: the bound is the busiest stream's work.
+        (FOUR_LAYERS, 1, "cpu-local"),
+    ] {
+        let (program, info) = load(spec);
+        let cluster = fsdpc_planner::preset(preset, 8, 4).expect("preset");
+        let base = tensor(t);
+        let space = Space::around(&base, &program, 8 / t, &Fixed::default(), true).expect("space");
+        let per = space.backward_prefetch.len()
+            * space.forward_prefetch.len()
+            * space.prefetch_depth.len()
+            * space.limit_all_gathers.len();
+        assert!(per >= 24, "{spec}: the full knob set ({per})");
+        let all = fsdpc_planner::auto::candidates(&space, &base);
+        // Every fifth class: strategies, F, offload and checkpointing vary.
+        for class in all.chunks(per).step_by(5) {
+            let mut relaxed: Option<(f64, String)> = None;
+            for c in class {
+                let q = match fsdpc_planner::quick(
+                    program.clone(),
+                    info.clone(),
+                    &cluster,
+                    &c.config,
+                ) {
+                    Ok(q) => q,
+                    Err(_) => continue,
+                };
+                assert!(
+                    q.class_s <= q.step_lower_s * (1.0 + 1e-12),
+                    "{spec} T={t} on {preset} {}: relaxed {} > step {}",
+                    c.short(),
+                    q.class_s,
+                    q.step_lower_s
+                );
+                match &relaxed {
+                    None => relaxed = Some((q.class_s, c.short())),
+                    Some((r, first)) => assert!(
+                        (q.class_s - r).abs() <= 1e-12 * r.max(1e-30),
+                        "{spec} T={t} on {preset}: {} relaxed {} against {first}'s {r}",
+                        c.short(),
+                        q.class_s
+                    ),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn pruned_search_agrees_when_memory_is_tight() {
     let (program, info) = load(FOUR_LAYERS);
