@@ -10,7 +10,7 @@ use crate::error::PlanError;
 use crate::units::UnitAssignment;
 use fsdpc_ir::{DType, Graph, NodeId, Op, ValueId};
 use fsdpc_plan::*;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// Facts about the program the lowering looks up.
 pub(super) struct Facts {
@@ -43,7 +43,7 @@ impl Facts {
                 Step::Kernel(n) => graph.inputs(*n),
             })
             .collect();
-        let mut last_read = HashMap::new();
+        let mut last_read = HashMap::default();
         for (i, ins) in inputs.iter().enumerate() {
             for v in ins {
                 last_read.insert((micro[i], *v), i);
@@ -84,7 +84,7 @@ fn grad_slots(
     param_offset: &[u64],
 ) -> Result<HashMap<ValueId, (UnitId, u64)>, PlanError> {
     let graph = &input.program.graph;
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     for g in &input.program.grads {
         let p = g.param.0 as usize;
         let bad = |reason: String| Err(PlanError::Program { reason });
@@ -125,7 +125,7 @@ fn grad_done(
     inputs: &[Vec<ValueId>],
     grad_slot: &HashMap<ValueId, (UnitId, u64)>,
 ) -> Vec<Vec<usize>> {
-    let mut written_by: HashMap<NodeId, Vec<UnitId>> = HashMap::new();
+    let mut written_by: HashMap<NodeId, Vec<UnitId>> = HashMap::default();
     for (v, &(u, _)) in grad_slot {
         written_by.entry(v.node).or_default().push(u);
     }

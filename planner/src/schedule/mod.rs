@@ -45,7 +45,8 @@ use facts::Facts;
 use fsdpc_ir::{DType, Graph, NodeId, Op, TrainingProgram, ValueId};
 use fsdpc_plan::*;
 use gather::Window;
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 /// The instruction list and its buffers, before memory planning.
 #[derive(Clone, Debug, PartialEq)]
@@ -262,7 +263,7 @@ impl<'a> Lowering<'a> {
             flat_grads: vec![None; n_units],
             grad_target: vec![None; n_units],
             reduced: Vec::new(),
-            value_slot: HashMap::new(),
+            value_slot: HashMap::default(),
             loss_slot: None,
             buffers: Vec::new(),
             instrs: Vec::new(),
