@@ -414,18 +414,22 @@ impl Search<'_> {
         }
     }
 
-    /// The compute bound of a precision: the program's FLOPs at the peak
-    /// rate of the fastest dtype it computes in.
-    fn compute_bound(&self, precision: (DType, DType)) -> f64 {
+    /// The compute bound of a precision: the program's FLOPs (`flops`) at
+    /// the peak rate of the fastest dtype it computes in.
+    fn compute_bound(&self, flops: f64, precision: (DType, DType)) -> f64 {
         let hw = &self.cluster.hardware;
         let peak = hw.peak_flops(precision.0).max(hw.peak_flops(DType::F32));
-        let g = &self.rank_program().graph;
-        let flops: f64 = g.node_ids().map(|n| crate::cost::node_flops(g, n)).sum();
         if peak > 0.0 {
             flops / peak
         } else {
             0.0
         }
+    }
+
+    /// The FLOPs of one rank's program.
+    fn flops(&self) -> f64 {
+        let g = &self.rank_program().graph;
+        g.node_ids().map(|n| crate::cost::node_flops(g, n)).sum()
     }
 
     /// The persistent bytes every candidate of a class holds at least: f32
@@ -491,9 +495,10 @@ impl Search<'_> {
             best: self.incumbent.map(|s| (s, usize::MAX)),
             plans: BTreeMap::new(),
         };
+        let flops = self.flops();
         let mut bound: Vec<f64> = classes
             .iter()
-            .map(|c| self.compute_bound(c.precision))
+            .map(|c| self.compute_bound(flops, c.precision))
             .collect();
         let mut mem = vec![0u64; classes.len()];
         let mut ready: Vec<Ready> = Vec::new();

@@ -173,7 +173,9 @@ fn assign_offsets(buffers: &mut [Buffer], segregate: bool, keep: &Keep) -> u64 {
         // First fit: the lowest offset from `base` whose `size` bytes meet
         // no placed buffer that is live at the same time or kept apart.
         placed.conflicts(i, s, e, keep, &mut conflicts);
-        conflicts.sort_unstable();
+        // By offset alone: among equal offsets the order does not change
+        // the gap found.
+        conflicts.sort_unstable_by_key(|&(off, _)| off);
         let mut cand = base;
         for &(off, end_off) in &conflicts {
             if off >= cand + size {
