@@ -66,9 +66,17 @@ pub struct ParamSpec {
 /// The part of a parameter each member of a tensor-parallel group holds.
 /// Axis `axis` of the whole parameter is the concatenation of `segments`
 /// (their lengths, in order: the query, key and value columns of a fused
-/// projection are three); each segment is cut into `parts` equal chunks,
-/// and member `t` holds chunk `t` of every segment, concatenated in
-/// segment order. One segment is Megatron's plain column or row split.
+/// projection are three); each segment is cut into `parts` chunks of
+/// `ceil(segment / parts)`, and member `t` holds chunk `t` of every
+/// segment, concatenated in segment order. One segment is Megatron's plain
+/// column or row split.
+///
+/// A segment `parts` does not divide is *padded* (a vocabulary of 50,257
+/// over 2 members: Megatron's `--make-vocab-size-divisible-by`, done as a
+/// layout): member `t` holds the whole segment's `[t·chunk, min((t+1)·chunk,
+/// segment))` followed by zeros up to `chunk`. The padding belongs to no
+/// element of the whole: `runs` and `locate` skip it, and the whole
+/// parameter (`full_shape`) is never padded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TpSlice {
     pub axis: usize,
@@ -86,28 +94,49 @@ impl TpSlice {
         s
     }
 
+    /// One member's length of split axis `axis` (padding included).
+    pub fn local_len(&self) -> usize {
+        let parts = self.parts.max(1) as usize;
+        self.segments.iter().map(|s| s.div_ceil(parts)).sum()
+    }
+
+    /// Whether a member's part holds padding (a segment `parts` does not
+    /// divide).
+    pub fn padded(&self) -> bool {
+        let parts = self.parts.max(1) as usize;
+        self.segments.iter().any(|s| !s.is_multiple_of(parts))
+    }
+
+    /// Member `member`'s chunk of a segment of `seg`: its length with
+    /// padding, where it starts in the segment, and how many of its
+    /// entries are the segment's (the rest is padding).
+    fn chunk(&self, seg: u64, member: u32) -> (u64, u64, u64) {
+        let chunk = seg.div_ceil(u64::from(self.parts.max(1)));
+        let from = (u64::from(member) * chunk).min(seg);
+        (chunk, from, (seg - from).min(chunk))
+    }
+
     /// Member `member`'s elements as runs `(local start, whole start, len)`
     /// of consecutive row-major elements, in local order; `local` is the
-    /// member's shape.
+    /// member's shape. Padding is in no run.
     pub fn runs(&self, local: &[usize], member: u32) -> Vec<(u64, u64, u64)> {
         let full = self.full_shape(local);
         let outer: u64 = local[..self.axis].iter().map(|&d| d as u64).product();
         let inner: u64 = local[self.axis + 1..].iter().map(|&d| d as u64).product();
         let (local_len, full_len) = (local[self.axis] as u64, full[self.axis] as u64);
-        let parts = u64::from(self.parts.max(1));
         let mut runs = Vec::new();
         for o in 0..outer {
             let (mut at_local, mut seg_start) = (0u64, 0u64);
             for &seg in &self.segments {
-                let chunk = seg as u64 / parts;
-                let from = seg_start + u64::from(member) * chunk;
+                let (chunk, from, held) = self.chunk(seg as u64, member);
                 let local_start = (o * local_len + at_local) * inner;
-                let full_start = (o * full_len + from) * inner;
+                let full_start = (o * full_len + seg_start + from) * inner;
                 match runs.last_mut() {
+                    _ if held == 0 || inner == 0 => {}
                     Some((ls, fs, n)) if *ls + *n == local_start && *fs + *n == full_start => {
-                        *n += chunk * inner
+                        *n += held * inner
                     }
-                    _ => runs.push((local_start, full_start, chunk * inner)),
+                    _ => runs.push((local_start, full_start, held * inner)),
                 }
                 at_local += chunk;
                 seg_start += seg as u64;
@@ -115,13 +144,12 @@ impl TpSlice {
         }
         runs
     }
-}
 
-impl TpSlice {
     /// Where element `whole` (row-major) of the whole parameter lies:
     /// `(member, element in that member's part, elements of the same run
-    /// from there)`, the run ending where the member's chunk does; `local`
-    /// is a member's shape. `None` past the end.
+    /// from there)`, the run ending where the member's part of the segment
+    /// does (before its padding); `local` is a member's shape. `None` past
+    /// the end.
     pub fn locate(&self, local: &[usize], whole: u64) -> Option<(u32, u64, u64)> {
         let full = self.full_shape(local);
         let inner: u64 = local[self.axis + 1..].iter().map(|&d| d as u64).product();
@@ -135,13 +163,14 @@ impl TpSlice {
         let x = whole / inner % full_len;
         let (mut seg_start, mut at_local) = (0u64, 0u64);
         for &seg in &self.segments {
-            let (seg, chunk) = (seg as u64, seg as u64 / parts);
+            let (seg, chunk) = (seg as u64, (seg as u64).div_ceil(parts));
             if x < seg_start + seg && chunk > 0 {
                 let member = (x - seg_start) / chunk;
                 let within = (x - seg_start) % chunk;
+                let (_, _, held) = self.chunk(seg, member as u32);
                 let local_x = at_local + within;
                 let element = (o * local_len + local_x) * inner + whole % inner;
-                let run = (chunk - within) * inner - whole % inner;
+                let run = (held - within) * inner - whole % inner;
                 return Some((member as u32, element, run));
             }
             seg_start += seg;
@@ -191,7 +220,27 @@ mod tests {
                 },
                 vec![2, 5],
             ),
+            // A padded vocabulary: 7 rows over 4 members of 2 rows, the
+            // last holding one row and one of padding.
+            (
+                TpSlice {
+                    axis: 0,
+                    segments: vec![7],
+                    parts: 4,
+                },
+                vec![2, 3],
+            ),
+            // Padded segments on the last axis, one divisible between.
+            (
+                TpSlice {
+                    axis: 1,
+                    segments: vec![5, 4, 3],
+                    parts: 2,
+                },
+                vec![3, 7],
+            ),
         ] {
+            assert_eq!(tp.local_len(), local[tp.axis], "{tp:?}");
             let mut seen = 0;
             for member in 0..tp.parts {
                 for (l, w, n) in tp.runs(&local, member) {
@@ -210,5 +259,36 @@ mod tests {
             assert_eq!(seen, total);
             assert_eq!(tp.locate(&local, total as u64), None);
         }
+    }
+
+    /// A padded member's runs cover its part but for the padding: the
+    /// local elements no run holds are exactly the padding rows, and no
+    /// whole element is located there.
+    #[test]
+    fn padding_lies_in_no_run() {
+        let tp = TpSlice {
+            axis: 0,
+            segments: vec![7],
+            parts: 4,
+        };
+        let local = [2usize, 3];
+        assert!(tp.padded());
+        assert_eq!(tp.full_shape(&local), vec![7, 3]);
+        for member in 0..4 {
+            let mut held = [false; 6];
+            for (l, _, n) in tp.runs(&local, member) {
+                held[l as usize..(l + n) as usize].fill(true);
+            }
+            let padding: Vec<usize> = (0..6).filter(|&e| !held[e]).collect();
+            let want: Vec<usize> = if member == 3 { vec![3, 4, 5] } else { vec![] };
+            assert_eq!(padding, want, "member {member}");
+        }
+        let divisible = TpSlice {
+            axis: 0,
+            segments: vec![8],
+            parts: 4,
+        };
+        assert!(!divisible.padded());
+        assert_eq!(divisible.local_len(), 2);
     }
 }
