@@ -179,21 +179,33 @@ pub enum Op {
     /// index, row `index - offset` of this member's rows when it holds it,
     /// zeros otherwise, so the members' outputs summed (`TpReduce`) are
     /// `Gather { axis: 0 }` of the whole table. Indices count in the whole
-    /// table (`rows * parts`; negative ones from its end); one outside it
-    /// is an error.
+    /// table (`vocab`, else `rows * parts`; negative ones from its end);
+    /// one outside it is an error, so padding rows are never read.
     TpLookup {
         parts: u32,
+        /// The whole vocabulary when the members' parts are padded
+        /// (`fsdpc_ir::TpSlice`): the rows past it are padding (absent:
+        /// `parts` times this member's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<usize>,
     },
     /// Vocabulary parallelism: per-row statistics of this member's columns
     /// of split logits. `(logits[n, c], labels[n], offset[1])` ->
     /// `[1, n, 3]` f32: the row's maximum `m`, `sum(exp(x - m))`, and the
     /// label's logit when this member holds its column (`0 <= label -
     /// offset < c`), else 0. The members' statistics gathered give the
-    /// cross-entropy without gathering the logits. A label outside `0..c *
-    /// parts` that is not `ignore_index` is an error.
+    /// cross-entropy without gathering the logits. A label outside the
+    /// whole vocabulary (`vocab`, else `c * parts`) that is not
+    /// `ignore_index` is an error; the columns past it (padding) count in
+    /// neither the maximum nor the sum.
     TpLogitStats {
         ignore_index: Option<i64>,
         parts: u32,
+        /// The whole vocabulary when the members' parts are padded
+        /// (`fsdpc_ir::TpSlice`): the classes past it are padding (absent:
+        /// `parts` times this member's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<usize>,
     },
 
     // ---- gradient kernels (produced by autodiff) ----
@@ -242,12 +254,22 @@ pub enum Op {
     TpLookupGrad {
         parts: u32,
         table_shape: Vec<usize>,
+        /// The whole vocabulary when the members' parts are padded
+        /// (`fsdpc_ir::TpSlice`): the rows past it are padding (absent:
+        /// `parts` times this member's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<usize>,
     },
     /// `(logits, labels, offset, stats, dstats) -> dlogits` of
-    /// `TpLogitStats`.
+    /// `TpLogitStats`; zero at the padding columns.
     TpLogitStatsGrad {
         ignore_index: Option<i64>,
         parts: u32,
+        /// The whole vocabulary when the members' parts are padded
+        /// (`fsdpc_ir::TpSlice`): the classes past it are padding (absent:
+        /// `parts` times this member's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<usize>,
     },
     /// `dy -> dx` of a `Slice`: scatter into zeros of `input_shape`.
     SliceGrad {

@@ -653,61 +653,76 @@ fn cross_entropy_and_its_gradient_match_the_cpu() {
 }
 
 /// Vocabulary parallelism's lookup and logit statistics on a member's
-/// part (the second of two), with their gradients; an index outside the
-/// whole vocabulary is a device fault.
+/// part (the second of two), with their gradients, on a vocabulary of 10
+/// and on one of 9 padded to two parts of 5 (the member's last row and
+/// column padding); an index outside the whole vocabulary is a device
+/// fault.
 #[test]
 fn vocabulary_parallel_kernels_match_the_cpu() {
     let Some(dev) = gpu() else { return };
-    let idx = ints(&[2, 3], &[4, 0, -1, 7, 9, 5]);
     let offset = ints(&[1, 1], &[5]);
-    let labels = ints(&[6], &[3, 7, 9, -100, 6, 5]);
-    for dt in [DType::F32, DType::Bf16] {
-        let table = rand(dt, &[5, 6], 130, -1.0, 1.0);
-        check(
-            &dev,
-            Op::TpLookup { parts: 2 },
-            &[table, idx.clone(), offset.clone()],
-            &[ty(dt, &[2, 3, 6])],
-        );
-        check(
-            &dev,
-            Op::TpLookupGrad {
-                parts: 2,
-                table_shape: vec![5, 6],
-            },
-            &[
-                idx.clone(),
-                offset.clone(),
-                rand(dt, &[2, 3, 6], 131, -1.0, 1.0),
-            ],
-            &[ty(dt, &[5, 6])],
-        );
-        let logits = rand(dt, &[6, 5], 132, -3.0, 3.0);
-        let stats = Op::TpLogitStats {
-            ignore_index: Some(-100),
-            parts: 2,
-        };
-        let ins = [logits.clone(), labels.clone(), offset.clone()];
-        check(&dev, stats.clone(), &ins, &[ty(DType::F32, &[1, 6, 3])]);
-        let n = node(stats, &[ty(DType::F32, &[1, 6, 3])]);
-        let st = cpu(&n, &ins, &KernelCtx::default()).expect("the CPU kernel runs");
-        check(
-            &dev,
-            Op::TpLogitStatsGrad {
+    for (vocab, idx, labels) in [
+        (None, [4, 0, -1, 7, 9, 5], [3, 7, 9, -100, 6, 5]),
+        (Some(9), [4, 0, -1, 7, 8, 5], [3, 7, 8, -100, 6, 5]),
+    ] {
+        let (idx, labels) = (ints(&[2, 3], &idx), ints(&[6], &labels));
+        for dt in [DType::F32, DType::Bf16] {
+            let table = rand(dt, &[5, 6], 130, -1.0, 1.0);
+            check(
+                &dev,
+                Op::TpLookup { parts: 2, vocab },
+                &[table, idx.clone(), offset.clone()],
+                &[ty(dt, &[2, 3, 6])],
+            );
+            check(
+                &dev,
+                Op::TpLookupGrad {
+                    parts: 2,
+                    table_shape: vec![5, 6],
+                    vocab,
+                },
+                &[
+                    idx.clone(),
+                    offset.clone(),
+                    rand(dt, &[2, 3, 6], 131, -1.0, 1.0),
+                ],
+                &[ty(dt, &[5, 6])],
+            );
+            let logits = rand(dt, &[6, 5], 132, -3.0, 3.0);
+            let stats = Op::TpLogitStats {
                 ignore_index: Some(-100),
                 parts: 2,
-            },
-            &[
-                logits,
-                labels.clone(),
-                offset.clone(),
-                st[0].clone(),
-                rand(DType::F32, &[1, 6, 3], 133, -1.0, 1.0),
-            ],
-            &[ty(dt, &[6, 5])],
-        );
+                vocab,
+            };
+            let ins = [logits.clone(), labels.clone(), offset.clone()];
+            check(&dev, stats.clone(), &ins, &[ty(DType::F32, &[1, 6, 3])]);
+            let n = node(stats, &[ty(DType::F32, &[1, 6, 3])]);
+            let st = cpu(&n, &ins, &KernelCtx::default()).expect("the CPU kernel runs");
+            check(
+                &dev,
+                Op::TpLogitStatsGrad {
+                    ignore_index: Some(-100),
+                    parts: 2,
+                    vocab,
+                },
+                &[
+                    logits,
+                    labels.clone(),
+                    offset.clone(),
+                    st[0].clone(),
+                    rand(DType::F32, &[1, 6, 3], 133, -1.0, 1.0),
+                ],
+                &[ty(dt, &[6, 5])],
+            );
+        }
     }
-    let n = node(Op::TpLookup { parts: 2 }, &[ty(DType::F32, &[1, 6])]);
+    let n = node(
+        Op::TpLookup {
+            parts: 2,
+            vocab: None,
+        },
+        &[ty(DType::F32, &[1, 6])],
+    );
     let e = run_node(
         &dev,
         &n,

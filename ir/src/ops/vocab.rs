@@ -17,6 +17,12 @@
 //!   chain rule through the three: `dstats[1] * exp(x - m)` everywhere,
 //!   `dstats[2]` at the label's column, and `dstats[0] - dstats[1] *
 //!   stats[1]` at the row's first maximum.
+//!
+//! A vocabulary `parts` does not divide is padded (`crate::TpSlice`): each
+//! member holds `ceil(vocab / parts)` rows or columns, the last ones past
+//! the whole `vocab` zeros. The ops carry `vocab`: no index or label
+//! reaches the padding, the statistics leave its columns out, and their
+//! gradient is zero there, so the padding stays zero through training.
 
 use super::check::{arity, float, int, rank};
 use super::gather::gather_type;
@@ -37,6 +43,22 @@ fn offset(t: &TensorType) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a padded vocabulary against the `local` rows or columns of each
+/// of `parts` members.
+fn padded(vocab: Option<usize>, local: usize, parts: u32) -> Result<(), String> {
+    match vocab {
+        Some(v) if v == 0 || v > local * parts as usize => Err(format!(
+            "a vocabulary of {v} does not fit {parts} parts of {local}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The classes (last axis) of a member's logits.
+fn columns(logits: &TensorType) -> usize {
+    logits.shape.dims().last().copied().unwrap_or(0)
+}
+
 /// The statistics of `TpLogitStats` on logits of `rows` rows.
 fn stats_type(rows: usize) -> TensorType {
     TensorType::new(DType::F32, vec![1, rows, 3])
@@ -45,13 +67,20 @@ fn stats_type(rows: usize) -> TensorType {
 impl Family for Vocab {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>, String> {
         match op {
-            Op::TpLookup { .. } => {
+            Op::TpLookup { parts, vocab } => {
                 arity(inputs, 3, "table, indices, offset")?;
                 offset(inputs[2])?;
+                let rows = inputs[0].shape.dims().first().copied().unwrap_or(0);
+                padded(*vocab, rows, *parts)?;
                 Ok(vec![gather_type(inputs[0], inputs[1], 0)?])
             }
-            Op::TpLookupGrad { table_shape, .. } => {
+            Op::TpLookupGrad {
+                table_shape,
+                parts,
+                vocab,
+            } => {
                 arity(inputs, 3, "indices, offset, dy")?;
+                padded(*vocab, table_shape.first().copied().unwrap_or(0), *parts)?;
                 int(inputs[0], "indices")?;
                 offset(inputs[1])?;
                 float(inputs[2], "dy")?;
@@ -65,15 +94,17 @@ impl Family for Vocab {
                 }
                 Ok(vec![table])
             }
-            Op::TpLogitStats { .. } => {
+            Op::TpLogitStats { parts, vocab, .. } => {
                 arity(inputs, 3, "logits, labels, offset")?;
                 super::loss::check_logits_labels(inputs[0], inputs[1])?;
+                padded(*vocab, columns(inputs[0]), *parts)?;
                 offset(inputs[2])?;
                 Ok(vec![stats_type(inputs[0].shape.dims()[0])])
             }
-            Op::TpLogitStatsGrad { .. } => {
+            Op::TpLogitStatsGrad { parts, vocab, .. } => {
                 arity(inputs, 5, "logits, labels, offset, stats, dstats")?;
                 super::loss::check_logits_labels(inputs[0], inputs[1])?;
+                padded(*vocab, columns(inputs[0]), *parts)?;
                 offset(inputs[2])?;
                 let want = stats_type(inputs[0].shape.dims()[0]);
                 for (t, what) in [(inputs[3], "stats"), (inputs[4], "dstats")] {
@@ -90,21 +121,28 @@ impl Family for Vocab {
 
     fn vjp(&self, op: &Op, cx: &mut VjpCtx<'_>) -> Result<Vec<Option<ValueId>>, String> {
         match *op {
-            Op::TpLookup { parts } => {
+            Op::TpLookup { parts, vocab } => {
                 let table_shape = cx.shape(cx.x(0)?)?;
                 let ins = [cx.x(1)?, cx.x(2)?, cx.dy()];
-                let g = cx.emit(Op::TpLookupGrad { parts, table_shape }, &ins)?;
+                let op = Op::TpLookupGrad {
+                    parts,
+                    table_shape,
+                    vocab,
+                };
+                let g = cx.emit(op, &ins)?;
                 Ok(vec![Some(g), None, None])
             }
             Op::TpLogitStats {
                 ignore_index,
                 parts,
+                vocab,
             } => {
                 let ins = [cx.x(0)?, cx.x(1)?, cx.x(2)?, cx.y(), cx.dy()];
                 let g = cx.emit(
                     Op::TpLogitStatsGrad {
                         ignore_index,
                         parts,
+                        vocab,
                     },
                     &ins,
                 )?;

@@ -306,7 +306,7 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
         let off = offset(g, local, n)?;
         let (name, module) = (g.node(n).name.clone(), g.node(n).module);
         let part = g.add1(
-            Op::TpLookup { parts },
+            Op::TpLookup { parts, vocab: None },
             &[ins[0], ins[1], off],
             name.clone(),
             module,
@@ -380,6 +380,7 @@ fn combine(g: &mut Graph, ce: NodeId, off: ValueId, parts: u32) -> Result<ValueI
         Op::TpLogitStats {
             ignore_index,
             parts,
+            vocab: None,
         },
         &[logits, labels, off],
         "stats",

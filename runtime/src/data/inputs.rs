@@ -115,19 +115,36 @@ fn bound(graph: &Graph, user: NodeId, op: &Op, slot: u32) -> Option<i64> {
         (Op::Gather { axis }, 1) => dim(0, Some(*axis)),
         (Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. }, 1) => dim(0, None),
         // A vocabulary split over `parts` members: the whole table's rows,
-        // the whole logits' classes.
-        (Op::TpLookup { parts }, 1) => dim(0, Some(0)).map(|d| d * i64::from(*parts)),
-        (Op::TpLogitStats { parts, .. } | Op::TpLogitStatsGrad { parts, .. }, 1) => {
-            dim(0, None).map(|d| d * i64::from(*parts))
+        // the whole logits' classes (without a padded vocabulary's padding).
+        (Op::TpLookup { parts, vocab }, 1) => split(dim(0, Some(0)), *parts, *vocab),
+        (Op::TpLogitStats { parts, vocab, .. } | Op::TpLogitStatsGrad { parts, vocab, .. }, 1) => {
+            split(dim(0, None), *parts, *vocab)
         }
-        (Op::TpLookupGrad { table_shape, parts }, 0) => table_shape
-            .first()
-            .and_then(|&d| i64::try_from(d).ok())
-            .map(|d| d * i64::from(*parts)),
+        (
+            Op::TpLookupGrad {
+                table_shape,
+                parts,
+                vocab,
+            },
+            0,
+        ) => split(
+            table_shape.first().and_then(|&d| i64::try_from(d).ok()),
+            *parts,
+            *vocab,
+        ),
         (Op::GatherGrad { axis, data_shape }, 0) => {
             data_shape.get(*axis).and_then(|&d| i64::try_from(d).ok())
         }
         _ => None,
+    }
+}
+
+/// The whole vocabulary of a split of `parts` members holding `local`
+/// rows or columns each: `vocab` when the parts are padded.
+fn split(local: Option<i64>, parts: u32, vocab: Option<usize>) -> Option<i64> {
+    match vocab {
+        Some(v) => i64::try_from(v).ok(),
+        None => local.map(|d| d * i64::from(parts)),
     }
 }
 

@@ -191,17 +191,24 @@ fn launch(m: &mut Mem, l: &Launch) {
             let (x, labels, off) = (ptr(&a[0]), ptr(&a[2]), m.i64(ptr(&a[4]), 0));
             let bwd = l.kernel == "vocab_stats_bwd";
             let k = if bwd { 10 } else { 6 };
-            let (rows, c, has_ignore, ignore) =
-                (int(&a[k]), int(&a[k + 1]), int(&a[k + 3]), int(&a[k + 4]));
+            let (rows, c, whole, has_ignore, ignore) = (
+                int(&a[k]),
+                int(&a[k + 1]),
+                int(&a[k + 2]),
+                int(&a[k + 3]),
+                int(&a[k + 4]),
+            );
+            // A padded vocabulary's columns past `whole` are left out.
+            let held = (whole - off).clamp(0, c);
             for r in 0..rows {
-                let row: Vec<f32> = (0..c).map(|j| m.f32(x, r * c + j)).collect();
+                let row: Vec<f32> = (0..held).map(|j| m.f32(x, r * c + j)).collect();
                 let l = m.i64(labels, r);
                 let t = if has_ignore != 0 && l == ignore {
                     -1
                 } else {
                     l - off
                 };
-                let t = if (0..c).contains(&t) { t } else { -1 };
+                let t = if (0..held).contains(&t) { t } else { -1 };
                 if bwd {
                     let (st, ds, dx) = (ptr(&a[6]), ptr(&a[7]), ptr(&a[8]));
                     let (mx, sum) = (m.f32(st, 3 * r), m.f32(st, 3 * r + 1));
@@ -218,6 +225,9 @@ fn launch(m: &mut Mem, l: &Launch) {
                             g += dt;
                         }
                         m.set_f32(dx, r * c + j, g);
+                    }
+                    for j in held..c {
+                        m.set_f32(dx, r * c + j, 0.0);
                     }
                 } else {
                     let y = ptr(&a[11]);
@@ -919,50 +929,81 @@ fn matrix_products_map_onto_cublas_column_major_calls() {
 }
 
 /// Vocabulary parallelism's lookups and logit statistics, with their
-/// gradients: the lowering's arguments against the CPU kernels.
+/// gradients: the lowering's arguments against the CPU kernels, on a
+/// vocabulary of 8 split in two and on one of 7 padded to two parts of 4
+/// (member 1's last column padding, left out of the statistics).
 #[test]
 fn vocabulary_parallel_kernels_lower_to_the_cpus_results() {
     let ints = |shape: &[usize], v: &[i64]| HostTensor::from_i64(shape, v).unwrap();
-    let idx = ints(&[5], &[0, 7, 3, -1, 4]);
-    for member in 0..2i64 {
-        let off = ints(&[1, 1], &[4 * member]);
-        same(
-            Op::TpLookup { parts: 2 },
-            &[t(&[4, 3], 21), idx.clone(), off.clone()],
-            &[ty(&[5, 3])],
-        );
-        same(
-            Op::TpLookupGrad {
-                parts: 2,
-                table_shape: vec![4, 3],
-            },
-            &[idx.clone(), off.clone(), t(&[5, 3], 22)],
-            &[ty(&[4, 3])],
-        );
-        let labels = ints(&[5], &[0, 7, -100, 3, 5]);
-        let op = Op::TpLogitStats {
-            ignore_index: Some(-100),
-            parts: 2,
-        };
-        let logits = t(&[5, 4], 23);
-        let (stats, _) = both(
-            op.clone(),
-            &[logits.clone(), labels.clone(), off.clone()],
-            &[ty(&[1, 5, 3])],
-        );
-        same(
-            op,
-            &[logits.clone(), labels.clone(), off.clone()],
-            &[ty(&[1, 5, 3])],
-        );
-        let stats = HostTensor::from_f32(&[1, 5, 3], &stats[0]).unwrap();
-        same(
-            Op::TpLogitStatsGrad {
+    for (vocab, idx, labels) in [
+        (None, [0, 7, 3, -1, 4], [0, 7, -100, 3, 5]),
+        (Some(7), [0, 6, 3, -1, 4], [0, 6, -100, 3, 5]),
+    ] {
+        let idx = ints(&[5], &idx);
+        let labels = ints(&[5], &labels);
+        for member in 0..2i64 {
+            let off = ints(&[1, 1], &[4 * member]);
+            same(
+                Op::TpLookup { parts: 2, vocab },
+                &[t(&[4, 3], 21), idx.clone(), off.clone()],
+                &[ty(&[5, 3])],
+            );
+            same(
+                Op::TpLookupGrad {
+                    parts: 2,
+                    table_shape: vec![4, 3],
+                    vocab,
+                },
+                &[idx.clone(), off.clone(), t(&[5, 3], 22)],
+                &[ty(&[4, 3])],
+            );
+            let op = Op::TpLogitStats {
                 ignore_index: Some(-100),
                 parts: 2,
-            },
-            &[logits, labels, off, stats, t(&[1, 5, 3], 24)],
-            &[ty(&[5, 4])],
-        );
+                vocab,
+            };
+            let logits = t(&[5, 4], 23);
+            let (stats, _) = both(
+                op.clone(),
+                &[logits.clone(), labels.clone(), off.clone()],
+                &[ty(&[1, 5, 3])],
+            );
+            same(
+                op,
+                &[logits.clone(), labels.clone(), off.clone()],
+                &[ty(&[1, 5, 3])],
+            );
+            let stats = HostTensor::from_f32(&[1, 5, 3], &stats[0]).unwrap();
+            let (dx, _) = both(
+                Op::TpLogitStatsGrad {
+                    ignore_index: Some(-100),
+                    parts: 2,
+                    vocab,
+                },
+                &[
+                    logits.clone(),
+                    labels.clone(),
+                    off.clone(),
+                    stats.clone(),
+                    t(&[1, 5, 3], 24),
+                ],
+                &[ty(&[5, 4])],
+            );
+            if vocab.is_some() && member == 1 {
+                assert!(
+                    dx[0].chunks(4).all(|row| row[3] == 0.0),
+                    "padding's gradient"
+                );
+            }
+            same(
+                Op::TpLogitStatsGrad {
+                    ignore_index: Some(-100),
+                    parts: 2,
+                    vocab,
+                },
+                &[logits, labels.clone(), off, stats, t(&[1, 5, 3], 24)],
+                &[ty(&[5, 4])],
+            );
+        }
     }
 }

@@ -204,19 +204,22 @@ proptest! {
     }
 
     #[test]
-    fn tp_lookup(rows in 1usize..4, cols in 1usize..4, n in 1usize..5, member in 0i64..2, seed in 0u64..1000) {
+    fn tp_lookup(rows in 1usize..4, cols in 1usize..4, n in 1usize..5, member in 0i64..2, padded: bool, seed in 0u64..1000) {
         let mut c = Case::new(seed);
         let table = c.rand_param(&[rows, cols]);
-        let idx: Vec<i64> = (0..n).map(|_| c.rng.below(2 * rows as u64)).collect();
+        // Padded: member 1's last row is padding, never looked up.
+        let vocab = padded.then_some(2 * rows - 1);
+        let whole = vocab.unwrap_or(2 * rows) as u64;
+        let idx: Vec<i64> = (0..n).map(|_| c.rng.below(whole)).collect();
         let i = c.ints("idx", &[n], idx);
         let off = c.ints("offset", &[1, 1], vec![member * rows as i64]);
-        let y = c.op(Op::TpLookup { parts: 2 }, &[table, i, off]);
+        let y = c.op(Op::TpLookup { parts: 2, vocab }, &[table, i, off]);
         let r = c.check(y);
         prop_assert!(r.is_ok(), "{:?}", r);
     }
 
     #[test]
-    fn tp_logit_stats(n in 1usize..5, classes in 2usize..5, member in 0i64..2, ignore_some: bool, seed in 0u64..1000) {
+    fn tp_logit_stats(n in 1usize..5, classes in 2usize..5, member in 0i64..2, ignore_some: bool, padded: bool, seed in 0u64..1000) {
         let mut c = Case::new(seed);
         // Distinct values 0.05 apart, so no finite-difference step moves a
         // row's maximum (the statistics' first column).
@@ -226,13 +229,17 @@ proptest! {
             vals.swap(i, c.rng.below(i as u64 + 1) as usize);
         }
         let logits = c.param(&[n, classes], vals);
-        let mut labels: Vec<i64> = (0..n).map(|_| c.rng.below(2 * classes as u64)).collect();
+        // Padded: member 1's last column is padding, in no statistic and
+        // with a zero gradient (the finite differences see it so too).
+        let vocab = padded.then_some(2 * classes - 1);
+        let whole = vocab.unwrap_or(2 * classes) as u64;
+        let mut labels: Vec<i64> = (0..n).map(|_| c.rng.below(whole)).collect();
         if ignore_some && n > 1 {
             labels[0] = -100;
         }
         let l = c.ints("labels", &[n], labels);
         let off = c.ints("offset", &[1, 1], vec![member * classes as i64]);
-        let y = c.op(Op::TpLogitStats { ignore_index: Some(-100), parts: 2 }, &[logits, l, off]);
+        let y = c.op(Op::TpLogitStats { ignore_index: Some(-100), parts: 2, vocab }, &[logits, l, off]);
         let r = c.check(y);
         prop_assert!(r.is_ok(), "{:?}", r);
     }
@@ -273,72 +280,89 @@ proptest! {
 }
 
 /// The members' logit statistics, combined, are the whole logits'
-/// cross-entropy, and a label outside the whole vocabulary is an error.
+/// cross-entropy, on a vocabulary the members divide and on one they do
+/// not (padded: the padding columns hold large values that would change
+/// every statistic if they counted), and a label outside the whole
+/// vocabulary is an error.
 #[test]
 fn split_logit_statistics_combine_into_the_cross_entropy() {
     use crate::support::run_cpu;
     use fsdpc_ir::{DType, TensorType};
     use fsdpc_runtime::HostTensor;
-    let (n, c, parts) = (5usize, 6usize, 3usize);
-    let x: Vec<f32> = (0..n * c)
-        .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7)
-        .collect();
-    let labels = vec![0i64, 5, -100, 3, 2];
-    let lab = HostTensor::from_i64(&[n], &labels).unwrap();
-    let whole = HostTensor::from_f32(&[n, c], &x).unwrap();
-    let ce = Op::CrossEntropy {
-        ignore_index: Some(-100),
-    };
-    let want = run_cpu(
-        ce,
-        &[whole, lab.clone()],
-        &[TensorType::new(DType::F32, vec![])],
-    )
-    .unwrap()[0]
-        .to_f32()[0];
-    let local = c / parts;
-    let stats: Vec<Vec<f32>> = (0..parts)
-        .map(|k| {
-            let part: Vec<f32> = (0..n)
-                .flat_map(|r| x[r * c + k * local..r * c + (k + 1) * local].to_vec())
-                .collect();
-            let ins = [
-                HostTensor::from_f32(&[n, local], &part).unwrap(),
-                lab.clone(),
-                HostTensor::from_i64(&[1, 1], &[(k * local) as i64]).unwrap(),
-            ];
-            let op = Op::TpLogitStats {
-                ignore_index: Some(-100),
-                parts: parts as u32,
-            };
-            run_cpu(op, &ins, &[TensorType::new(DType::F32, vec![1, n, 3])]).unwrap()[0].to_f32()
-        })
-        .collect();
-    let (mut sum, mut count) = (0f64, 0);
-    for (r, &l) in labels.iter().enumerate() {
-        if l == -100 {
-            continue;
+    let (n, parts) = (5usize, 3usize);
+    for c in [6usize, 7] {
+        let x: Vec<f32> = (0..n * c)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7)
+            .collect();
+        let labels = vec![0i64, 5, -100, 3, c as i64 - 1];
+        let lab = HostTensor::from_i64(&[n], &labels).unwrap();
+        let whole = HostTensor::from_f32(&[n, c], &x).unwrap();
+        let ce = Op::CrossEntropy {
+            ignore_index: Some(-100),
+        };
+        let want = run_cpu(
+            ce,
+            &[whole, lab.clone()],
+            &[TensorType::new(DType::F32, vec![])],
+        )
+        .unwrap()[0]
+            .to_f32()[0];
+        let local = c.div_ceil(parts);
+        let vocab = (!c.is_multiple_of(parts)).then_some(c);
+        let stats: Vec<Vec<f32>> = (0..parts)
+            .map(|k| {
+                let x = &x;
+                let part: Vec<f32> = (0..n)
+                    .flat_map(|r| {
+                        (k * local..(k + 1) * local)
+                            .map(move |j| if j < c { x[r * c + j] } else { 50.0 })
+                    })
+                    .collect();
+                let ins = [
+                    HostTensor::from_f32(&[n, local], &part).unwrap(),
+                    lab.clone(),
+                    HostTensor::from_i64(&[1, 1], &[(k * local) as i64]).unwrap(),
+                ];
+                let op = Op::TpLogitStats {
+                    ignore_index: Some(-100),
+                    parts: parts as u32,
+                    vocab,
+                };
+                run_cpu(op, &ins, &[TensorType::new(DType::F32, vec![1, n, 3])]).unwrap()[0]
+                    .to_f32()
+            })
+            .collect();
+        let (mut sum, mut count) = (0f64, 0);
+        for (r, &l) in labels.iter().enumerate() {
+            if l == -100 {
+                continue;
+            }
+            let m = stats
+                .iter()
+                .map(|s| s[3 * r])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let total: f32 = stats
+                .iter()
+                .map(|s| s[3 * r + 1] * (s[3 * r] - m).exp())
+                .sum();
+            let target: f32 = stats.iter().map(|s| s[3 * r + 2]).sum();
+            sum += f64::from(total.ln() + m - target);
+            count += 1;
         }
-        let m = stats
-            .iter()
-            .map(|s| s[3 * r])
-            .fold(f32::NEG_INFINITY, f32::max);
-        let total: f32 = stats
-            .iter()
-            .map(|s| s[3 * r + 1] * (s[3 * r] - m).exp())
-            .sum();
-        let target: f32 = stats.iter().map(|s| s[3 * r + 2]).sum();
-        sum += f64::from(total.ln() + m - target);
-        count += 1;
+        let got = (sum / f64::from(count)) as f32;
+        assert!(
+            (got - want).abs() <= 1e-6 * want.abs(),
+            "{c} classes: {got} vs {want}"
+        );
     }
-    let got = (sum / f64::from(count)) as f32;
-    assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} vs {want}");
-    // A label of 18 is outside 3 members' 6 columns.
+    // A label of 18 is outside 3 members' 6 columns; one of 7 outside a
+    // vocabulary of 7 padded to 3 parts of 3.
     let bad = HostTensor::from_i64(&[1], &[18]).unwrap();
     let e = run_cpu(
         Op::TpLogitStats {
             ignore_index: None,
             parts: 3,
+            vocab: None,
         },
         &[
             HostTensor::from_f32(&[1, 2], &[0.0, 1.0]).unwrap(),
@@ -349,4 +373,20 @@ fn split_logit_statistics_combine_into_the_cross_entropy() {
     )
     .unwrap_err();
     assert!(e.contains("label 18 out of range for 6 classes"), "{e}");
+    let bad = HostTensor::from_i64(&[1], &[7]).unwrap();
+    let e = run_cpu(
+        Op::TpLogitStats {
+            ignore_index: None,
+            parts: 3,
+            vocab: Some(7),
+        },
+        &[
+            HostTensor::from_f32(&[1, 3], &[0.0, 1.0, 2.0]).unwrap(),
+            bad,
+            HostTensor::from_i64(&[1, 1], &[6]).unwrap(),
+        ],
+        &[TensorType::new(DType::F32, vec![1, 1, 3])],
+    )
+    .unwrap_err();
+    assert!(e.contains("label 7 out of range for 7 classes"), "{e}");
 }

@@ -249,11 +249,19 @@ fn dispatch_structured(
         Op::TpLogitStats {
             ignore_index,
             parts,
-        } => vocab::logit_stats(*ignore_index, *parts, ins(xs)?, out1(ys)?),
+            vocab,
+        } => {
+            let v = vocab::Split::new(*parts, *vocab);
+            vocab::logit_stats(*ignore_index, v, ins(xs)?, out1(ys)?)
+        }
         Op::TpLogitStatsGrad {
             ignore_index,
             parts,
-        } => vocab::logit_stats_grad(*ignore_index, *parts, ins(xs)?, out1(ys)?),
+            vocab,
+        } => {
+            let v = vocab::Split::new(*parts, *vocab);
+            vocab::logit_stats_grad(*ignore_index, v, ins(xs)?, out1(ys)?)
+        }
         Op::Reduce { f, axes, .. } => reduce::reduce(*f, axes, ins::<1>(xs)?[0], out1(ys)?),
         Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, ins(xs)?, out1(ys)?, ws),
         Op::SumTo { .. } => reduce::sum_to(ins::<1>(xs)?[0], out1(ys)?),
@@ -272,8 +280,12 @@ fn dispatch_shape(op: &Op, xs: &[TensorRef], ys: &mut [TensorMut]) -> KResult<()
             let [idx, dy] = ins(xs)?;
             gather::gather_grad(*axis, idx, dy, out1(ys)?)
         }
-        Op::TpLookup { parts } => vocab::lookup(*parts, ins(xs)?, out1(ys)?),
-        Op::TpLookupGrad { parts, .. } => vocab::lookup_grad(*parts, ins(xs)?, out1(ys)?),
+        Op::TpLookup { parts, vocab } => {
+            vocab::lookup(vocab::Split::new(*parts, *vocab), ins(xs)?, out1(ys)?)
+        }
+        Op::TpLookupGrad { parts, vocab, .. } => {
+            vocab::lookup_grad(vocab::Split::new(*parts, *vocab), ins(xs)?, out1(ys)?)
+        }
         Op::Reshape { .. } => shape::reshape(ins::<1>(xs)?[0], out1(ys)?),
         Op::Transpose { perm } => shape::transpose(perm, ins::<1>(xs)?[0], out1(ys)?),
         &Op::Slice {

@@ -1,11 +1,39 @@
 //! Vocabulary parallelism's kernels (`fsdpc_ir::Op::TpLookup`,
 //! `TpLogitStats` and their gradients): the embedding lookup and the
 //! logits' per-row statistics over the rows or columns of the whole
-//! vocabulary this member holds, from `offset`.
+//! vocabulary this member holds, from `offset`. A padded vocabulary's
+//! rows or columns past the whole one (`Split::vocab`) are never read as
+//! a row, count in no statistic and get a zero gradient.
 
 use super::simd;
 use crate::error::KResult;
 use crate::tensor::{TensorMut, TensorRef};
+
+/// How the vocabulary is split: over `parts` members, `vocab` classes in
+/// all when the parts are padded.
+#[derive(Copy, Clone, Debug)]
+pub struct Split {
+    parts: u32,
+    vocab: Option<usize>,
+}
+
+impl Split {
+    /// A split over `parts` members of a vocabulary of `vocab` when padded.
+    pub fn new(parts: u32, vocab: Option<usize>) -> Split {
+        Split { parts, vocab }
+    }
+
+    /// The whole vocabulary, from a member's `n` rows or columns.
+    fn whole(self, n: usize) -> i64 {
+        self.vocab.unwrap_or(n * self.parts as usize) as i64
+    }
+
+    /// How many of a member's `n` columns from `off` are the whole
+    /// vocabulary's (the rest are padding).
+    fn held(self, n: usize, off: i64) -> usize {
+        (self.whole(n) - off).clamp(0, n as i64) as usize
+    }
+}
 
 /// This member's offset into the whole vocabulary.
 fn offset_of(offset: &TensorRef) -> KResult<i64> {
@@ -29,12 +57,12 @@ fn local(i: i64, offset: i64, n: usize, whole: i64) -> KResult<Option<usize>> {
     Ok((0..n as i64).contains(&l).then_some(l as usize))
 }
 
-/// `TpLookup { parts }`: `(table, indices, offset)`.
-pub fn lookup(parts: u32, ins: [&TensorRef; 3], y: &mut TensorMut) -> KResult<()> {
+/// `TpLookup { parts, vocab }`: `(table, indices, offset)`.
+pub fn lookup(split: Split, ins: [&TensorRef; 3], y: &mut TensorMut) -> KResult<()> {
     let [table, indices, offset] = ins;
     let off = offset_of(offset)?;
     let n = table.dims().first().copied().unwrap_or(0);
-    let whole = (n * parts as usize) as i64;
+    let whole = split.whole(n);
     if table.dtype() != y.dtype() {
         crate::kbail!(
             "tp_lookup: table {} and output {} dtypes differ",
@@ -62,12 +90,12 @@ pub fn lookup(parts: u32, ins: [&TensorRef; 3], y: &mut TensorMut) -> KResult<()
     Ok(())
 }
 
-/// `TpLookupGrad { parts, .. }`: `(indices, offset, dy) -> d table`.
-pub fn lookup_grad(parts: u32, ins: [&TensorRef; 3], dx: &mut TensorMut) -> KResult<()> {
+/// `TpLookupGrad { parts, vocab, .. }`: `(indices, offset, dy) -> d table`.
+pub fn lookup_grad(split: Split, ins: [&TensorRef; 3], dx: &mut TensorMut) -> KResult<()> {
     let [indices, offset, dy] = ins;
     let off = offset_of(offset)?;
     let n = dx.dims().first().copied().unwrap_or(0);
-    let whole = (n * parts as usize) as i64;
+    let whole = split.whole(n);
     let idx = indices.ints()?;
     let (g, d) = (dy.f32()?, dx.f32_mut()?);
     let inner = d.len().checked_div(n).unwrap_or(0);
@@ -105,13 +133,13 @@ fn geometry(logits: &TensorRef, labels: &TensorRef) -> KResult<(usize, usize)> {
 
 /// The column of row label `l` in this member's `c` columns from `off`
 /// (`None`: ignored, or another member's), checked against the whole
-/// vocabulary of `c * parts` classes.
+/// vocabulary.
 #[inline]
-fn column(l: i64, ignore: Option<i64>, off: i64, c: usize, parts: u32) -> KResult<Option<usize>> {
+fn column(l: i64, ignore: Option<i64>, off: i64, c: usize, split: Split) -> KResult<Option<usize>> {
     if Some(l) == ignore {
         return Ok(None);
     }
-    let whole = (c * parts as usize) as i64;
+    let whole = split.whole(c);
     if l < 0 || l >= whole {
         crate::kbail!("cross_entropy: label {l} out of range for {whole} classes");
     }
@@ -119,11 +147,12 @@ fn column(l: i64, ignore: Option<i64>, off: i64, c: usize, parts: u32) -> KResul
     Ok((0..c as i64).contains(&j).then_some(j as usize))
 }
 
-/// `TpLogitStats { ignore_index, parts }`: `(logits, labels, offset) ->
-/// [1, n, 3]`.
+/// `TpLogitStats { ignore_index, parts, vocab }`: `(logits, labels,
+/// offset) -> [1, n, 3]`, over the columns held (a member holding none
+/// writes a maximum of -inf and a sum of 0).
 pub fn logit_stats(
     ignore: Option<i64>,
-    parts: u32,
+    split: Split,
     ins: [&TensorRef; 3],
     y: &mut TensorMut,
 ) -> KResult<()> {
@@ -138,20 +167,22 @@ pub fn logit_stats(
             y.ty
         );
     }
+    let held = split.held(c, off);
     for (r, (row, o)) in x.chunks_exact(c).zip(out.chunks_exact_mut(3)).enumerate() {
+        let row = &row[..held];
         let m = simd::max(row);
         o[0] = m;
         o[1] = simd::exp_sum(row, m, None);
-        o[2] = column(lab.get(r), ignore, off, c, parts)?.map_or(0.0, |j| row[j]);
+        o[2] = column(lab.get(r), ignore, off, c, split)?.map_or(0.0, |j| row[j]);
     }
     Ok(())
 }
 
-/// `TpLogitStatsGrad { ignore_index, parts }`: `(logits, labels, offset,
-/// stats, dstats) -> dlogits`.
+/// `TpLogitStatsGrad { ignore_index, parts, vocab }`: `(logits, labels,
+/// offset, stats, dstats) -> dlogits`, zero at the padding columns.
 pub fn logit_stats_grad(
     ignore: Option<i64>,
-    parts: u32,
+    split: Split,
     ins: [&TensorRef; 5],
     dx: &mut TensorMut,
 ) -> KResult<()> {
@@ -169,15 +200,18 @@ pub fn logit_stats_grad(
             logits.ty
         );
     }
+    let held = split.held(c, off);
     for (r, (row, gr)) in x.chunks_exact(c).zip(g.chunks_exact_mut(c)).enumerate() {
         let (m, s) = (st[3 * r], st[3 * r + 1]);
         let (dm, dsum, dt) = (ds[3 * r], ds[3 * r + 1], ds[3 * r + 2]);
+        gr[held..].fill(0.0);
+        let (row, gr) = (&row[..held], &mut gr[..held]);
         simd::exp_sum(row, m, Some(gr));
         simd::scale(gr, dsum);
         if let Some(j) = row.iter().position(|&v| v == m) {
             gr[j] += dm - dsum * s;
         }
-        if let Some(j) = column(lab.get(r), ignore, off, c, parts)? {
+        if let Some(j) = column(lab.get(r), ignore, off, c, split)? {
             gr[j] += dt;
         }
     }

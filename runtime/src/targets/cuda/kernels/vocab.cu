@@ -1,8 +1,9 @@
 // Vocabulary parallelism: the embedding lookup and the logits' per-row
 // statistics over the rows (columns) of the whole vocabulary this member
 // holds from `offset` (one integer on the device). An index or label
-// outside the whole vocabulary is reported through the error word.
-// Mirrors runtime/src/cpu/kernels/vocab.rs.
+// outside the whole vocabulary is reported through the error word. A
+// padded vocabulary's columns past `whole` count in no statistic and get a
+// zero gradient. Mirrors runtime/src/cpu/kernels/vocab.rs.
 
 // Row of whole index i in this member's n rows from off, or -1 (another
 // member's, or out of range: reported).
@@ -59,16 +60,25 @@ __device__ __forceinline__ i64 member_col(const void* labels, int ldt, i64 r, in
     return (l >= 0 && l < c) ? l : -1;
 }
 
-// stats[r] = (max m, sum(exp(x - m)), x[label] or 0), one block per row.
+// How many of this member's c columns from off are the whole vocabulary's
+// (the rest are padding).
+__device__ __forceinline__ i64 held_cols(i64 off, i64 c, i64 whole) {
+    i64 h = whole - off;
+    return h < 0 ? 0 : (h < c ? h : c);
+}
+
+// stats[r] = (max m, sum(exp(x - m)), x[label] or 0) over the columns
+// held, one block per row.
 extern "C" __global__ void vocab_stats(const void* logits, int xdt, const void* labels, int ldt,
                                        const void* offset, int odt, i64 rows, i64 c, i64 whole,
                                        int has_ignore, i64 ignore, float* stats, int* err) {
     __shared__ float sh[32];
     const i64 off = ldi(offset, odt, 0);
+    const i64 held = held_cols(off, c, whole);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const i64 base = r * c;
         float m, s;
-        row_max_sum_exp(logits, xdt, base, c, 1, sh, &m, &s);
+        row_max_sum_exp(logits, xdt, base, held, 1, sh, &m, &s);
         if (threadIdx.x == 0) {
             i64 t = member_col(labels, ldt, r, has_ignore, ignore, off, c, whole, err);
             stats[3 * r] = m;
@@ -79,7 +89,8 @@ extern "C" __global__ void vocab_stats(const void* logits, int xdt, const void* 
 }
 
 // dx = dstats[1] * exp(x - m), plus dstats[2] at the label's column and
-// dstats[0] - dstats[1] * s at the row's first maximum; one block per row.
+// dstats[0] - dstats[1] * s at the row's first maximum, 0 at the padding;
+// one block per row.
 extern "C" __global__ void vocab_stats_bwd(const void* logits, int xdt, const void* labels,
                                            int ldt, const void* offset, int odt,
                                            const float* stats, const float* dstats, void* dx,
@@ -87,17 +98,23 @@ extern "C" __global__ void vocab_stats_bwd(const void* logits, int xdt, const vo
                                            i64 ignore, int* err) {
     __shared__ float sh[32];
     const i64 off = ldi(offset, odt, 0);
+    const i64 held = held_cols(off, c, whole);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const i64 base = r * c;
         const float m = stats[3 * r], s = stats[3 * r + 1];
         const float dm = dstats[3 * r], ds = dstats[3 * r + 1], dt = dstats[3 * r + 2];
         // The first column holding the maximum (columns are below 2^24).
         float first = NEG_INF;
-        for (i64 j = threadIdx.x; j < c; j += blockDim.x)
+        for (i64 j = threadIdx.x; j < held; j += blockDim.x)
             if (ldf(logits, xdt, base + j) == m) first = fmaxf(first, -(float)j);
-        const i64 a = (i64)(-block_max(first, sh));
+        const float fa = -block_max(first, sh);
+        const i64 a = held > 0 ? (i64)fa : -1;  // none held: no maximum
         const i64 t = member_col(labels, ldt, r, has_ignore, ignore, off, c, whole, err);
         for (i64 j = threadIdx.x; j < c; j += blockDim.x) {
+            if (j >= held) {
+                stf(dx, dxdt, base + j, 0.0f);
+                continue;
+            }
             float v = ds * expf(ldf(logits, xdt, base + j) - m);
             if (j == a) v += dm - ds * s;
             if (j == t) v += dt;

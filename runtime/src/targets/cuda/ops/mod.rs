@@ -290,11 +290,19 @@ fn lower_structured(
         Op::TpLogitStats {
             ignore_index,
             parts,
-        } => vocab::stats(*ignore_index, *parts, xs, ys, &mut l.actions)?,
+            vocab,
+        } => {
+            let v = vocab::Split::new(*parts, *vocab);
+            vocab::stats(*ignore_index, v, xs, ys, &mut l.actions)?
+        }
         Op::TpLogitStatsGrad {
             ignore_index,
             parts,
-        } => vocab::stats_grad(*ignore_index, *parts, xs, ys, &mut l.actions)?,
+            vocab,
+        } => {
+            let v = vocab::Split::new(*parts, *vocab);
+            vocab::stats_grad(*ignore_index, v, xs, ys, &mut l.actions)?
+        }
         Op::Reduce { f, axes, .. } => reduce::reduce_axes(*f, axes, xs, ys, l)?,
         Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, xs, ys, l)?,
         Op::SumTo { .. } => reduce::sum_to(xs, ys, l)?,
@@ -315,8 +323,12 @@ fn lower_shape(
     match op {
         Op::Gather { axis } => gather::gather(*axis, xs, ys, a)?,
         Op::GatherGrad { axis, .. } => gather::gather_grad(*axis, xs, ys, ws, a)?,
-        Op::TpLookup { parts } => vocab::lookup(*parts, xs, ys, a)?,
-        Op::TpLookupGrad { parts, .. } => vocab::lookup_grad(*parts, xs, ys, ws, a)?,
+        Op::TpLookup { parts, vocab } => {
+            vocab::lookup(vocab::Split::new(*parts, *vocab), xs, ys, a)?
+        }
+        Op::TpLookupGrad { parts, vocab, .. } => {
+            vocab::lookup_grad(vocab::Split::new(*parts, *vocab), xs, ys, ws, a)?
+        }
         Op::Reshape { .. } => shape::reshape(xs, ys, a)?,
         Op::Transpose { perm } => shape::transpose(perm, xs, ys, a)?,
         &Op::Slice {

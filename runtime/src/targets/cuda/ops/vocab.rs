@@ -2,7 +2,9 @@
 //! gradients): the embedding lookup and the logits' statistics over this
 //! member's rows or columns of the whole vocabulary, from the `offset`
 //! operand. Indices and labels outside the whole vocabulary are reported
-//! through the stream's error word.
+//! through the stream's error word. A padded vocabulary passes its true
+//! size as `whole`: the kernels leave the columns past it out of the
+//! statistics and write them a zero gradient.
 
 use super::{ew, float, ins, n_arg, out1, rows_launch, same_count, same_dtype, Action, Operand, R};
 use crate::targets::cuda::device::{Arg, Ptr};
@@ -16,22 +18,41 @@ fn int(x: &Operand, what: &str) -> R<()> {
     }
 }
 
-/// `(rows, inner)` of a table, and its whole row count over `parts`.
-fn table(dims: &[usize], parts: u32) -> R<(u64, u64, u64)> {
+/// How the vocabulary is split: over `parts` members, `vocab` in all when
+/// the parts are padded.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct Split {
+    parts: u32,
+    vocab: Option<usize>,
+}
+
+impl Split {
+    pub(super) fn new(parts: u32, vocab: Option<usize>) -> Split {
+        Split { parts, vocab }
+    }
+
+    /// The whole vocabulary, from a member's `n` rows or columns.
+    fn whole(self, n: u64) -> u64 {
+        self.vocab.map_or(n * u64::from(self.parts), |v| v as u64)
+    }
+}
+
+/// `(rows, inner)` of a table, and the whole table's row count.
+fn table(dims: &[usize], split: Split) -> R<(u64, u64, u64)> {
     let (&n, rest) = dims
         .split_first()
         .ok_or_else(|| "a table of rank 0".to_string())?;
     let inner = rest.iter().map(|&d| d as u64).product::<u64>();
-    Ok((n as u64, inner, n as u64 * u64::from(parts)))
+    Ok((n as u64, inner, split.whole(n as u64)))
 }
 
-/// `TpLookup { parts }`: `(table, indices, offset)`.
-pub(super) fn lookup(parts: u32, xs: &[Operand], ys: &[Operand], a: &mut Vec<Action>) -> R<()> {
+/// `TpLookup { parts, vocab }`: `(table, indices, offset)`.
+pub(super) fn lookup(split: Split, xs: &[Operand], ys: &[Operand], a: &mut Vec<Action>) -> R<()> {
     let ([data, idx, off], y) = (ins::<3>(xs)?, out1(ys)?);
     let es = same_dtype(&data, &y)?;
     int(&idx, "indices")?;
     int(&off, "offset")?;
-    let (n, inner, whole) = table(data.dims(), parts)?;
+    let (n, inner, whole) = table(data.dims(), split)?;
     if y.numel() != idx.numel() * inner {
         return Err(format!(
             "tp_lookup: output {} does not match table {} and indices {}",
@@ -59,10 +80,10 @@ pub(super) fn lookup(parts: u32, xs: &[Operand], ys: &[Operand], a: &mut Vec<Act
     Ok(())
 }
 
-/// `TpLookupGrad { parts, .. }`: `(indices, offset, dy)`; `ws` is the
-/// instruction's workspace (an f32 accumulator for a half gradient).
+/// `TpLookupGrad { parts, vocab, .. }`: `(indices, offset, dy)`; `ws` is
+/// the instruction's workspace (an f32 accumulator for a half gradient).
 pub(super) fn lookup_grad(
-    parts: u32,
+    split: Split,
     xs: &[Operand],
     ys: &[Operand],
     ws: Option<(u64, u64)>,
@@ -72,7 +93,7 @@ pub(super) fn lookup_grad(
     int(&idx, "indices")?;
     int(&off, "offset")?;
     float(&dx)?;
-    let (n, inner, whole) = table(dx.dims(), parts)?;
+    let (n, inner, whole) = table(dx.dims(), split)?;
     if dy.numel() != idx.numel() * inner {
         return Err(format!(
             "tp_lookup_grad: dy {} does not match indices {}",
@@ -104,7 +125,7 @@ pub(super) fn lookup_grad(
 
 /// Rows, this member's columns and the whole vocabulary of `logits`
 /// against `labels`.
-fn geometry(logits: &Operand, labels: &Operand, parts: u32) -> R<(u64, u64, u64)> {
+fn geometry(logits: &Operand, labels: &Operand, split: Split) -> R<(u64, u64, u64)> {
     float(logits)?;
     int(labels, "labels")?;
     let c = logits.dims().last().copied().unwrap_or(0) as u64;
@@ -120,7 +141,7 @@ fn geometry(logits: &Operand, labels: &Operand, parts: u32) -> R<(u64, u64, u64)
             "tp_logit_stats: {c} columns per member exceed 2^24"
         ));
     }
-    Ok((labels.numel(), c, c * u64::from(parts)))
+    Ok((labels.numel(), c, split.whole(c)))
 }
 
 fn ignore_args(ignore: Option<i64>) -> [Arg; 2] {
@@ -137,17 +158,18 @@ fn f32_stats(s: &Operand, rows: u64, what: &str) -> R<()> {
     Ok(())
 }
 
-/// `TpLogitStats { ignore_index, parts }`: `(logits, labels, offset)`.
+/// `TpLogitStats { ignore_index, parts, vocab }`: `(logits, labels,
+/// offset)`.
 pub(super) fn stats(
     ignore: Option<i64>,
-    parts: u32,
+    split: Split,
     xs: &[Operand],
     ys: &[Operand],
     a: &mut Vec<Action>,
 ) -> R<()> {
     let ([logits, labels, off], y) = (ins::<3>(xs)?, out1(ys)?);
     int(&off, "offset")?;
-    let (rows, c, whole) = geometry(&logits, &labels, parts)?;
+    let (rows, c, whole) = geometry(&logits, &labels, split)?;
     f32_stats(&y, rows, "the statistics")?;
     let [hi, ig] = ignore_args(ignore);
     a.push(rows_launch(
@@ -172,18 +194,18 @@ pub(super) fn stats(
     Ok(())
 }
 
-/// `TpLogitStatsGrad { ignore_index, parts }`: `(logits, labels, offset,
-/// stats, dstats)`.
+/// `TpLogitStatsGrad { ignore_index, parts, vocab }`: `(logits, labels,
+/// offset, stats, dstats)`.
 pub(super) fn stats_grad(
     ignore: Option<i64>,
-    parts: u32,
+    split: Split,
     xs: &[Operand],
     ys: &[Operand],
     a: &mut Vec<Action>,
 ) -> R<()> {
     let ([logits, labels, off, st, ds], dx) = (ins::<5>(xs)?, out1(ys)?);
     int(&off, "offset")?;
-    let (rows, c, whole) = geometry(&logits, &labels, parts)?;
+    let (rows, c, whole) = geometry(&logits, &labels, split)?;
     f32_stats(&st, rows, "stats")?;
     f32_stats(&ds, rows, "dstats")?;
     same_count(&logits, &dx)?;
