@@ -324,14 +324,33 @@ pub struct TensorRecord {
     /// on every member.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicated: Vec<String>,
-    /// The vocabulary, when T does not divide it: the head and the
-    /// embedding are then whole on every member, and so are the logits.
+    /// The vocabulary, when it does not split over T even padded (a
+    /// member would hold none of it; plans before padding: when T does not
+    /// divide it): the head and the embedding are then whole on every
+    /// member, and so are the logits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocabulary_whole: Option<u64>,
+    /// A split vocabulary T does not divide, padded to a multiple of T
+    /// (absent: none is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary_padded: Option<VocabularyPadding>,
     /// With sequence parallelism: how the regions are left (absent: plain
     /// tensor parallelism).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<SequenceRecord>,
+}
+
+/// A vocabulary split over T members in parts of `ceil(vocabulary / T)`:
+/// each member's part holds its rows or columns of the whole, then zeros
+/// (`fsdpc_ir::TpSlice`). Checkpoints, exports and the trained parameters
+/// hold the whole `vocabulary`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VocabularyPadding {
+    /// The whole vocabulary (GPT-2's 50,257).
+    pub vocabulary: u64,
+    /// What the members' parts add up to: the smallest multiple of T at
+    /// least `vocabulary`.
+    pub padded: u64,
 }
 
 /// How sequence parallelism left the split regions.

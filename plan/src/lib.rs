@@ -39,7 +39,7 @@ pub use buffer::{Buffer, BufferKind, Location, Slot};
 pub use cluster::{Cluster, ClusterError, Hardware};
 pub use config::{
     AutoRecord, BackwardPrefetch, CheckpointPolicy, LossScaler, PlanConfig, ReshardAfterForward,
-    SequenceRecord, Settings, SharedParams, Strategy, TensorRecord, WrapPolicy,
+    SequenceRecord, Settings, SharedParams, Strategy, TensorRecord, VocabularyPadding, WrapPolicy,
 };
 pub use document::{ModelInfo, Plan, RewriteReport, RuleFired, SCHEMA};
 pub use error::{ConfigError, LoadError};

@@ -94,7 +94,8 @@ fn program_passes<'a>() -> [Pass<ProgramData<'a>>; 5] {
         Pass {
             name: "tensor",
             decides: "which layers split over the tensor group (column- and row-parallel \
-                      products, heads, the vocabulary of the embedding, head and loss), \
+                      products, heads, the vocabulary of the embedding, head and loss, \
+                      padded to a multiple of T), \
                       which activations between them are row chunks (sequence \
                       parallelism) and each member's part of the program",
             run: tensor,

@@ -155,10 +155,10 @@ pub(crate) fn plan_model(
     }
     if let Some(v) = plan.config.tensor.as_ref().and_then(|r| r.vocabulary_whole) {
         eprintln!(
-            "warning: the vocabulary of {v} does not split over --tensor-parallel {}: the \
-             embedding, the head and the logits are whole on every member (`inspect` says \
-             why); a vocabulary padded to a multiple of {} splits them",
-            cfg.tensor_parallel, cfg.tensor_parallel
+            "warning: the vocabulary of {v} does not split over --tensor-parallel {}, even \
+             padded: the embedding, the head and the logits are whole on every member \
+             (`inspect` says why)",
+            cfg.tensor_parallel
         );
     }
     Ok(plan)

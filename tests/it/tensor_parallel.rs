@@ -255,7 +255,7 @@ fn full_shard_and_no_shard_under_tensor_parallelism_agree_bit_for_bit() {
 }
 
 /// The regions found, the head and embedding split by vocabulary, and
-/// what stayed whole with why: a vocabulary T does not divide.
+/// what stayed whole with why: a vocabulary too small to split over T.
 #[test]
 fn the_plan_lists_what_split_and_what_stayed_replicated() {
     let blocks = [
@@ -270,6 +270,7 @@ fn the_plan_lists_what_split_and_what_stayed_replicated() {
     split.extend(["lm_head", "model.embed_tokens"]);
     assert_eq!(record.split, split);
     assert!(record.replicated.is_empty(), "{record:?}");
+    assert_eq!(record.vocabulary_padded, None);
     // Split parameters are a member's part; the others whole.
     let params = &plan.training.graph.params;
     let shape = |name: &str| {
@@ -286,31 +287,131 @@ fn the_plan_lists_what_split_and_what_stayed_replicated() {
         shape("model.layers.0.input_layernorm.weight"),
         (vec![32], false)
     );
-    // A vocabulary of 63 does not split over 2: the head and the
-    // embedding stay whole, each with why, and the blocks still split.
-    let odd = "llama:layers=2,hidden=32,heads=8,kv_heads=4,ffn=48,vocab=63,seq=8,batch=8";
-    let plan = plan_with(odd, 2, &cfg(2, Strategy::FullShard, None));
+    // A vocabulary of 5 over 4 members would be padded to parts of 2, the
+    // last holding none of it: the head and the embedding stay whole,
+    // each with why, and the blocks still split.
+    let tiny = "llama:layers=2,hidden=32,heads=8,kv_heads=4,ffn=48,vocab=5,seq=8,batch=8";
+    let plan = plan_with(tiny, 4, &cfg(4, Strategy::FullShard, None));
     let record = plan.config.tensor.as_ref().expect("a tensor record");
     assert_eq!(record.split, blocks);
-    assert_eq!(record.vocabulary_whole, Some(63));
+    assert_eq!(record.vocabulary_whole, Some(5));
+    assert_eq!(record.vocabulary_padded, None);
     assert_eq!(record.replicated.len(), 2, "{record:?}");
     assert!(
-        record.replicated[0].starts_with("lm_head: its vocabulary of 63"),
+        record.replicated[0].starts_with("lm_head: its vocabulary of 5 does not split"),
         "{record:?}"
     );
     assert!(
-        record.replicated[1].starts_with("model.embed_tokens: its 63 rows"),
+        record.replicated[1].starts_with("model.embed_tokens: its vocabulary of 5"),
         "{record:?}"
     );
     let (reference, r) = (
         train(
-            &plan_with(odd, 1, &cfg(1, Strategy::NoShard, None)),
+            &plan_with(tiny, 1, &cfg(1, Strategy::NoShard, None)),
             STEPS,
             ExecMode::Arena,
         ),
         train(&plan, STEPS, ExecMode::Arena),
     );
     assert!(max_loss_rel_diff(&reference, &r) <= LOSS_RTOL);
+}
+
+/// A vocabulary T does not divide (63, as GPT-2's 50,257) is split,
+/// padded to the smallest multiple of T: each member holds `ceil(63 / T)`
+/// rows of the embedding and the head, the last member's last ones padding
+/// no token reads and no logit counts. At T = 2 and 4 alone, and T = 2
+/// with F = 2, with and without sequence parallelism, the Llama (embedding
+/// and head apart) and the GPT (tied) train to one rank's losses and whole
+/// parameters, and measure no more than planned.
+#[test]
+fn a_vocabulary_t_does_not_divide_is_padded_and_trains_like_one_rank() {
+    let llama = |b: u32| {
+        format!("llama:layers=2,hidden=32,heads=8,kv_heads=4,ffn=48,vocab=63,seq=8,batch={b}")
+    };
+    let gpt = |b: u32| format!("gpt:layers=2,hidden=32,heads=4,seq=8,vocab=63,batch={b}");
+    // A family: its name, its spec by batch, its layers split by vocabulary.
+    type Family<'a> = (&'a str, &'a dyn Fn(u32) -> String, &'a [&'a str]);
+    let families: [Family; 2] = [
+        ("llama", &llama, &["lm_head", "model.embed_tokens"]),
+        ("gpt", &gpt, &["lm_head", "transformer.wte"]),
+    ];
+    for (name, spec, vocabulary) in families {
+        let (_, reference) = run(spec, 1, &cfg(1, Strategy::NoShard, None));
+        for (t, world, f) in [(2, 2, None), (4, 4, None), (2, 4, Some(2))] {
+            for sequence in [false, true] {
+                let mut c = cfg(t, Strategy::FullShard, f);
+                c.sequence_parallel = sequence;
+                let (plan, r) = run(spec, world, &c);
+                let what = format!("{name} vocab 63 T={t} world {world} sequence {sequence}");
+                let record = plan.config.tensor.as_ref().expect("a tensor record");
+                let padded = 63u64.div_ceil(u64::from(t)) * u64::from(t);
+                assert_eq!(
+                    record.vocabulary_padded,
+                    Some(fsdpc_plan::VocabularyPadding {
+                        vocabulary: 63,
+                        padded
+                    }),
+                    "{what}"
+                );
+                assert_eq!(record.vocabulary_whole, None, "{what}");
+                assert!(record.replicated.is_empty(), "{what}: {record:?}");
+                for layer in vocabulary {
+                    assert!(
+                        record.split.iter().any(|s| s == layer),
+                        "{what}: {record:?}"
+                    );
+                }
+                let padded_params = plan.training.graph.params.iter().filter_map(|p| {
+                    let tp = p.tp.as_ref().filter(|tp| tp.segments == [63])?;
+                    Some((p, tp))
+                });
+                let mut tables = 0;
+                for (p, tp) in padded_params {
+                    tables += 1;
+                    assert!(tp.padded(), "{what}: {}", p.name);
+                    let local = p.ty.shape.0[tp.axis] as u64;
+                    assert_eq!(local, padded / u64::from(t), "{what}: {}", p.name);
+                    assert!(p.whole().ty.shape.0.contains(&63), "{what}: {}", p.name);
+                }
+                // The Llama's embedding and head; the GPT's one tied table.
+                let untied = vocabulary.len() - usize::from(name == "gpt");
+                assert_eq!(tables, untied, "{what}");
+                like_one_rank(&what, &reference, &plan, &r);
+            }
+        }
+    }
+}
+
+/// With a padded vocabulary the gradient norm is one rank's: the padding's
+/// gradient is zero, so clipping sees only the whole model's elements and
+/// trains like one rank.
+#[test]
+fn clipping_with_a_padded_vocabulary_uses_the_whole_models_norm() {
+    let gpt = |b: u32| format!("gpt:layers=2,hidden=32,heads=4,seq=8,vocab=63,batch={b}");
+    let clip = |t| {
+        let mut c = cfg(t, Strategy::FullShard, None);
+        c.clip_grad_norm = Some(0.2);
+        c
+    };
+    let (_, reference) = run(&gpt, 1, &clip(1));
+    for (t, world) in [(2, 2), (4, 4)] {
+        let (plan, r) = run(&gpt, world, &clip(t));
+        assert!(plan
+            .config
+            .tensor
+            .as_ref()
+            .is_some_and(|t| t.vocabulary_padded.is_some()));
+        let norm = reference
+            .grad_norms
+            .iter()
+            .zip(&r.grad_norms)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+            .fold(0f32, f32::max);
+        eprintln!("padded vocabulary T={t}: grad norm rel {norm:e}");
+        assert_eq!(r.grad_norms.len(), STEPS as usize);
+        assert!(norm <= LOSS_RTOL, "T={t}: norm {norm:e}");
+        like_one_rank(&format!("clip padded T={t}"), &reference, &plan, &r);
+    }
 }
 
 fn compile_err(spec: &str, world: u32, c: &FsdpConfig) -> String {

@@ -77,6 +77,10 @@ pub fn apply(
             .map(|(n, why)| format!("{n}: {why}"))
             .collect(),
         vocabulary_whole: vocab.indivisible.map(|v| v as u64),
+        vocabulary_padded: vocab.padded.map(|v| fsdpc_plan::VocabularyPadding {
+            vocabulary: v as u64,
+            padded: v.div_ceil(t as usize) as u64 * u64::from(t),
+        }),
         sequence: None,
     };
     let mut local = rewrite(forward, &found, t as usize).map_err(|e| bad(e.to_string()))?;

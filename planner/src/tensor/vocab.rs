@@ -18,11 +18,20 @@
 //!   members' parts, so with sequence parallelism the residual stream is
 //!   scattered from the first layer on.
 //!
+//! A vocabulary T does not divide (GPT-2's 50,257) is *padded*, as
+//! Megatron's `--make-vocab-size-divisible-by` does, but as a layout: each
+//! member holds `ceil(V / T)` rows (`fsdpc_ir::TpSlice`), the last member's
+//! last ones zeros that belong to no element of the whole parameter. The
+//! lookups never read them, the statistics leave their logit columns out
+//! and give them a zero gradient (the ops' `vocab`), so they stay zero.
+//! fsdpc pads to the smallest multiple of T (Megatron pads to one of 128·T,
+//! for its kernels).
+//!
 //! A member's offset into the whole vocabulary is a constant of all the
 //! offsets split over the group (`TpSplit`), so every member runs the same
-//! program. A table read by anything else, a vocabulary T does not divide,
-//! or logits read by anything but the loss leave the layer replicated,
-//! with the reason in the record.
+//! program. A table read by anything else, a vocabulary so small that a
+//! member would hold none of it, or logits read by anything but the loss
+//! leave the layer replicated, with the reason in the record.
 
 use super::sequence::is_static;
 use fsdpc_ir::{
@@ -43,9 +52,24 @@ pub(super) struct Vocab {
     pub split: Vec<String>,
     /// Embeddings and heads left whole, with why.
     pub replicated: Vec<Whole>,
-    /// The vocabulary (a head's classes or a table's rows) when T does
-    /// not divide it.
+    /// The vocabulary (a head's classes or a table's rows) when it is left
+    /// whole for not splitting over T (a member would hold none of it).
     pub indivisible: Option<usize>,
+    /// The vocabulary, when a split one is padded to a multiple of T.
+    pub padded: Option<usize>,
+}
+
+/// Why a vocabulary of `v` does not split over `t` members, even padded:
+/// the last member would hold none of it (`t - 1` chunks of `ceil(v / t)`
+/// already cover it).
+fn unsplittable(v: usize, t: usize) -> Option<String> {
+    let chunk = v.div_ceil(t);
+    (v == 0 || (t - 1) * chunk >= v).then(|| {
+        format!(
+            "its vocabulary of {v} does not split over T = {t}: padded to {t} parts of \
+             {chunk}, the last would hold none of it"
+        )
+    })
 }
 
 #[derive(Debug)]
@@ -180,19 +204,15 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
     };
     let module = |n: NodeId| g.module_info(g.node(n).module).path.clone();
     let head = match head(g) {
-        Ok(Some(h)) if !h.width.is_multiple_of(t) => {
-            out.replicated.push((
-                module(h.product),
-                format!(
-                    "its vocabulary of {} does not split over T = {t} (pad it to a multiple \
-                     of T, as Megatron's --make-vocab-size-divisible-by does)",
-                    h.width
-                ),
-            ));
-            out.indivisible = Some(h.width);
-            None
-        }
-        Ok(h) => h,
+        Ok(Some(h)) => match unsplittable(h.width, t) {
+            Some(why) => {
+                out.replicated.push((module(h.product), why));
+                out.indivisible = Some(h.width);
+                None
+            }
+            None => Some(h),
+        },
+        Ok(None) => None,
         Err(why) => {
             out.replicated.push(why);
             None
@@ -218,6 +238,9 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
         } else {
             out.split.push(module(h.product));
             out.params.insert(w, (axis, width));
+            if !width.is_multiple_of(t) {
+                out.padded = Some(width);
+            }
             out.head = Some(h);
         }
     }
@@ -245,17 +268,18 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
                 g.param(p).name,
                 g.node(r).name
             ))
-        } else if !rows.is_multiple_of(t) {
+        } else if let Some(why) = unsplittable(rows, t) {
             out.indivisible.get_or_insert(rows);
-            Some(format!(
-                "its {rows} rows do not split over T = {t} (pad the vocabulary to a multiple of T)"
-            ))
+            Some(why)
         } else {
             None
         };
         match why {
             Some(why) => out.replicated.push((module(n), why)),
             None => {
+                if !rows.is_multiple_of(t) {
+                    out.padded.get_or_insert(rows);
+                }
                 out.params.insert(p, (0, rows));
                 out.lookups.push(n);
                 out.split.push(module(n));
@@ -270,9 +294,11 @@ pub(super) fn find(g: &Graph, t: usize, taken: &BTreeMap<ParamId, (usize, Vec<us
 /// loss, which is new when the head was split.
 pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result<ValueId, IrError> {
     let parts = t as u32;
+    // The whole vocabulary, for the ops on a padded one.
+    let padded = |whole: usize| (!whole.is_multiple_of(t)).then_some(whole);
     for (&p, &(axis, whole)) in &v.params {
         let spec = &mut g.params[p.0 as usize];
-        spec.ty.shape.0[axis] = whole / t;
+        spec.ty.shape.0[axis] = whole.div_ceil(t);
         spec.tp = Some(TpSlice {
             axis,
             segments: vec![whole],
@@ -304,9 +330,11 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
         let ins = g.inputs(n);
         let local = g.value_type(ins[0]).shape.0[0];
         let off = offset(g, local, n)?;
+        let whole = param_of(g, ins[0]).and_then(|p| v.params.get(&p));
+        let vocab = whole.and_then(|&(_, w)| padded(w));
         let (name, module) = (g.node(n).name.clone(), g.node(n).module);
         let part = g.add1(
-            Op::TpLookup { parts, vocab: None },
+            Op::TpLookup { parts, vocab },
             &[ins[0], ins[1], off],
             name.clone(),
             module,
@@ -336,7 +364,7 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
             }
         }
         let off = offset(g, local, h.loss)?;
-        let new = combine(g, h.loss, off, parts)?;
+        let new = combine(g, h.loss, off, parts, padded(h.width))?;
         let old = ValueId {
             node: h.loss,
             slot: 0,
@@ -361,8 +389,14 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
 /// The cross-entropy of node `ce` from the members' logit statistics: per
 /// row `log(sum_k s_k exp(m_k - M)) + M - sum_k target_k` with `M` the
 /// largest `m_k`, averaged over the rows whose label is not ignored (0 when
-/// none is, as `CrossEntropy`).
-fn combine(g: &mut Graph, ce: NodeId, off: ValueId, parts: u32) -> Result<ValueId, IrError> {
+/// none is, as `CrossEntropy`); `vocab` is a padded vocabulary's classes.
+fn combine(
+    g: &mut Graph,
+    ce: NodeId,
+    off: ValueId,
+    parts: u32,
+    vocab: Option<usize>,
+) -> Result<ValueId, IrError> {
     let Op::CrossEntropy { ignore_index } = g.node(ce).op else {
         return Err(IrError::Invalid(
             "the head's loss is not a cross-entropy".into(),
@@ -380,7 +414,7 @@ fn combine(g: &mut Graph, ce: NodeId, off: ValueId, parts: u32) -> Result<ValueI
         Op::TpLogitStats {
             ignore_index,
             parts,
-            vocab: None,
+            vocab,
         },
         &[logits, labels, off],
         "stats",

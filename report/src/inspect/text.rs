@@ -98,6 +98,18 @@ fn header(out: &mut String, s: &Summary) {
                 );
             }
         }
+        if let Some(v) = &t.vocabulary_padded {
+            let pad = v.padded.saturating_sub(v.vocabulary);
+            let _ = writeln!(
+                out,
+                "          vocabulary {} padded to {} ({} × {}): the last member's part ends in {pad} padding {}, zeros no token reads and the loss leaves out",
+                v.vocabulary,
+                v.padded,
+                t.degree,
+                v.padded / u64::from(t.degree.max(1)),
+                if pad == 1 { "entry" } else { "entries" },
+            );
+        }
         for r in &t.split {
             let _ = writeln!(out, "          split       {r}");
         }
