@@ -878,3 +878,207 @@ fn export_puts_tensor_parallel_parts_back_together() {
         "some parameters are split"
     );
 }
+
+/// The GPT with an odd vocabulary of 61 (as GPT-2's 50,257: padded to 62
+/// over T = 2, to 64 over T = 4) and four heads, planned for `world` ranks
+/// split over `t` tensor positions (global batch 8), under AdamW with
+/// weight decay on every parameter, the tied embedding too. (With 63 and
+/// this seed an MLP weight whose gradient is all but zero moves by 2.4e-5
+/// when plain FSDP alone changes its reduction order, past `PARAM_ATOL`.)
+fn odd_vocab_plan(world: u32, t: u32) -> Plan {
+    let spec = format!(
+        "gpt:layers=2,hidden=32,heads=4,seq=8,vocab=61,batch={}",
+        8 * t / world
+    );
+    let mut c = fsdpc_planner::FsdpConfig {
+        settings: fsdpc_plan::Settings {
+            wrap: WrapPolicy::Blocks,
+            tensor_parallel: t,
+            decay_all: true,
+            ..fsdpc_plan::Settings::default()
+        },
+        ..fsdpc_planner::FsdpConfig::default()
+    };
+    c.tensor_parallel = t;
+    let adamw = fsdpc_ir::Optimizer::AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    common::host_plan(&spec, world, &c, &adamw)
+}
+
+/// A checkpoint of a padded vocabulary (61 over T = 2: parts of 31, the
+/// second ending in a row of padding) holds the padding as zeros, in the
+/// parameters and in AdamW's state, after steps with weight decay;
+/// resumes on its own layout bit for bit; and moves to T = 1 and T = 4
+/// (parts of 16, the last ending in three rows of padding) and back
+/// through the whole [61, 32] table.
+#[test]
+fn a_padded_vocabulary_checkpoint_stays_zero_and_moves_between_layouts() {
+    let p = odd_vocab_plan(2, 2);
+    let padded = p
+        .config
+        .tensor
+        .as_ref()
+        .and_then(|t| t.vocabulary_padded.clone());
+    assert_eq!(padded.map(|v| (v.vocabulary, v.padded)), Some((61, 62)));
+    let full = ok(&p, &opts(6));
+    let dir = tmp();
+    checkpoint_at_3(&p, dir.path());
+    let ckpt =
+        fsdpc_runtime::checkpoint::Checkpoint::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(padding_of_member_1(&ckpt), 1 + ckpt.manifest.state_slots);
+    let rest = resume(&p, dir.path()).unwrap_or_else(|e| panic!("resume fails: {e}"));
+    let (full_loss, full_params) = bits(&full);
+    let (b, params) = bits(&rest);
+    assert_eq!(b, full_loss[3..], "resumed steps 3..6");
+    assert_eq!(params, full_params, "final parameters");
+    for (from, to, label) in [
+        ((2, 2), (2, 1), "vocab 61 T=2 -> T=1"),
+        ((4, 2), (4, 4), "vocab 61 T=2,F=2 -> T=4"),
+        ((4, 4), (4, 2), "vocab 61 T=4 -> T=2,F=2"),
+        ((4, 1), (4, 2), "vocab 61 T=1,F=4 -> T=2,F=2"),
+    ] {
+        let plan = |(world, t)| odd_vocab_plan(world, t);
+        check_reshard(&plan(from), &plan(to), label);
+    }
+}
+
+/// Checks that in tensor position 1's file of `ckpt` (written at F = 1:
+/// its whole flat parameters and optimizer state) every padded
+/// parameter's padding is zero and the rest is not; returns how many
+/// tensors were checked.
+fn padding_of_member_1(ckpt: &fsdpc_runtime::checkpoint::Checkpoint) -> usize {
+    use fsdpc_runtime::checkpoint::manifest::{params_tensor, state_tensor};
+    assert_eq!(ckpt.manifest.shard_factor, 1);
+    let bytes = std::fs::read(ckpt.dir.join(&ckpt.manifest.files[1].name))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let mut checked = 0;
+    for (u, unit) in ckpt.manifest.units.iter().enumerate() {
+        for q in &unit.params {
+            let Some(tp) = q.tp.as_ref().filter(|tp| tp.padded()) else {
+                continue;
+            };
+            let mut held = vec![false; q.numel as usize];
+            for (l, _, n) in tp.runs(&q.shape, 1) {
+                held[l as usize..(l + n) as usize].fill(true);
+            }
+            let slots = (0..ckpt.manifest.state_slots).map(|k| state_tensor(u, k));
+            for name in std::iter::once(params_tensor(u)).chain(slots) {
+                let data = st.tensor(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let vals: Vec<f32> = data
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let part = &vals[q.offset as usize..(q.offset + q.numel) as usize];
+                let pad: Vec<f32> = (0..part.len())
+                    .filter(|&e| !held[e])
+                    .map(|e| part[e])
+                    .collect();
+                let kept = (0..part.len()).filter(|&e| held[e]).map(|e| part[e]);
+                assert_eq!(pad.len(), q.shape[1], "{}: one row of padding", q.name);
+                assert!(pad.iter().all(|&v| v == 0.0), "{} in {name}", q.name);
+                assert!(kept.into_iter().any(|v| v != 0.0), "{} in {name}", q.name);
+                checked += 1;
+            }
+        }
+    }
+    checked
+}
+
+/// `export` of a padded vocabulary's checkpoint writes the whole [61, 32]
+/// table, the trained run's own final parameters bit for bit, and those
+/// are one unsharded rank's within the tolerances of a changed reduction
+/// order.
+#[test]
+fn export_of_a_padded_vocabulary_writes_the_whole_table() {
+    let p = odd_vocab_plan(4, 2);
+    let dir = tmp();
+    let trained = checkpoint_at_3(&p, dir.path());
+    assert!(check_export(&p, dir.path(), &trained) > 0);
+    let table = p
+        .training
+        .graph
+        .params
+        .iter()
+        .find(|q| q.name == "transformer.wte.weight")
+        .expect("the embedding");
+    assert_eq!(table.ty.shape.0, [31, 32], "a member's part");
+    assert_eq!(table.whole().ty.shape.0, [61, 32]);
+    let one = ok(&odd_vocab_plan(1, 1), &opts(3));
+    let (abs, _) = max_param_diff(&one, &trained);
+    println!("vocab 61 T=2,F=2 against one rank: param abs diff {abs:e}");
+    assert!(abs <= PARAM_ATOL, "param abs diff {abs}");
+}
+
+/// From the command line: `train --save-safetensors` at T = 2 and `export`
+/// of its checkpoint write the padded vocabulary's whole [63, 32]
+/// embedding, the same bytes, within the tolerances of one rank's.
+#[test]
+fn cli_saves_and_exports_a_padded_vocabulary_whole() {
+    let dir = tmp();
+    let path = |f: &str| dir.path().join(f).to_string_lossy().into_owned();
+    let (d, saved, exported, one) = (
+        path("ckpt"),
+        path("t2.safetensors"),
+        path("export.safetensors"),
+        path("one.safetensors"),
+    );
+    let model = |batch: u32| format!("gpt:layers=2,hidden=32,heads=4,seq=8,vocab=63,batch={batch}");
+    let t2 = fsdpc(&[
+        "train",
+        &model(8),
+        "--ranks",
+        "2",
+        "--tensor-parallel",
+        "2",
+        "--steps",
+        "3",
+        "--checkpoint-dir",
+        &d,
+        "--checkpoint-every",
+        "3",
+        "--save-safetensors",
+        &saved,
+    ]);
+    assert!(t2.status.success(), "{}", text(&t2));
+    let e = fsdpc(&["export", &d, "-o", &exported]);
+    assert!(e.status.success(), "{}", text(&e));
+    let r1 = fsdpc(&[
+        "train",
+        &model(8),
+        "--ranks",
+        "1",
+        "--steps",
+        "3",
+        "--save-safetensors",
+        &one,
+    ]);
+    assert!(r1.status.success(), "{}", text(&r1));
+    let table = |file: &str| {
+        let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
+        let t = st
+            .tensor("transformer.wte.weight")
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(t.shape(), [63, 32], "{file}");
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect::<Vec<f32>>()
+    };
+    let (a, b, c) = (table(&saved), table(&exported), table(&one));
+    assert_eq!(a, b, "saved and exported");
+    let diff = a
+        .iter()
+        .zip(&c)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    println!("cli vocab 63 T=2 against one rank: embedding abs diff {diff:e}");
+    assert!(diff <= PARAM_ATOL, "embedding abs diff {diff}");
+}
