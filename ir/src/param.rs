@@ -118,8 +118,12 @@ impl TpSlice {
 
     /// Member `member`'s elements as runs `(local start, whole start, len)`
     /// of consecutive row-major elements, in local order; `local` is the
-    /// member's shape. Padding is in no run.
+    /// member's shape. Padding is in no run; a slice whose axis `local`
+    /// lacks has none.
     pub fn runs(&self, local: &[usize], member: u32) -> Vec<(u64, u64, u64)> {
+        if self.axis >= local.len() {
+            return Vec::new();
+        }
         let full = self.full_shape(local);
         let outer: u64 = local[..self.axis].iter().map(|&d| d as u64).product();
         let inner: u64 = local[self.axis + 1..].iter().map(|&d| d as u64).product();
@@ -151,6 +155,9 @@ impl TpSlice {
     /// does (before its padding); `local` is a member's shape. `None` past
     /// the end.
     pub fn locate(&self, local: &[usize], whole: u64) -> Option<(u32, u64, u64)> {
+        if self.axis >= local.len() {
+            return None;
+        }
         let full = self.full_shape(local);
         let inner: u64 = local[self.axis + 1..].iter().map(|&d| d as u64).product();
         let (local_len, full_len) = (local[self.axis] as u64, full[self.axis] as u64);
@@ -290,5 +297,10 @@ mod tests {
         };
         assert!(!divisible.padded());
         assert_eq!(divisible.local_len(), 2);
+        // A slice on an axis the shape lacks (a damaged manifest) holds
+        // nothing, and nothing panics.
+        let off_axis = TpSlice { axis: 2, ..tp };
+        assert!(off_axis.runs(&local, 0).is_empty());
+        assert_eq!(off_axis.locate(&local, 0), None);
     }
 }

@@ -414,6 +414,31 @@ fn clipping_with_a_padded_vocabulary_uses_the_whole_models_norm() {
     }
 }
 
+/// A plan whose split parameter's part does not have the shape its
+/// slice gives (a vocabulary of 63 over T = 2 is parts of 32, padding
+/// included) is refused by the verifier, naming the parameter, before a
+/// runtime would read it.
+#[test]
+fn a_part_of_the_wrong_shape_is_refused() {
+    let odd = "gpt:layers=2,hidden=32,heads=4,seq=8,vocab=63,batch=8";
+    let mut plan = plan_with(odd, 2, &cfg(2, Strategy::FullShard, None));
+    let p = plan
+        .training
+        .graph
+        .params
+        .iter_mut()
+        .find(|p| p.name == "transformer.wte.weight")
+        .expect("the embedding");
+    assert_eq!(p.ty.shape.0, [32, 32]);
+    p.ty.shape.0[0] = 31;
+    let errs = plan.validate().expect_err("a part of 31 rows is refused");
+    let text: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+    assert!(
+        text.iter().any(|e| e.contains("parameter `transformer.wte.weight`: a part of shape [31, 32] is not 2 chunks of [63] on axis 0 (each 32)")),
+        "{text:?}"
+    );
+}
+
 fn compile_err(spec: &str, world: u32, c: &FsdpConfig) -> String {
     match crate::common::compile_on(spec, "cpu-local", world, world, c) {
         Ok(_) => panic!("{spec} at T = {} compiled", c.tensor_parallel),

@@ -91,6 +91,9 @@ fn unit_problems(plan: &Plan, unit: &Unit, f: u64) -> Vec<String> {
                 p.name, p.requires_grad, !p.requires_grad
             ));
         }
+        if let Some(why) = program.and_then(|s| tp_problem(plan, s)) {
+            out.push(format!("parameter `{}`: {why}", p.name));
+        }
         ranges.push((p.offset, end, &p.name));
     }
     ranges.sort();
@@ -100,4 +103,28 @@ fn unit_problems(plan: &Plan, unit: &Unit, f: u64) -> Vec<String> {
         }
     }
     out
+}
+
+/// What is wrong with a tensor-parallel part (`ParamSpec::tp`): its
+/// shape must be `parts` = T chunks of `ceil(segment / T)` of its
+/// segments along its axis (padding included).
+fn tp_problem(plan: &Plan, spec: &fsdpc_ir::ParamSpec) -> Option<String> {
+    let tp = spec.tp.as_ref()?;
+    let local = &spec.ty.shape.0;
+    let t = plan.geometry().t();
+    if tp.parts != t || tp.segments.is_empty() {
+        return Some(format!(
+            "split into {} parts of {:?}, the plan's T is {t}",
+            tp.parts, tp.segments
+        ));
+    }
+    match local.get(tp.axis) {
+        Some(&n) if n == tp.local_len() => None,
+        _ => Some(format!(
+            "a part of shape {local:?} is not {t} chunks of {:?} on axis {} (each {})",
+            tp.segments,
+            tp.axis,
+            tp.local_len()
+        )),
+    }
 }
