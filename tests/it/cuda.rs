@@ -1068,6 +1068,17 @@ fn every_instruction_of_these_plans_lowers_without_a_gpu() {
             },
             3,
         ),
+        // A vocabulary T does not divide, padded (95 over 2: parts of
+        // 48), in bf16.
+        (
+            "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=95,batch=2",
+            2,
+            |c| {
+                c.tensor_parallel = 2;
+                c.param_dtype = DType::Bf16;
+            },
+            1,
+        ),
         // Clipping: the norm summed over the shard group, then the tensor
         // group, on the reduce stream; off tensor position 0 only the
         // split parameters' elements are counted.
