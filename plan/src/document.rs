@@ -19,6 +19,7 @@ use crate::offload::OffloadWhat;
 use crate::unit::{reshard_group, unit_reshard, Unit};
 use fsdpc_ir::TrainingProgram;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// The schema version of every plan this crate writes and reads.
 pub const SCHEMA: &str = "fsdpc.plan/v1";
@@ -48,8 +49,9 @@ pub struct Plan {
     pub eval: Option<EvalPass>,
     pub memory: MemorySummary,
     pub estimates: Estimates,
-    /// The program the kernels refer to (nodes by id).
-    pub training: TrainingProgram,
+    /// The program the kernels refer to (nodes by id). Shared: plans the
+    /// planner lowers from one prepared program hold the same one.
+    pub training: Arc<TrainingProgram>,
     /// What the collective rewrites (`rewrite`) chose: the rules that
     /// fired, how often, and the step time each saved by the cost model.
     #[serde(default)]

@@ -33,7 +33,7 @@ fn suggestion(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> String {
     let mut measured: Vec<(String, Plan)> = Vec::new();
     for (label, alt) in alternatives(cfg) {
         let model = plan.model.clone();
-        match crate::compile_unchecked(plan.training.clone(), model, cluster, &alt) {
+        match crate::compile_unchecked((*plan.training).clone(), model, cluster, &alt) {
             Ok(p) if p.memory.peak_bytes <= cluster.memory_bytes => {
                 return format!(
                     "{label} at world {} fits (peak {} bytes per rank)",

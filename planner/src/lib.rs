@@ -182,7 +182,7 @@ fn check(cluster: &Cluster, cfg: &FsdpConfig) -> Result<(u32, ReshardAfterForwar
 /// prepares once per key and lowers every candidate from a copy.
 #[derive(Clone, Debug)]
 pub struct Prepared {
-    program: TrainingProgram,
+    program: std::sync::Arc<TrainingProgram>,
     tensor: Option<TensorRecord>,
     assign: units::UnitAssignment,
     checkpointed_units: Vec<UnitId>,

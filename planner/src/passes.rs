@@ -29,6 +29,7 @@ use crate::{
 use fsdpc_ir::TrainingProgram;
 use fsdpc_plan::cluster::Cluster;
 use fsdpc_plan::*;
+use std::sync::Arc;
 
 /// The part of compiling a pass belongs to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -182,7 +183,7 @@ fn prepare_from<'a>(
         ..
     } = run(passes, data)?;
     Ok(Prepared {
-        program,
+        program: Arc::new(program),
         tensor,
         assign: assign.expect(NO_UNITS),
         checkpointed_units,
@@ -304,7 +305,7 @@ struct ScheduleData<'a> {
     cluster: &'a Cluster,
     shard_factor: u32,
     reshard: ReshardAfterForward,
-    program: TrainingProgram,
+    program: Arc<TrainingProgram>,
     tensor: Option<TensorRecord>,
     assign: UnitAssignment,
     checkpointed_units: Vec<UnitId>,

@@ -422,8 +422,7 @@ fn clipping_with_a_padded_vocabulary_uses_the_whole_models_norm() {
 fn a_part_of_the_wrong_shape_is_refused() {
     let odd = "gpt:layers=2,hidden=32,heads=4,seq=8,vocab=63,batch=8";
     let mut plan = plan_with(odd, 2, &cfg(2, Strategy::FullShard, None));
-    let p = plan
-        .training
+    let p = std::sync::Arc::make_mut(&mut plan.training)
         .graph
         .params
         .iter_mut()

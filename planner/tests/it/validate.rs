@@ -136,7 +136,7 @@ fn changed_peak_is_rejected() {
 #[test]
 fn meaningless_optimizer_hyperparameters_are_rejected() {
     let mut p = tiny();
-    p.training.optimizer = fsdpc_ir::Optimizer::Sgd {
+    std::sync::Arc::make_mut(&mut p.training).optimizer = fsdpc_ir::Optimizer::Sgd {
         lr: -1.0,
         momentum: 0.0,
         weight_decay: 0.0,

@@ -54,7 +54,10 @@ fn page_is_well_formed_has_every_section_and_escapes_model_names() {
             _ => None,
         })
         .expect("a kernel");
-    p.training.graph.node_mut(node).name = HOSTILE.to_string();
+    std::sync::Arc::make_mut(&mut p.training)
+        .graph
+        .node_mut(node)
+        .name = HOSTILE.to_string();
     let html = render(&p, &cluster(&p), None).expect("report");
     let doc = parse(&html);
     for id in [
