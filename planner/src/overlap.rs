@@ -98,6 +98,12 @@ fn stalled_pairs(plan: &Plan, tl: &simulate::Timeline, fences: &[Fence]) -> Apar
     let min = MIN_STALL * tl.step_time_s;
     let mut free_at = [0f64; Stream::ALL.len()];
     let mut out = Apart::new();
+    let mut of_event: Vec<Vec<&Fence>> = vec![Vec::new(); plan.events as usize];
+    for f in fences {
+        if let Some(list) = of_event.get_mut(f.event.index()) {
+            list.push(f);
+        }
+    }
     for (i, ins) in plan.instructions.iter().enumerate() {
         let s = ins.stream.index();
         let start = tl.start.get(i).copied().unwrap_or(0.0);
@@ -109,7 +115,7 @@ fn stalled_pairs(plan: &Plan, tl: &simulate::Timeline, fences: &[Fence]) -> Apar
                     .find(|w| !matches!(w.op, InstrOp::Wait { .. }))
                     .map(|w| w.op.writes())
                     .unwrap_or_default();
-                for f in fences.iter().filter(|f| f.event == event) {
+                for f in of_event.get(event.index()).into_iter().flatten() {
                     if writes.contains(&f.written) {
                         out.insert((f.freed.min(f.written), f.freed.max(f.written)));
                     }
