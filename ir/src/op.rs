@@ -94,6 +94,14 @@ pub enum Op {
     Dropout {
         p: f64,
         seed: u64,
+        /// The input is a contiguous chunk of a whole tensor (a tensor
+        /// group member's rows under sequence parallelism) whose samples
+        /// (axis 0) hold this many elements each; a second input `offset`
+        /// (one integer) is where the chunk starts in the whole, so element
+        /// `i` draws the mask of the whole's element `offset + i`. Absent:
+        /// the input is whole.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        whole_sample: Option<u64>,
     },
 
     // ---- shape ----

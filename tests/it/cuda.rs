@@ -364,10 +364,26 @@ fn dropout_draws_the_cpus_mask_exactly() {
         seed: 11,
         eval: false,
     };
-    let op = Op::Dropout { p: 0.3, seed: 5 };
+    let op = Op::Dropout {
+        p: 0.3,
+        seed: 5,
+        whole_sample: None,
+    };
     let n = node(op, &[ty(DType::F32, &[4, 33])]);
     let want = cpu(&n, &[x.clone()], &ctx).unwrap();
-    let got = run_node(&dev, &n, &[x], &ctx, 0).unwrap();
+    let got = run_node(&dev, &n, &[x.clone()], &ctx, 0).unwrap();
+    assert_eq!(got[0].to_f32(), want[0].to_f32());
+    // A sequence-parallel chunk: the second of two, 132 elements into a
+    // whole of 264 elements a sample, its offset read on the device.
+    let op = Op::Dropout {
+        p: 0.3,
+        seed: 5,
+        whole_sample: Some(264),
+    };
+    let n = node(op, &[ty(DType::F32, &[4, 33])]);
+    let ins = [x, ints(&[1], &[132])];
+    let want = cpu(&n, &ins, &ctx).unwrap();
+    let got = run_node(&dev, &n, &ins, &ctx, 0).unwrap();
     assert_eq!(got[0].to_f32(), want[0].to_f32());
 }
 

@@ -104,7 +104,16 @@ impl Builder {
         }
         let seed = self.next_seed;
         self.next_seed += 1;
-        self.op(m, leaf, Op::Dropout { p, seed }, &[x])
+        self.op(
+            m,
+            leaf,
+            Op::Dropout {
+                p,
+                seed,
+                whole_sample: None,
+            },
+            &[x],
+        )
     }
 }
 

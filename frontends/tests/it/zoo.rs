@@ -95,7 +95,7 @@ fn dropout_sites_have_distinct_seeds() {
     let mut seeds: Vec<u64> = g
         .node_ids()
         .filter_map(|n| match g.node(n).op {
-            Op::Dropout { p, seed } => {
+            Op::Dropout { p, seed, .. } => {
                 assert_eq!(p, 0.1);
                 Some(seed)
             }

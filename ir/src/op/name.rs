@@ -269,7 +269,11 @@ mod tests {
             Op::Reshape {
                 shape: vec![2, 3, 4],
             },
-            Op::Dropout { p: 0.1, seed: 7 },
+            Op::Dropout {
+                p: 0.1,
+                seed: 7,
+                whole_sample: None,
+            },
             Op::Attention {
                 causal: true,
                 scale: 0.125,

@@ -452,7 +452,14 @@ fn every_differentiable_op_has_a_well_typed_vjp() {
             Op::Gather { axis: 1 },
             vec![P(vec![3, 5]), Int(vec![2], vec![4.0, 0.0])],
         ),
-        case(Op::Dropout { p: 0.1, seed: 7 }, vec![P(vec![2, 3])]),
+        case(
+            Op::Dropout {
+                p: 0.1,
+                seed: 7,
+                whole_sample: None,
+            },
+            vec![P(vec![2, 3])],
+        ),
         case(Op::Reshape { shape: vec![3, 2] }, vec![P(vec![2, 3])]),
         case(
             Op::Transpose {

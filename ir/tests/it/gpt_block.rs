@@ -91,7 +91,16 @@ fn attention(g: &mut Graph, x: ValueId) -> ValueId {
         m,
     );
     let y = linear(g, y, "h.0.attn.proj", C, C);
-    op(g, Op::Dropout { p: 0.1, seed: 1 }, &[y], m)
+    op(
+        g,
+        Op::Dropout {
+            p: 0.1,
+            seed: 1,
+            whole_sample: None,
+        },
+        &[y],
+        m,
+    )
 }
 
 fn mlp(g: &mut Graph, x: ValueId) -> ValueId {

@@ -138,9 +138,32 @@ fn structured_op_rules() {
         "out of range",
     );
     err_contains(
-        check(Op::Dropout { p: 1.0, seed: 0 }, &[f32t(&[3])]),
+        check(
+            Op::Dropout {
+                p: 1.0,
+                seed: 0,
+                whole_sample: None,
+            },
+            &[f32t(&[3])],
+        ),
         "[0, 1)",
     );
+    // A chunk of a whole tensor reads its offset: one integer.
+    let chunk = Op::Dropout {
+        p: 0.1,
+        seed: 0,
+        whole_sample: Some(12),
+    };
+    assert_eq!(
+        check(chunk.clone(), &[f32t(&[1, 2, 3]), i64t(&[1, 1])]),
+        Ok(f32t(&[1, 2, 3]))
+    );
+    err_contains(check(chunk.clone(), &[f32t(&[1, 2, 3])]), "offset");
+    err_contains(
+        check(chunk.clone(), &[f32t(&[1, 2, 3]), i64t(&[2])]),
+        "one integer",
+    );
+    err_contains(check(chunk, &[f32t(&[1, 2, 3]), f32t(&[1])]), "integer");
 }
 
 #[test]

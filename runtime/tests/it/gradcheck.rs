@@ -48,7 +48,14 @@ fn where_dropout_and_cast() {
     c.check(y).unwrap();
     let mut c = Case::new(3);
     let x = c.rand_param(&[4, 5]);
-    let y = c.op(Op::Dropout { p: 0.3, seed: 9 }, &[x]);
+    let y = c.op(
+        Op::Dropout {
+            p: 0.3,
+            seed: 9,
+            whole_sample: None,
+        },
+        &[x],
+    );
     c.check(y).unwrap();
     let mut c = Case::new(4);
     let x = c.rand_param(&[3]);

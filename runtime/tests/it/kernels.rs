@@ -241,7 +241,11 @@ fn wrong_input_count_is_an_error() {
 fn dropout_mask_is_keyed_by_global_element() {
     let x = f32t(&[4, 3], &[1.0; 12]);
     let node = |n: usize| Node {
-        op: Op::Dropout { p: 0.5, seed: 3 },
+        op: Op::Dropout {
+            p: 0.5,
+            seed: 3,
+            whole_sample: None,
+        },
         name: "d".into(),
         module: ModuleId::ROOT,
         phase: Phase::Forward,
@@ -272,6 +276,68 @@ fn dropout_mask_is_keyed_by_global_element() {
     let parts = [run_at(&half, 0), run_at(&half, 2)].concat();
     assert_eq!(whole, parts);
     assert!(whole.iter().all(|&v| v == 0.0 || v == 2.0));
+}
+
+/// A chunk of a whole tensor (sequence parallelism) at its offset in the
+/// whole draws the whole's mask: one sample of 4 rows cut into two chunks
+/// of 2, and 2 samples of 6 elements cut by sample, each at sample offset
+/// 3 of the global batch.
+#[test]
+fn a_dropout_chunk_draws_the_whole_tensors_mask() {
+    let run_with = |x: &HostTensor, whole_sample: Option<u64>, offset: Option<i64>| {
+        let dims = x.ty.shape.0.clone();
+        let node = Node {
+            op: Op::Dropout {
+                p: 0.5,
+                seed: 3,
+                whole_sample,
+            },
+            name: "d".into(),
+            module: ModuleId::ROOT,
+            phase: Phase::Forward,
+            outputs: vec![ty(&dims)],
+        };
+        let off = offset.map(|o| HostTensor::from_i64(&[1], &[o]).unwrap());
+        let mut ins = vec![x.view()];
+        ins.extend(off.iter().map(|o| o.view()));
+        let mut out = HostTensor::zeros(ty(&dims));
+        let ctx = KernelCtx {
+            step: 5,
+            sample_offset: 3,
+            seed: 1,
+            eval: false,
+        };
+        CpuBackend::default()
+            .run(
+                &node,
+                &ins,
+                &mut [out.view_mut()],
+                &ctx,
+                &mut Workspace::empty(),
+            )
+            .map(|()| out.to_f32())
+    };
+    for (whole, chunk) in [
+        (vec![1, 4, 3], vec![1, 2, 3]),
+        (vec![4, 2, 3], vec![2, 2, 3]),
+    ] {
+        let n: usize = whole.iter().product();
+        let x = f32t(&whole, &vec![1.0; n]);
+        let want = run_with(&x, None, None).unwrap();
+        let per_sample = (n / whole[0]) as u64;
+        let c = f32t(&chunk, &vec![1.0; n / 2]);
+        let parts = [
+            run_with(&c, Some(per_sample), Some(0)).unwrap(),
+            run_with(&c, Some(per_sample), Some((n / 2) as i64)).unwrap(),
+        ]
+        .concat();
+        assert_eq!(want, parts, "{whole:?} in chunks of {chunk:?}");
+        assert!(want.contains(&0.0) && want.contains(&2.0), "{want:?}");
+    }
+    // A chunk without its offset, or at a negative one, is an error.
+    let c = f32t(&[1, 2, 3], &[1.0; 6]);
+    assert!(run_with(&c, Some(12), None).is_err());
+    assert!(run_with(&c, Some(12), Some(-1)).is_err());
 }
 
 #[test]

@@ -70,7 +70,15 @@ fn dropout(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let seed = cx.imp.next_seed;
     cx.imp.next_seed += 1;
     let x = cx.ir(0)?;
-    let y = cx.add(Op::Dropout { p, seed }, &[x], "dropout")?;
+    let y = cx.add(
+        Op::Dropout {
+            p,
+            seed,
+            whole_sample: None,
+        },
+        &[x],
+        "dropout",
+    )?;
     cx.set(0, Val::Ir(y));
     if cx.wants(1) {
         let mask = keep_mask(cx, x, p, seed)?;
@@ -90,7 +98,15 @@ fn keep_mask(cx: &mut NodeCx<'_>, x: ValueId, p: f64, seed: u64) -> Result<Value
     let one = cx.constant(&scalar(1.0))?;
     let shape = ty.shape.dims().to_vec();
     let ones = cx.add(Op::Expand { shape }, &[one], "mask_ones")?;
-    let kept = cx.add(Op::Dropout { p, seed }, &[ones], "mask_dropout")?;
+    let kept = cx.add(
+        Op::Dropout {
+            p,
+            seed,
+            whole_sample: None,
+        },
+        &[ones],
+        "mask_dropout",
+    )?;
     let zero = cx.constant(&scalar(0.0))?;
     let f = CompareFn::Greater;
     cx.add(Op::Compare { f }, &[kept, zero], "mask")

@@ -349,7 +349,7 @@ fn dropout_only_in_training_mode() {
     t.konst("p", scalar_f(0.1))
         .konst("on", on)
         .ok("Dropout", &["x", "p", "on"], &["z"], vec![]);
-    assert!(matches!(t.op("z"), Op::Dropout { p, seed: 0 } if (p - 0.1).abs() < 1e-9));
+    assert!(matches!(t.op("z"), Op::Dropout { p, seed: 0, .. } if (p - 0.1).abs() < 1e-9));
 }
 
 #[test]

@@ -192,7 +192,22 @@ fn dispatch(
             elementwise::where_(c, a, b, out1(ys)?)
         }
         Op::Cast { .. } | Op::TpCopy => cast::cast(ins::<1>(xs)?[0], out1(ys)?),
-        Op::Dropout { p, seed } => dropout::dropout(*p, *seed, ctx, ins::<1>(xs)?[0], out1(ys)?),
+        &Op::Dropout {
+            p,
+            seed,
+            whole_sample,
+        } => {
+            let (x, offset) = match (whole_sample, xs) {
+                (None, [x]) => (x, None),
+                (Some(_), [x, offset]) => (x, Some(offset)),
+                _ => crate::kbail!("dropout: {} inputs", xs.len()),
+            };
+            let place = dropout::Place {
+                whole_sample,
+                offset,
+            };
+            dropout::dropout(p, seed, place, ctx, x, out1(ys)?)
+        }
         Op::MatMul { trans_a, trans_b } => {
             let [a, b] = ins(xs)?;
             matmul::matmul(cfg.par, *trans_a, *trans_b, a, b, out1(ys)?)

@@ -252,9 +252,13 @@ __device__ __forceinline__ u64 mix64(u64 z) {
 // Inverted dropout with the counter-based mask of `fsdpc_ir::init`:
 // element e is kept iff unit_open(mix64(base + (first + e + 1) * GOLDEN))
 // >= p, `base` being the host-computed `mix64(mix64(seed ^ GOLDEN) ^ key)`.
+// A chunk of a whole tensor adds its offset in the whole, one integer at
+// `off` (null for a whole input).
 extern "C" __global__ void dropout(const void* x, int xdt, void* y, int ydt, i64 n, u64 base,
-                                   u64 first, double p, float scale) {
+                                   u64 first, const void* off, int odt, double p,
+                                   float scale) {
     const u64 golden = 0x9E3779B97F4A7C15ull;
+    if (off) first += (u64)ldi(off, odt, 0);
     GRID_STRIDE(i, n) {
         u64 h = mix64(base + ((u64)(first + i) + 1ull) * golden);
         double u = ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);

@@ -4,32 +4,61 @@
 //! exactly the elements the CPU kernel keeps. In evaluation it is issued
 //! with `p` 0 and `scale` 1: every element kept unscaled, the identity.
 
-use super::{ew, ins, n_arg, out1, same_count, Action, Operand, R};
+use super::{ew, n_arg, out1, same_count, Action, Operand, R};
 use crate::exec::rank::Pass;
-use crate::targets::cuda::device::{Arg, Launch};
+use crate::targets::cuda::device::{Arg, Launch, Ptr};
+use fsdpc_ir::DType;
 
-/// `Dropout { p, seed }`; `sample_offset` is this rank's first sample of
-/// the micro-batch, `run_seed` the run's seed.
+/// Where a dropout's input lies in the whole tensor of its mask.
+pub(super) struct At {
+    /// This rank's first sample of the micro-batch.
+    pub sample_offset: u64,
+    /// A chunk's whole sample (`Op::Dropout`): the chunk's offset in the
+    /// whole is its second operand, read by the kernel.
+    pub whole_sample: Option<u64>,
+}
+
+/// `Dropout { p, seed, whole_sample }`; `run_seed` is the run's seed.
 pub(super) fn dropout(
     p: f64,
     seed: u64,
     xs: &[Operand],
     ys: &[Operand],
-    sample_offset: u64,
+    at: At,
     run_seed: u64,
     a: &mut Vec<Action>,
 ) -> R<()> {
-    let ([x], y) = (ins::<1>(xs)?, out1(ys)?);
-    same_count(&x, &y)?;
+    let y = out1(ys)?;
+    let (x, per_sample, offset) = match (at.whole_sample, xs) {
+        (None, [x]) => {
+            let n = y.numel();
+            let per_sample = match x.dims().first() {
+                Some(&b) if b > 0 => n / b as u64,
+                _ => n,
+            };
+            (x, per_sample, None)
+        }
+        (Some(s), [x, off]) => {
+            if !matches!(off.ty.dtype, DType::I64 | DType::I32) || off.numel() != 1 {
+                return Err(format!(
+                    "a dropout chunk's offset must be one i64 or i32, got {}",
+                    off.ty
+                ));
+            }
+            (x, s, Some(off))
+        }
+        _ => return Err(format!("dropout: {} operands", xs.len())),
+    };
+    same_count(x, &y)?;
     if !(0.0..1.0).contains(&p) {
         return Err(format!("dropout probability {p} is not in [0, 1)"));
     }
-    let n = y.numel();
-    let per_sample = match x.dims().first() {
-        Some(&b) if b > 0 => n / b as u64,
-        _ => n,
+    let (off_p, off_dt) = match offset {
+        Some(o) => (o.p(), o.dt()),
+        None => (Arg::Ptr(Ptr::Abs(0)), Arg::I32(0)),
     };
     let scale = (1.0 / (1.0 - p)) as f32;
+    let n = y.numel();
     let args = vec![
         x.p(),
         x.dt(),
@@ -37,7 +66,9 @@ pub(super) fn dropout(
         y.dt(),
         n_arg(n),
         Arg::U64(0),
-        Arg::U64(sample_offset * per_sample),
+        Arg::U64(at.sample_offset * per_sample),
+        off_p,
+        off_dt,
         Arg::F64(p),
         Arg::F32(scale),
     ];
@@ -47,7 +78,7 @@ pub(super) fn dropout(
     a.push(Action::Dropout {
         launch,
         base_arg: 5,
-        p_scale_args: (7, 8),
+        p_scale_args: (9, 10),
         seed: seed ^ crate::rng::mix(run_seed),
     });
     Ok(())
@@ -115,7 +146,11 @@ mod tests {
             },
         );
         let mut a = Vec::new();
-        dropout(0.3, 5, &[x], &[y], 0, 7, &mut a).expect("lowers");
+        let at = At {
+            sample_offset: 0,
+            whole_sample: None,
+        };
+        dropout(0.3, 5, &[x], &[y], at, 7, &mut a).expect("lowers");
         let Some(Action::Dropout {
             launch,
             base_arg,

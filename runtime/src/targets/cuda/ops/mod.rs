@@ -225,7 +225,17 @@ fn lower_into(
         Op::Not => elementwise::not(xs, ys, a)?,
         Op::Where => elementwise::where_(xs, ys, a)?,
         Op::Cast { .. } | Op::TpCopy => cast::cast(xs, ys, a)?,
-        Op::Dropout { p, seed } => dropout::dropout(*p, *seed, xs, ys, sample_offset, run_seed, a)?,
+        &Op::Dropout {
+            p,
+            seed,
+            whole_sample,
+        } => {
+            let at = dropout::At {
+                sample_offset,
+                whole_sample,
+            };
+            dropout::dropout(p, seed, xs, ys, at, run_seed, a)?
+        }
         Op::MatMul { trans_a, trans_b } => {
             let ([x, z], y) = (ins::<2>(xs)?, out1(ys)?);
             for g in super::blas::plan_matmul(&x, &z, &y, *trans_a, *trans_b)? {
