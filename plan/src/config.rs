@@ -362,7 +362,7 @@ pub struct SequenceRecord {
     /// divides before its last).
     pub whole: u32,
     /// Chunks gathered whole for ops that do not run on chunks (a
-    /// replicated head's product, the loss, a dropout).
+    /// replicated head's product, the loss).
     #[serde(default)]
     pub gathered: u32,
 }

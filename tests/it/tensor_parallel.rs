@@ -625,6 +625,78 @@ fn sequence_chunks_follow_the_shape() {
     }
 }
 
+/// Dropout on sequence-parallel chunks: each member draws the whole
+/// tensor's mask for its own rows (the chunk's offset in the whole is a
+/// constant split over the group), so nothing is gathered for it and the
+/// members together drop exactly what one rank drops. Chunks on the batch
+/// (several samples a member) and on the sequence (one sample), in 2-D
+/// meshes too; each against one rank and against plain tensor
+/// parallelism, whose dropout reads the whole activation.
+#[test]
+fn sequence_parallel_dropout_draws_the_whole_tensors_mask() {
+    let spec = |b: u32| format!("{},dropout=0.1", gpt(b));
+    let (_, reference) = run(&spec, 1, &cfg(1, Strategy::NoShard, None));
+    let one_sample = |world: u32, c: &FsdpConfig| {
+        let plan = plan_with(&spec(1), world, c);
+        let r = train(&plan, STEPS, ExecMode::Arena);
+        (plan, r)
+    };
+    let (_, reference_one) = one_sample(1, &cfg(1, Strategy::NoShard, None));
+    for (t, world, batch_one) in [
+        (2, 2, false),
+        (4, 4, false),
+        (2, 4, false),
+        (4, 8, false),
+        (2, 2, true),
+        (4, 4, true),
+    ] {
+        let mut runs = Vec::new();
+        for sequence in [false, true] {
+            let mut c = cfg(t, Strategy::FullShard, None);
+            c.sequence_parallel = sequence;
+            let ((plan, r), reference) = if batch_one {
+                (one_sample(world, &c), &reference_one)
+            } else {
+                (run(&spec, world, &c), &reference)
+            };
+            let what =
+                format!("dropout T={t} world {world} one sample {batch_one} sequence {sequence}");
+            if sequence {
+                let record = plan.config.tensor.as_ref().expect("a tensor record");
+                let q = record.sequence.as_ref().expect("a sequence record");
+                assert_eq!((q.scattered, q.gathered), (5, 0), "{what}: {q:?}");
+                // Every dropout of the residual stream reads a chunk and
+                // its place in the whole, forward and backward.
+                let g = &plan.training.graph;
+                let placed = g
+                    .node_ids()
+                    .filter(|&n| {
+                        matches!(
+                            g.node(n).op,
+                            Op::Dropout {
+                                whole_sample: Some(_),
+                                ..
+                            }
+                        )
+                    })
+                    .count();
+                assert_eq!(placed, 2 * (1 + 2 * 2), "{what}");
+            }
+            like_one_rank(&what, reference, &plan, &r);
+            runs.push(r);
+        }
+        let loss = max_loss_rel_diff(&runs[0], &runs[1]);
+        let (abs, _) = max_param_diff(&runs[0], &runs[1]);
+        eprintln!(
+            "dropout T={t} world {world}: sequence against plain: loss {loss:e}, params {abs:e}"
+        );
+        assert!(
+            loss <= LOSS_RTOL && abs <= PARAM_ATOL,
+            "T={t} world {world}"
+        );
+    }
+}
+
 /// Grouped-query attention with fewer key/value heads than T: the key and
 /// value projections are computed whole on every member, each member
 /// takes its query heads' share of them, and their gradients are summed

@@ -12,20 +12,25 @@
 //! - a region's `TpReduce` whose sum is chunkable becomes a
 //!   `TpReduceScatter` (each member keeps its chunk of the sum);
 //! - an op that works row by row (elementwise ops, casts, norms and
-//!   reductions over the last axis, dropout with p = 0, reshapes to a
-//!   chunkable shape) and reads a chunk computes on chunks: another
+//!   reductions over the last axis, dropout, reshapes to a chunkable
+//!   shape) and reads a chunk computes on chunks: another
 //!   activation of the same whole shape it reads is split (`TpSplit`, no
 //!   communication), and a value computed from parameters and constants
 //!   alone (a norm's weight, a bias) is read through a `TpCopy`, so its
-//!   gradient, partial on each member, is summed over the group;
+//!   gradient, partial on each member, is summed over the group, unless it
+//!   spans the chunk axis (a position table against one sample's sequence
+//!   chunks): then it is split too, its gradient gathered whole; a
+//!   dropout on a chunk reads the chunk's place in the whole (a constant
+//!   of every member's offset, split over the group) and draws the whole
+//!   tensor's mask for its elements, so the members together drop exactly
+//!   what one rank holding the whole drops;
 //! - a `TpCopy` that enters a region from a chunk becomes a `TpGather`
 //!   whose gradient is reduce-scattered;
 //! - any other op that reads a chunk (a product with a replicated weight,
-//!   the loss, a dropout with p > 0, whose mask is keyed by the element's
-//!   place in the whole) reads it through a `TpGather` whose gradient is
-//!   this member's chunk.
+//!   the loss) reads it through a `TpGather` whose gradient is this
+//!   member's chunk.
 
-use fsdpc_ir::{Graph, IrError, NodeId, Op, ValueId};
+use fsdpc_ir::{DType, Graph, IrError, NodeId, Op, TensorData, TensorType, ValueId};
 use std::collections::HashMap;
 
 /// What the rewrite did, for the plan's record.
@@ -36,7 +41,7 @@ pub struct Sequence {
     /// Region exits left as all-reduces (their sum is not chunkable).
     pub whole: usize,
     /// Chunks gathered whole for ops that do not run on chunks (a
-    /// replicated head's product, the loss, a dropout).
+    /// replicated head's product, the loss).
     pub gathered: usize,
 }
 
@@ -45,6 +50,22 @@ pub struct Sequence {
 fn chunk_axis(dims: &[usize], t: usize) -> Option<usize> {
     let a = dims.iter().position(|&d| d != 1)?;
     (a + 1 < dims.len() && dims[a].is_multiple_of(t)).then_some(a)
+}
+
+/// The axis of a value of shape `d`, broadcast right-aligned against a
+/// `whole` chunked on `axis`, that spans the chunk axis: present there
+/// with the whole's extent, with no axis before it but of size 1, and
+/// every axis after it the whole's or 1.
+fn spans(d: &[usize], whole: &[usize], axis: usize) -> Option<usize> {
+    let lead = whole.len().checked_sub(d.len())?;
+    let at = axis.checked_sub(lead)?;
+    let fits = d[at] == whole[axis]
+        && d[..at].iter().all(|&x| x == 1)
+        && d[at + 1..]
+            .iter()
+            .zip(&whole[axis + 1..])
+            .all(|(&x, &w)| x == w || x == 1);
+    fits.then_some(at)
 }
 
 /// Whether value `v` is computed from parameters and constants alone.
@@ -75,7 +96,7 @@ fn row_wise(op: &Op, rank: usize) -> bool {
         | Op::LayerNorm { .. }
         | Op::RmsNorm { .. }
         | Op::Reshape { .. } => true,
-        Op::Dropout { p, .. } => *p == 0.0,
+        Op::Dropout { whole_sample, .. } => whole_sample.is_none(),
         Op::Softmax { axis } | Op::LogSoftmax { axis } => *axis + 1 == rank,
         Op::Reduce { axes, keepdims, .. } => *keepdims && axes.as_slice() == [rank - 1],
         _ => false,
@@ -103,6 +124,8 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
     // many ops read them.
     let mut splits: HashMap<ValueId, ValueId> = HashMap::new();
     let mut gathers: HashMap<ValueId, ValueId> = HashMap::new();
+    // One constant of the members' offsets per chunk size (dropout).
+    let mut offsets: HashMap<u64, ValueId> = HashMap::new();
     let mut record = Sequence::default();
     for n in order {
         let node = g.node(n);
@@ -155,7 +178,7 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                 let whole_out = dims(out, g);
                 // Every other input: a chunk of the same whole, a whole
                 // activation of that shape (split here), or a static value
-                // that does not vary along the chunk axis.
+                // that does not vary along the chunk axis or spans it.
                 let fits = row_wise(&op, rank)
                     && g.node(n).outputs.len() == 1
                     && ins.iter().all(|&v| {
@@ -167,11 +190,13 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                             return true;
                         }
                         // Right-aligned broadcast: size 1 or absent at the
-                        // chunk axis and every axis before it.
+                        // chunk axis and every axis before it, or spanning
+                        // the chunk axis (split here).
                         let lead = rank.saturating_sub(d.len());
                         is_static(g, v, &mut statics)
                             && d.len() <= rank
-                            && (0..=axis).all(|i| i < lead || d[i - lead] == 1)
+                            && ((0..=axis).all(|i| i < lead || d[i - lead] == 1)
+                                || spans(&d, &whole_in, axis).is_some())
                     });
                 let out_axis = match &op {
                     Op::Reshape { .. } => chunk_axis(&whole_out, t),
@@ -197,6 +222,23 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                                         c
                                     }
                                 }
+                            } else if let Some(a) = spans(&dims(v, g), &whole_in, axis) {
+                                // A static value with the chunk axis (a
+                                // position table): each member reads its
+                                // rows, the gradient gathered whole.
+                                match splits.get(&v) {
+                                    Some(&c) => c,
+                                    None => {
+                                        let c = g.add1(
+                                            Op::TpSplit { axis: a, parts },
+                                            &[v],
+                                            format!("{name}.sp_split{i}"),
+                                            module,
+                                        )?;
+                                        splits.insert(v, c);
+                                        c
+                                    }
+                                }
                             } else if g.node(v.node).op.is_source()
                                 && !matches!(g.node(v.node).op, Op::Param { .. })
                             {
@@ -210,6 +252,11 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                         }
                         if let Op::Reshape { shape } = &mut g.node_mut(n).op {
                             shape[out_axis] /= t;
+                        }
+                        if let Op::Dropout { p, .. } = op {
+                            if p > 0.0 {
+                                place_dropout(g, n, &whole_in, t, &mut offsets)?;
+                            }
                         }
                         crate::precision::infer_outputs(g, n)?;
                         chunks.insert(out, out_axis);
@@ -269,9 +316,63 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
     Ok((record, loss))
 }
 
+/// Dropout node `n`, now reading a chunk of `whole` (its input's whole
+/// shape), draws the whole's mask: it reads the chunk's offset in the
+/// whole, member k's being `k` chunks, from a constant of every member's
+/// offset split over the group (one per chunk size, in `offsets`).
+fn place_dropout(
+    g: &mut Graph,
+    n: NodeId,
+    whole: &[usize],
+    t: usize,
+    offsets: &mut HashMap<u64, ValueId>,
+) -> Result<(), IrError> {
+    let numel: u64 = whole.iter().map(|&d| d as u64).product();
+    let chunk = numel / t as u64;
+    let rows = whole.first().copied().unwrap_or(1).max(1) as u64;
+    let module = g.node(n).module;
+    let offset = match offsets.get(&chunk) {
+        Some(&o) => o,
+        None => {
+            let all: Vec<f64> = (0..t as u64).map(|k| (k * chunk) as f64).collect();
+            let ty = TensorType::new(DType::I64, vec![t, 1]);
+            let value = TensorData::from_f64s(ty, &all)
+                .ok_or_else(|| IrError::Invalid("dropout chunk offsets".into()))?;
+            let c = g.add1(Op::Constant { value }, &[], "sp_dropout_offsets", module)?;
+            let parts = t as u32;
+            let o = g.add1(
+                Op::TpSplit { axis: 0, parts },
+                &[c],
+                "sp_dropout_offset",
+                module,
+            )?;
+            offsets.insert(chunk, o);
+            o
+        }
+    };
+    if let Op::Dropout { whole_sample, .. } = &mut g.node_mut(n).op {
+        *whole_sample = Some(numel / rows);
+    }
+    g.set_input(n, 1, offset);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::chunk_axis;
+    use super::{chunk_axis, spans};
+
+    #[test]
+    fn a_position_table_spans_the_chunk_axis() {
+        // [8, 32] against [1, 8, 32] chunked on the sequence.
+        assert_eq!(spans(&[8, 32], &[1, 8, 32], 1), Some(0));
+        assert_eq!(spans(&[1, 8, 1], &[1, 8, 32], 1), Some(1));
+        // Missing the chunk axis, or of another extent there.
+        assert_eq!(spans(&[32], &[1, 8, 32], 1), None);
+        assert_eq!(spans(&[4, 32], &[1, 8, 32], 1), None);
+        // Another extent after it; a batch of several before it.
+        assert_eq!(spans(&[8, 16], &[1, 8, 32], 1), None);
+        assert_eq!(spans(&[2, 8, 32], &[1, 8, 32], 1), None);
+    }
 
     #[test]
     fn chunks_lie_on_the_first_axis_not_of_size_one() {
