@@ -462,6 +462,48 @@ fn a_degree_that_does_not_divide_the_heads_or_the_world_is_refused() {
     );
 }
 
+/// A model with no layer tensor parallelism can split (a scaling with a
+/// loss, no product with a weight) is refused with one error saying so
+/// and why, not planned replicated on every member.
+#[test]
+fn a_model_with_no_splittable_layer_is_refused() {
+    use fsdpc_ir::{BinaryFn, DType, Graph, Init, ParamSpec, TensorType};
+    let mut g = Graph::new("scale");
+    let m = g.module("scale", "Scale");
+    let x = g.add_input("x", TensorType::new(DType::F32, [4, 8]));
+    let w = g.add_param(
+        ParamSpec {
+            name: "scale.weight".into(),
+            ty: TensorType::new(DType::F32, [8]),
+            init: Init::Normal { std: 0.02 },
+            requires_grad: true,
+            tied_to: None,
+            tp: None,
+        },
+        m,
+    );
+    let y = g.binary(BinaryFn::Mul, x, w, "scaled", m).expect("mul");
+    let sq = g.binary(BinaryFn::Mul, y, y, "squared", m).expect("square");
+    let loss = g.mean(sq, &[0, 1], false, "loss", m).expect("mean");
+    g.outputs = vec![loss];
+    let optimizer = fsdpc_ir::Optimizer::adamw(1e-3);
+    let program = fsdpc_ir::autodiff::build_training_program(g, loss, optimizer).expect("program");
+    let info = fsdpc_plan::ModelInfo {
+        name: "scale".into(),
+        tokens_per_rank_step: 4,
+        params: 8,
+    };
+    let cluster = fsdpc_planner::preset("cpu-local", 2, 2).expect("preset");
+    let e = fsdpc_planner::compile(program, info, &cluster, &cfg(2, Strategy::FullShard, None))
+        .expect_err("nothing splits")
+        .to_string();
+    assert!(
+        e.contains("tensor parallelism over 2 ranks: no layer of the model splits")
+            && e.contains("no matrix product with a weight"),
+        "{e}"
+    );
+}
+
 /// A tensor group inside a node costs nothing across nodes; one that spans
 /// nodes is accepted (it was asked for) and its cost across nodes stated,
 /// and `inspect` splits the step's bytes by mesh dimension.
