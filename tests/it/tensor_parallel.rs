@@ -792,6 +792,32 @@ fn key_value_heads_fewer_than_t_are_computed_whole_and_shared() {
     }
 }
 
+/// Key/value heads that T does not divide though there are more of them
+/// (3 over T = 2, 6 query heads): computed whole the same way, and trains
+/// like one rank.
+#[test]
+fn key_value_heads_t_does_not_divide_are_computed_whole_and_shared() {
+    let spec = |b: u32| {
+        format!("llama:layers=2,hidden=48,heads=6,kv_heads=3,ffn=48,vocab=64,seq=8,batch={b}")
+    };
+    let (_, reference) = run(&spec, 1, &cfg(1, Strategy::NoShard, None));
+    for (world, sequence) in [(2, false), (2, true), (4, true)] {
+        let mut c = cfg(2, Strategy::FullShard, None);
+        c.sequence_parallel = sequence;
+        let (plan, r) = run(&spec, world, &c);
+        let record = plan.config.tensor.as_ref().expect("a tensor record");
+        let what = format!("kv 3 T=2 world {world} sequence {sequence}");
+        assert_eq!(record.split.len(), 6, "{what}: {record:?}");
+        let whole = record
+            .replicated
+            .iter()
+            .filter(|w| w.contains("computed whole on every member"))
+            .count();
+        assert_eq!(whole, 4, "{what}: {record:?}");
+        like_one_rank(&what, &reference, &plan, &r);
+    }
+}
+
 /// LoRA adapters on split projections: the up-projection of an adapter
 /// added to a column-parallel product splits with it (its input entering
 /// whole), the down-projection of one on a row-parallel product splits
