@@ -70,6 +70,16 @@ fn chunk_moves(plan: &Plan) -> usize {
         .count()
 }
 
+/// The largest relative difference of two runs' gradient norms, step by
+/// step.
+fn max_norm_rel_diff(a: &TrainReport, b: &TrainReport) -> f32 {
+    a.grad_norms
+        .iter()
+        .zip(&b.grad_norms)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(1e-6))
+        .fold(0f32, f32::max)
+}
+
 /// Checks that run `r` of `plan` trained like the one-rank `reference`
 /// within the tolerances, and measured no more than its plan.
 fn like_one_rank(what: &str, reference: &TrainReport, plan: &Plan, r: &TrainReport) {
@@ -401,12 +411,7 @@ fn clipping_with_a_padded_vocabulary_uses_the_whole_models_norm() {
             .tensor
             .as_ref()
             .is_some_and(|t| t.vocabulary_padded.is_some()));
-        let norm = reference
-            .grad_norms
-            .iter()
-            .zip(&r.grad_norms)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let norm = max_norm_rel_diff(&reference, &r);
         eprintln!("padded vocabulary T={t}: grad norm rel {norm:e}");
         assert_eq!(r.grad_norms.len(), STEPS as usize);
         assert!(norm <= LOSS_RTOL, "T={t}: norm {norm:e}");
@@ -574,12 +579,7 @@ fn clipping_under_tensor_parallelism_uses_the_whole_models_norm() {
             })
             .collect();
         assert!(groups.ends_with(&[fsdpc_plan::Group::Tensor]), "{groups:?}");
-        let norm = reference
-            .grad_norms
-            .iter()
-            .zip(&r.grad_norms)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
-            .fold(0f32, f32::max);
+        let norm = max_norm_rel_diff(&reference, &r);
         let loss = max_loss_rel_diff(&reference, &r);
         let (abs, _) = max_param_diff(&reference, &r);
         eprintln!(
