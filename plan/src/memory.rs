@@ -59,9 +59,13 @@ pub struct Estimates {
     pub peak_bytes_per_rank: u64,
     /// Bytes each rank sends per step over all collectives.
     pub comm_bytes_per_step: u64,
-    /// FLOPs one rank computes per step (activation-checkpointing
-    /// recomputation included).
+    /// Executed FLOPs: what one rank computes per step, activation
+    /// recomputation included (the FLOPs of HFU).
     pub flops_per_rank_step: f64,
+    /// Model FLOPs: one rank's share of the model's forward and backward
+    /// per step, recomputation not counted (the FLOPs of MFU).
+    #[serde(default)]
+    pub model_flops_per_rank_step: f64,
     /// Simulated step time in seconds.
     pub step_time_s: f64,
     /// Simulated time the compute stream waits on communication.
@@ -71,6 +75,10 @@ pub struct Estimates {
     /// Model FLOPs utilisation against the preset's peak (recomputation
     /// does not count).
     pub mfu: f64,
+    /// Hardware FLOPs utilisation: executed FLOPs (recomputation counted)
+    /// per second against the preset's peak.
+    #[serde(default)]
+    pub hfu: f64,
     /// Simulated time of one evaluation batch (`Plan::eval`): when the
     /// evaluation prefix's last instruction ends in the simulated step.
     #[serde(default)]

@@ -426,8 +426,16 @@ pub struct Simulation {
     pub world: u32,
     pub step_time_s: f64,
     pub exposed_comm_s: f64,
+    /// Model FLOP/s per rank, in TFLOP/s (recomputation not counted).
     pub tflops_per_rank: f64,
+    /// Model FLOPs utilisation (recomputation not counted).
     pub mfu: f64,
+    /// Hardware FLOPs utilisation (recomputation counted).
+    pub hfu: f64,
+    /// Model FLOPs per rank and step (recomputation not counted).
+    pub model_flops_per_rank_step: f64,
+    /// Executed FLOPs per rank and step (recomputation counted).
+    pub executed_flops_per_rank_step: f64,
     pub peak_bytes_per_rank: u64,
     pub comm_bytes_per_step: u64,
     /// Per stream: the fraction of the step it runs instructions.
@@ -467,6 +475,9 @@ pub fn run(plan: &Plan, cluster: &Cluster) -> Simulation {
         exposed_comm_s: e.exposed_comm_s,
         tflops_per_rank: e.tflops_per_rank,
         mfu: e.mfu,
+        hfu: e.hfu,
+        model_flops_per_rank_step: e.model_flops_per_rank_step,
+        executed_flops_per_rank_step: e.flops_per_rank_step,
         peak_bytes_per_rank: e.peak_bytes_per_rank,
         comm_bytes_per_step: e.comm_bytes_per_step,
         busy,
@@ -482,19 +493,25 @@ pub fn estimate_on(plan: &Plan, cluster: &Cluster) -> Estimates {
 /// The estimates of `plan` from its simulated timeline `tl` on `cluster`.
 pub fn estimates(plan: &Plan, cluster: &Cluster, tl: &Timeline) -> Estimates {
     let peak = cluster.hardware.peak_flops(plan.config.param_dtype);
-    let achieved = if tl.step_time_s > 0.0 {
-        tl.model_flops / tl.step_time_s
-    } else {
-        0.0
+    let per_s = |flops: f64| {
+        if tl.step_time_s > 0.0 {
+            flops / tl.step_time_s
+        } else {
+            0.0
+        }
     };
+    let of_peak = |rate: f64| if peak > 0.0 { rate / peak } else { 0.0 };
+    let (model, executed) = (per_s(tl.model_flops), per_s(tl.flops));
     Estimates {
         peak_bytes_per_rank: plan.memory.peak_bytes,
         comm_bytes_per_step: tl.comm_bytes,
         flops_per_rank_step: tl.flops,
+        model_flops_per_rank_step: tl.model_flops,
         step_time_s: tl.step_time_s,
         exposed_comm_s: tl.exposed_comm_s,
-        tflops_per_rank: achieved / 1e12,
-        mfu: if peak > 0.0 { achieved / peak } else { 0.0 },
+        tflops_per_rank: model / 1e12,
+        mfu: of_peak(model),
+        hfu: of_peak(executed),
         eval_s: eval_time(plan, tl),
     }
 }

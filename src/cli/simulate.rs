@@ -61,6 +61,16 @@ fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
         s.mfu * 100.0,
         human_bytes(s.comm_bytes_per_step)
     );
+    let _ = writeln!(
+        out,
+        "{}",
+        fsdpc_report::inspect::flops_line(
+            s.model_flops_per_rank_step,
+            s.executed_flops_per_rank_step,
+            s.mfu,
+            s.hfu
+        )
+    );
     let fits = if s.peak_bytes_per_rank <= capacity {
         "fits"
     } else {

@@ -72,6 +72,63 @@ fn simulate_reports_the_plans_estimates_and_reacts_to_the_cluster() {
     assert!(text.contains("busy: compute"), "{text}");
 }
 
+/// Model FLOPs leave recomputation out, executed FLOPs count it: without
+/// recomputation the two agree; with every block recomputed the executed
+/// count grows by the blocks' forward and HFU exceeds MFU by the same
+/// ratio, each the FLOPs over the step over the preset's peak.
+#[test]
+fn simulate_names_model_and_executed_flops() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let sim = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let out = out.to_str().expect("utf-8 path").to_string();
+        let mut args = vec![
+            "compile",
+            MODEL,
+            "--world",
+            "16",
+            "--cluster",
+            "a100-80g-roce",
+            "-o",
+            &out,
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+        json(&ok(&["simulate", &out, "--json"]))
+    };
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let plain = sim("plain.json", &[]);
+    assert_eq!(
+        f(&plain, "model_flops_per_rank_step"),
+        f(&plain, "executed_flops_per_rank_step")
+    );
+    assert!(
+        (f(&plain, "mfu") - f(&plain, "hfu")).abs() < 1e-12,
+        "{plain}"
+    );
+    let re = sim("recompute.json", &["--activation-checkpointing", "all"]);
+    let (model, executed) = (
+        f(&re, "model_flops_per_rank_step"),
+        f(&re, "executed_flops_per_rank_step"),
+    );
+    assert_eq!(model, f(&plain, "model_flops_per_rank_step"));
+    // The blocks' forward again: under a third of forward and backward,
+    // since the head and the embedding are not recomputed.
+    let ratio = executed / model;
+    assert!(ratio > 1.05 && ratio < 1.34, "executed / model = {ratio}");
+    let hfu_over_mfu = f(&re, "hfu") / f(&re, "mfu");
+    assert!((hfu_over_mfu - ratio).abs() < 1e-9 * ratio, "{re}");
+    // MFU is the model FLOPs over the step over the A100's 312 TFLOP/s
+    // (bf16) or 19.5 (f32): here f32.
+    let mfu = model / f(&re, "step_time_s") / 19.5e12;
+    assert!((f(&re, "mfu") - mfu).abs() < 1e-9, "{re}");
+    let text = ok(&[
+        "simulate",
+        dir.path().join("recompute.json").to_str().expect("utf-8"),
+    ]);
+    assert!(text.contains("recomputation included (HFU"), "{text}");
+}
+
 #[test]
 fn cluster_files_plan_like_their_preset_and_edits_change_the_estimate() {
     let dir = tempfile::tempdir().expect("tmp");

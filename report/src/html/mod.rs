@@ -207,7 +207,18 @@ fn header(
         "exposed communication",
         false,
     );
-    card(out, &format!("{:.1}%", sim.mfu * 100.0), "MFU", false);
+    card(
+        out,
+        &format!("{:.1}%", sim.mfu * 100.0),
+        "MFU (model FLOPs, no recomputation)",
+        false,
+    );
+    card(
+        out,
+        &format!("{:.1}%", sim.hfu * 100.0),
+        "HFU (executed FLOPs, recomputation counted)",
+        false,
+    );
     card(
         out,
         &format!("{:.3}", sim.tflops_per_rank),

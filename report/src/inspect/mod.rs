@@ -4,7 +4,7 @@
 
 mod text;
 
-pub use text::render_text;
+pub use text::{flops_line, render_text};
 
 use fsdpc_plan::*;
 use serde::Serialize;
@@ -142,11 +142,15 @@ pub struct Summary {
     pub instructions_per_stream: Vec<(Stream, usize)>,
     pub buffers: usize,
     pub events: u32,
+    /// Executed FLOPs per rank and step (recomputation counted).
     pub flops_per_rank_step: f64,
+    /// Model FLOPs per rank and step (recomputation not counted).
+    pub model_flops_per_rank_step: f64,
     pub step_time_s: f64,
     pub exposed_comm_s: f64,
     pub tflops_per_rank: f64,
     pub mfu: f64,
+    pub hfu: f64,
 }
 
 /// One unit's line.
@@ -337,10 +341,12 @@ pub fn summary(plan: &Plan) -> Summary {
         buffers: plan.buffers.len(),
         events: plan.events,
         flops_per_rank_step: e.flops_per_rank_step,
+        model_flops_per_rank_step: e.model_flops_per_rank_step,
         step_time_s: e.step_time_s,
         exposed_comm_s: e.exposed_comm_s,
         tflops_per_rank: e.tflops_per_rank,
         mfu: e.mfu,
+        hfu: e.hfu,
     }
 }
 

@@ -548,6 +548,16 @@ fn estimates(out: &mut String, s: &Summary) {
         s.tflops_per_rank,
         s.mfu * 100.0
     );
+    let _ = writeln!(
+        out,
+        "{}",
+        flops_line(
+            s.model_flops_per_rank_step,
+            s.flops_per_rank_step,
+            s.mfu,
+            s.hfu
+        )
+    );
 }
 
 /// The `rewrites` line: each rule that fired, on how many collectives, and
@@ -589,4 +599,17 @@ fn fmt_secs(t: f64) -> String {
     } else {
         format!("{:.1} us", t * 1e6)
     }
+}
+
+/// The FLOPs line of `inspect` and `simulate`: model FLOPs (MFU's, no
+/// recomputation) and executed FLOPs (HFU's, recomputation counted) per
+/// rank and step.
+pub fn flops_line(model: f64, executed: f64, mfu: f64, hfu: f64) -> String {
+    format!(
+        "FLOPs per rank and step: model {:.4e} (MFU {:.1}%), executed {:.4e}, recomputation included (HFU {:.1}%)",
+        model,
+        mfu * 100.0,
+        executed,
+        hfu * 100.0
+    )
 }
