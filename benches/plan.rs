@@ -168,10 +168,11 @@ fn main() {
         common::mib(json.len() as u64)
     );
     println!(
-        "gpt3-175b world 512 full_shard: peak {:.2} GiB per rank of {:.0} GiB: {}",
-        gib(plan.memory.rank_bytes),
+        "gpt3-175b world 512 full_shard: peak {:.2} GiB per rank (the arena's live peak and {:.2} GiB outside it on a GPU) of {:.0} GiB: {}",
+        gib(plan.memory.device_peak_bytes()),
+        gib(plan.memory.outside_arena_bytes()),
         gib(plan.cluster.memory_bytes),
-        if plan.memory.rank_bytes <= plan.cluster.memory_bytes {
+        if plan.memory.device_peak_bytes() <= plan.cluster.memory_bytes {
             "fits"
         } else {
             "does not fit"

@@ -31,7 +31,7 @@ fn config(strategy: Strategy, t: u32, sequence: bool) -> FsdpConfig {
 }
 
 fn table(model: &str, preset: &str, world: u32) {
-    println!("\n{model}, world {world} (8 per node, {preset}), bf16, every block recomputed; per rank and step");
+    println!("\n{model}, world {world} (8 per node, {preset}), bf16, every block recomputed; per rank and step (peak: the arena's live peak and what a GPU rank holds outside it)");
     println!(
         "  {:<30} {:>9} {:>10} {:>10} {:>11} {:>13} {:>13} {:>10}",
         "mesh", "step", "tokens/s", "peak", "fits", "tensor bytes", "across nodes", "exposed"
@@ -74,8 +74,8 @@ fn table(model: &str, preset: &str, world: u32) {
                     name,
                     e.step_time_s,
                     tokens,
-                    gib(p.memory.rank_bytes),
-                    if p.memory.rank_bytes <= p.cluster.memory_bytes {
+                    gib(p.memory.device_peak_bytes()),
+                    if p.memory.device_peak_bytes() <= p.cluster.memory_bytes {
                         "yes"
                     } else {
                         "no"

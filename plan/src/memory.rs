@@ -52,6 +52,48 @@ pub struct MemorySummary {
     /// `cpu_offload`: size of the host arena (>= `host_peak_bytes`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub host_arena_bytes: u64,
+    /// On a cluster of GPUs: the device memory a rank of the cuda target
+    /// holds besides the arena, one line each (the CUDA context, the
+    /// cuBLAS workspaces, NCCL's buffers); empty on CPU clusters, where a
+    /// rank's heap is all in `rank_bytes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside_arena: Vec<OutsideArena>,
+}
+
+/// One kind of device memory a GPU rank holds outside the plan's arena.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutsideArena {
+    /// What it is (`NCCL buffers: 3 communicators x 32 channels`).
+    pub what: String,
+    pub bytes: u64,
+    /// Where the figure comes from: the runtime's own allocation, a
+    /// library's documented default, or a stated assumption.
+    pub source: String,
+}
+
+/// The cuBLAS workspace the cuda target gives each stream that runs
+/// matrix products (NVIDIA's recommended size for Hopper; the runtime
+/// allocates it beside the arena).
+pub const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
+
+/// What one NCCL channel's connection to one peer holds on the receiving
+/// GPU with NCCL's default buffer sizes (`src/init.cc`): the LL protocol's
+/// `8 x 512 x 8 x 16` = 524,288 B, LL128's `120 x 640 x 8 x 8` = 4,915,200
+/// B and Simple's 4 MiB (`NCCL_BUFFSIZE`).
+pub const NCCL_CHANNEL_BYTES: u64 = 524_288 + 4_915_200 + (4 << 20);
+
+impl MemorySummary {
+    /// The bytes of `outside_arena`.
+    pub fn outside_arena_bytes(&self) -> u64 {
+        self.outside_arena.iter().map(|o| o.bytes).sum()
+    }
+
+    /// What a rank holds on its device at the peak: the arena's live peak
+    /// and everything outside the arena; the figure the capacity is
+    /// checked against.
+    pub fn device_peak_bytes(&self) -> u64 {
+        self.peak_bytes + self.outside_arena_bytes()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
@@ -176,5 +218,6 @@ pub fn summarize(all: &[Buffer], n_instrs: usize, arena_bytes: u64) -> MemorySum
         rank_bytes: arena_bytes,
         host_peak_bytes,
         host_arena_bytes: 0,
+        outside_arena: Vec::new(),
     }
 }

@@ -725,8 +725,8 @@ impl Search<'_> {
         };
         match r {
             Err(reason) => t.weighed[index] = Some(row(cand, Verdict::Refused { reason }, None)),
-            Ok(q) if q.peak_bytes > self.cluster.memory_bytes => {
-                let by_bytes = q.peak_bytes - self.cluster.memory_bytes;
+            Ok(q) if q.device_peak_bytes > self.cluster.memory_bytes => {
+                let by_bytes = q.device_peak_bytes - self.cluster.memory_bytes;
                 let verdict = Verdict::OverMemory { by_bytes };
                 t.weighed[index] = Some(row(cand, verdict, Some(q.peak_bytes)));
             }
@@ -791,9 +791,10 @@ impl Search<'_> {
             Ok(x) => x,
         };
         let peak = plan.memory.peak_bytes;
-        let verdict = if peak > cap {
+        let device = plan.memory.device_peak_bytes();
+        let verdict = if device > cap {
             Verdict::OverMemory {
-                by_bytes: peak - cap,
+                by_bytes: device - cap,
             }
         } else {
             if t.best.is_none_or(|b| (step, cand.index) < b) {

@@ -15,7 +15,7 @@ use fsdpc_plan::*;
 
 /// The `DoesNotFit` error for `plan`, with a suggestion.
 pub fn does_not_fit(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> PlanError {
-    let needed = plan.memory.peak_bytes;
+    let needed = plan.memory.device_peak_bytes();
     let capacity = cluster.memory_bytes;
     PlanError::DoesNotFit {
         needed_bytes: needed,
@@ -34,10 +34,11 @@ fn suggestion(plan: &Plan, cluster: &Cluster, cfg: &FsdpConfig) -> String {
     for (label, alt) in alternatives(cfg) {
         let model = plan.model.clone();
         match crate::compile_unchecked((*plan.training).clone(), model, cluster, &alt) {
-            Ok(p) if p.memory.peak_bytes <= cluster.memory_bytes => {
+            Ok(p) if p.memory.device_peak_bytes() <= cluster.memory_bytes => {
                 return format!(
                     "{label} at world {} fits (peak {} bytes per rank)",
-                    cluster.world, p.memory.peak_bytes
+                    cluster.world,
+                    p.memory.device_peak_bytes()
                 )
             }
             Ok(p) => measured.push((label, p)),
@@ -113,7 +114,7 @@ fn smallest_world(plan: &Plan, cluster: &Cluster, strategy: &str) -> String {
     let f_now = u64::from(plan.config.shard_factor.max(1));
     let transient = plan
         .memory
-        .peak_bytes
+        .device_peak_bytes()
         .saturating_sub(persistent_at(plan, f_now));
     let capacity = cluster.memory_bytes;
     if transient >= capacity {

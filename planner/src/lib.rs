@@ -12,6 +12,7 @@ pub mod auto;
 pub mod clip;
 pub mod config;
 pub mod cost;
+pub mod device;
 pub mod error;
 mod eval;
 pub mod fit;
@@ -52,7 +53,7 @@ pub fn compile(
     cfg: &FsdpConfig,
 ) -> Result<Plan, PlanError> {
     let plan = compile_unchecked(program, model, cluster, cfg)?;
-    if cfg.check_fits && plan.memory.peak_bytes > cluster.memory_bytes {
+    if cfg.check_fits && plan.memory.device_peak_bytes() > cluster.memory_bytes {
         return Err(fit::does_not_fit(&plan, cluster, cfg));
     }
     Ok(plan)
@@ -96,6 +97,10 @@ pub struct Quick {
     /// offsets, and the fences memory planning inserts (records and waits)
     /// write and free nothing.
     pub peak_bytes: u64,
+    /// `memory.device_peak_bytes()` of the compiled plan: the peak and the
+    /// memory outside the arena (`device::outside_arena`, which depends on
+    /// the instructions alone).
+    pub device_peak_bytes: u64,
     /// At most the compiled plan's simulated step. Without contention: the
     /// simulated step of the schedule without fences (fences only add
     /// waits, and in the one-pass simulation a wait never makes anything
@@ -144,9 +149,11 @@ pub fn quick_prepared(
     plan.events = sched.events;
     plan.instructions = sched.instructions;
     plan.memory = memory;
+    plan.memory.outside_arena = device::outside_arena(&plan, &cluster.hardware);
     let bounds = simulate::bounds(&plan, cluster);
     Ok(Quick {
         peak_bytes: plan.memory.peak_bytes,
+        device_peak_bytes: plan.memory.device_peak_bytes(),
         plan,
         step_lower_s: bounds.step_s,
         busy_s: bounds.busy_s,

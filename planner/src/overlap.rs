@@ -65,9 +65,10 @@ pub fn relieve_stalls(
         }
         let mut s = scheduled.clone();
         let (mut memory, next) = memory::plan_memory(&mut s, &apart);
-        if memory.arena_bytes > cluster.memory_bytes {
+        if memory.arena_bytes + plan.memory.outside_arena_bytes() > cluster.memory_bytes {
             break;
         }
+        memory.outside_arena = plan.memory.outside_arena.clone();
         memory.heap_bytes = heap_bytes;
         memory.rank_bytes = memory.arena_bytes + memory.host_arena_bytes + heap_bytes;
         let previous = Layout {

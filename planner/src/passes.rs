@@ -502,13 +502,19 @@ fn workspace(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
 
 // The memory passes.
 
-fn memory_passes<'a>() -> [Pass<MemoryData<'a>>; 3] {
+fn memory_passes<'a>() -> [Pass<MemoryData<'a>>; 4] {
     [
         Pass {
             name: "memory",
             decides: "buffer lifetimes, offsets in the device and host arenas, the fences \
                       that make reuse safe across streams, and the exact peaks",
             run: memory,
+        },
+        Pass {
+            name: "device",
+            decides: "on a cluster of GPUs, what a rank holds outside the arena: the CUDA \
+                      context, the cuBLAS workspaces and NCCL's buffers by communicator",
+            run: device,
         },
         Pass {
             name: "overlap",
@@ -566,6 +572,11 @@ fn memory(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
     d.plan.instructions = sched.instructions;
     d.plan.memory = memory;
     d.fences = fences;
+    Ok(d)
+}
+
+fn device(mut d: MemoryData<'_>) -> Result<MemoryData<'_>, PlanError> {
+    d.plan.memory.outside_arena = crate::device::outside_arena(&d.plan, &d.cluster.hardware);
     Ok(d)
 }
 

@@ -15,6 +15,19 @@ pub const PCIE5_X16_BW: f64 = 50e9;
 
 const GIB: u64 = 1 << 30;
 
+/// Assumed device memory of a GPU process besides its own allocations
+/// (the CUDA context, loaded modules, the driver's reservations): 512 MiB.
+/// Guides give 300 MB to 1 GB per process; the cuda target measures it
+/// (`MemoryReport::baseline_used`) where a GPU is at hand.
+const GPU_CONTEXT_BYTES: u64 = 512 << 20;
+
+/// Assumed NCCL channels per communicator on an 8-GPU NVLink node: what
+/// NCCL's log (`NCCL_DEBUG=INFO`, "coll channels") commonly shows there.
+const NVLINK_NCCL_CHANNELS: u32 = 32;
+
+/// Assumed NCCL channels per communicator on a PCIe node without NVLink.
+const PCIE_NCCL_CHANNELS: u32 = 4;
+
 /// The presets `preset` knows, with a one-line description.
 pub const PRESETS: [(&str, &str); 7] = [
     (
@@ -135,6 +148,27 @@ fn sources(name: &str) -> std::collections::BTreeMap<String, String> {
             "assumed: half the per-rank share of the host's DRAM bandwidth".to_string(),
         ),
     ])
+    .chain(
+        (name != "cpu-local")
+            .then(|| {
+                [
+            (
+                "context_bytes".to_string(),
+                "assumed: 512 MiB for the CUDA context, modules and driver (guides give 300 MB \
+                 to 1 GB per process; the cuda target measures it)"
+                    .to_string(),
+            ),
+            (
+                "nccl_channels".to_string(),
+                "assumed: what NCCL's log (NCCL_DEBUG=INFO, \"coll channels\") commonly shows \
+                 on such a node; set it from yours"
+                    .to_string(),
+            ),
+        ]
+            })
+            .into_iter()
+            .flatten(),
+    )
     .collect()
 }
 
@@ -171,6 +205,8 @@ fn a100_roce() -> Hardware {
         inter_latency_s: 20e-6,
         host_bw: PCIE4_X16_BW,
         host_mem_bw: HOST_MEM_BW,
+        context_bytes: GPU_CONTEXT_BYTES,
+        nccl_channels: NVLINK_NCCL_CHANNELS,
         ..Hardware::default()
     }
 }
@@ -189,6 +225,8 @@ fn h100_ib() -> Hardware {
         inter_latency_s: 10e-6,
         host_bw: PCIE5_X16_BW,
         host_mem_bw: HOST_MEM_BW,
+        context_bytes: GPU_CONTEXT_BYTES,
+        nccl_channels: NVLINK_NCCL_CHANNELS,
         ..Hardware::default()
     }
 }
@@ -236,6 +274,8 @@ fn l40s_eth() -> Hardware {
         inter_latency_s: 25e-6,
         host_bw: PCIE4_X16_BW,
         host_mem_bw: HOST_MEM_BW,
+        context_bytes: GPU_CONTEXT_BYTES,
+        nccl_channels: PCIE_NCCL_CHANNELS,
         ..Hardware::default()
     }
 }
@@ -255,6 +295,8 @@ fn a10_eth() -> Hardware {
         inter_latency_s: 25e-6,
         host_bw: PCIE4_X16_BW,
         host_mem_bw: HOST_MEM_BW,
+        context_bytes: GPU_CONTEXT_BYTES,
+        nccl_channels: PCIE_NCCL_CHANNELS,
         ..Hardware::default()
     }
 }

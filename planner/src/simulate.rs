@@ -437,6 +437,10 @@ pub struct Simulation {
     /// Executed FLOPs per rank and step (recomputation counted).
     pub executed_flops_per_rank_step: f64,
     pub peak_bytes_per_rank: u64,
+    /// On a cluster of GPUs, the device memory a rank holds outside the
+    /// arena (`MemorySummary::outside_arena`), counted with the peak
+    /// against the capacity.
+    pub outside_arena_bytes: u64,
     pub comm_bytes_per_step: u64,
     /// Per stream: the fraction of the step it runs instructions.
     pub busy: Vec<(Stream, f64)>,
@@ -479,6 +483,10 @@ pub fn run(plan: &Plan, cluster: &Cluster) -> Simulation {
         model_flops_per_rank_step: e.model_flops_per_rank_step,
         executed_flops_per_rank_step: e.flops_per_rank_step,
         peak_bytes_per_rank: e.peak_bytes_per_rank,
+        outside_arena_bytes: crate::device::outside_arena(plan, &cluster.hardware)
+            .iter()
+            .map(|o| o.bytes)
+            .sum(),
         comm_bytes_per_step: e.comm_bytes_per_step,
         busy,
     }

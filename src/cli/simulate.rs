@@ -71,14 +71,22 @@ fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
             s.hfu
         )
     );
-    let fits = if s.peak_bytes_per_rank <= capacity {
+    let fits = if s.peak_bytes_per_rank + s.outside_arena_bytes <= capacity {
         "fits"
     } else {
         "DOES NOT FIT"
     };
+    let outside = if s.outside_arena_bytes > 0 {
+        format!(
+            ", {} outside the arena on a GPU",
+            human_bytes(s.outside_arena_bytes)
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "peak per rank {} (arena live peak {}, capacity {}: {fits})",
+        "peak per rank {} (arena live peak {}{outside}, capacity {}: {fits})",
         human_bytes(rank_bytes),
         human_bytes(s.peak_bytes_per_rank),
         human_bytes(capacity)

@@ -141,8 +141,18 @@ fn device_summary(
             s.iter().sum::<f64>() / s.len() as f64
         }
     };
+    // The plan's lines outside the arena: the context's against the
+    // baseline, the rest against what set-up used beyond the arena.
+    let outside = &plan.memory.outside_arena;
+    let context: u64 = outside
+        .iter()
+        .filter(|o| o.what.starts_with("CUDA context"))
+        .map(|o| o.bytes)
+        .sum();
+    let rest = plan.memory.outside_arena_bytes() - context;
     format!(
-        "cuda: {} ({}): planned arena {}, one allocation of {} (arena + kernel scratch + cuBLAS workspace); device memory used beyond the context: {} after set-up, {} after the steps (of {}); mean step {:.2} ms after the first\n",
+        "cuda: {} ({}): planned arena {}, one allocation of {} (arena + kernel scratch + cuBLAS workspace); device memory used beyond the context: {} after set-up, {} after the steps (of {}); mean step {:.2} ms after the first\n\
+         cuda: outside the arena, planned against measured: context {} / {}, the rest (cuBLAS workspaces, NCCL buffers) {} / {} beyond the arena after set-up\n",
         d.name,
         plan.model.name,
         human_bytes(m.planned_arena),
@@ -151,6 +161,10 @@ fn device_summary(
         human_bytes(m.end_used),
         human_bytes(m.total),
         mean(&d.step_times) * 1e3,
+        human_bytes(context),
+        human_bytes(m.baseline_used),
+        human_bytes(rest),
+        human_bytes(m.setup_used.saturating_sub(m.planned_arena)),
     )
 }
 

@@ -259,3 +259,72 @@ fn gpt_tensor_parallel_meshes() {
     plain.sequence_parallel = false;
     check(GPT, 4, &plain, &adamw());
 }
+
+/// On a cluster of GPUs a plan states what a rank of the cuda target holds
+/// outside the arena, line by line: the context, one cuBLAS workspace per
+/// stream with matrix products (the compute stream), and NCCL's buffers
+/// for each communicator its collectives use: full_shard gathers on the
+/// unshard stream and reduce-scatters on the reduce stream over the shard
+/// group, hybrid_shard adds the replicas' all-reduce, T = 2 the tensor
+/// group's sums on the compute stream, and the loss report has its own.
+/// One rank uses no NCCL; a CPU cluster has no such lines. The capacity
+/// is checked against the live peak and these lines.
+#[test]
+fn a_gpu_plan_states_its_memory_outside_the_arena() {
+    use fsdpc_plan::memory::{CUBLAS_WORKSPACE_BYTES, NCCL_CHANNEL_BYTES};
+    let spec = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=64,batch=2";
+    let plan_on = |preset: &str, world: u32, c: FsdpConfig| {
+        crate::common::compile_on(spec, preset, world, world.min(8), &c).expect("plan")
+    };
+    let cfg = |strategy: Strategy, t: u32| {
+        let mut c = FsdpConfig::default();
+        c.settings.strategy = strategy;
+        c.settings.tensor_parallel = t;
+        c
+    };
+    let channels = 32;
+    for (world, strategy, t, comms) in [
+        (8, Strategy::FullShard, 1, 3),
+        (16, Strategy::HybridShard, 1, 4),
+        (8, Strategy::FullShard, 2, 4),
+        (1, Strategy::NoShard, 1, 0),
+    ] {
+        let plan = plan_on("h100-80g-ib", world, cfg(strategy, t));
+        let what = format!("world {world} {strategy:?} T={t}");
+        let lines: Vec<(&str, u64)> = plan
+            .memory
+            .outside_arena
+            .iter()
+            .map(|o| (o.what.split(':').next().unwrap_or(""), o.bytes))
+            .collect();
+        let mut want = vec![
+            ("CUDA context, modules and driver", 512 << 20),
+            ("cuBLAS workspace", CUBLAS_WORKSPACE_BYTES),
+        ];
+        if comms > 0 {
+            want.push(("NCCL buffers", comms * channels * NCCL_CHANNEL_BYTES));
+        }
+        assert_eq!(lines, want, "{what}");
+        assert_eq!(
+            plan.memory.device_peak_bytes(),
+            plan.memory.peak_bytes + want.iter().map(|(_, b)| b).sum::<u64>(),
+            "{what}"
+        );
+    }
+    let cpu = plan_on("cpu-local", 2, cfg(Strategy::FullShard, 1));
+    assert!(cpu.memory.outside_arena.is_empty());
+    // A GPU whose memory holds the arena's peak but not the lines beside
+    // it: refused, naming the bytes, unless the fit is not checked.
+    let plan = plan_on("h100-80g-ib", 8, cfg(Strategy::FullShard, 1));
+    let mut cluster = fsdpc_planner::preset("h100-80g-ib", 8, 8).expect("preset");
+    cluster.memory_bytes = plan.memory.peak_bytes + plan.memory.outside_arena_bytes() / 2;
+    let mut c = cfg(Strategy::FullShard, 1);
+    c.check_fits = true;
+    let e = crate::common::compile_for(spec, &cluster, &c).expect_err("does not fit");
+    assert!(
+        matches!(e, fsdpc_planner::PlanError::DoesNotFit { needed_bytes, .. } if needed_bytes == plan.memory.device_peak_bytes()),
+        "{e}"
+    );
+    c.check_fits = false;
+    crate::common::compile_for(spec, &cluster, &c).expect("compiles unchecked");
+}

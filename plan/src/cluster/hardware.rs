@@ -23,6 +23,16 @@ pub const HOST_MEM_BW: f64 = 25e9;
 pub struct Hardware {
     /// Dense peak FLOP/s for f32 operands (no TF32).
     pub peak_flops_f32: f64,
+    /// A GPU process's device memory besides its own allocations: the
+    /// CUDA context, loaded modules and the driver's reservations, bytes
+    /// (0: not a GPU, or a file that does not say).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub context_bytes: u64,
+    /// Channels NCCL opens per communicator, each holding
+    /// `memory::NCCL_CHANNEL_BYTES` per receiving connection (0: no NCCL,
+    /// or a file that does not say).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub nccl_channels: u32,
     /// Dense peak FLOP/s for bf16/f16 operands.
     pub peak_flops_bf16: f64,
     /// Memory bandwidth, bytes/s.
@@ -284,6 +294,14 @@ impl Contention {
         .iter()
         .any(|&x| x > 1.0)
     }
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
+}
+
+fn is_zero_u32(x: &u32) -> bool {
+    *x == 0
 }
 
 fn is_zero(x: &f64) -> bool {

@@ -61,7 +61,7 @@ impl Search<'_> {
         };
         for (label, alt) in self.alternatives() {
             match self.evaluate(&alt) {
-                Ok(Ok((plan, _))) if plan.memory.peak_bytes <= cap => {
+                Ok(Ok((plan, _))) if plan.memory.device_peak_bytes() <= cap => {
                     suggestion.push_str(&format!(
                         "; {label} fits at this world ({}, peak {})",
                         short(&alt),
@@ -182,7 +182,7 @@ impl Search<'_> {
             let plan =
                 crate::compile_unchecked(self.program.clone(), self.model.clone(), &cluster, &cfg)
                     .ok()?;
-            if plan.memory.peak_bytes <= cap {
+            if plan.memory.device_peak_bytes() <= cap {
                 return Some((w, cfg, plan.memory.peak_bytes));
             }
             k += 1;

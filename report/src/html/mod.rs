@@ -225,12 +225,12 @@ fn header(
         "TFLOP/s per rank",
         false,
     );
-    let over = sim.peak_bytes_per_rank > cluster.memory_bytes;
+    let over = sim.peak_bytes_per_rank + sim.outside_arena_bytes > cluster.memory_bytes;
     card(
         out,
         &format!(
             "{} / {}",
-            human_bytes(sim.peak_bytes_per_rank),
+            human_bytes(sim.peak_bytes_per_rank + sim.outside_arena_bytes),
             human_bytes(cluster.memory_bytes)
         ),
         if over {

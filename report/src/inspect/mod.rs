@@ -76,6 +76,11 @@ pub struct Summary {
     pub breakdown: Vec<(BufferKind, u64)>,
     /// What the matrix-product library allocates at most outside the arena.
     pub heap_bytes: u64,
+    /// On a cluster of GPUs, what a rank of the cuda target holds on its
+    /// device outside the arena (`memory.outside_arena`); counted with the
+    /// live peak against the capacity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outside_arena: Vec<fsdpc_plan::OutsideArena>,
     /// "Peak per rank", the one figure `compile`, `train` and `inspect`
     /// print: the arenas plus that heap, the most a rank holds during a
     /// step (`memory.rank_bytes`).
@@ -296,6 +301,7 @@ pub fn summary(plan: &Plan) -> Summary {
         capacity_bytes: plan.cluster.memory_bytes,
         breakdown: plan.memory.breakdown.clone(),
         heap_bytes: plan.memory.heap_bytes,
+        outside_arena: plan.memory.outside_arena.clone(),
         rank_bytes: plan.memory.rank_bytes,
         cpu_offload: plan.config.cpu_offload,
         offloaded_units: partial_offload(plan),

@@ -392,7 +392,8 @@ frozen parameters ({how}): {} of {} elements; no gradient, reduce-scatter or opt
 /// `compile` and `train` print it), then its parts: each arena's live peak
 /// by buffer kind, and the matrix library's heap.
 fn memory_table(out: &mut String, s: &Summary) {
-    let fits = if s.peak_bytes_per_rank <= s.capacity_bytes {
+    let outside: u64 = s.outside_arena.iter().map(|o| o.bytes).sum();
+    let fits = if s.peak_bytes_per_rank + outside <= s.capacity_bytes {
         "fits"
     } else {
         "DOES NOT FIT"
@@ -422,15 +423,39 @@ fn memory_table(out: &mut String, s: &Summary) {
         "\npeak per rank {}: {parts}",
         human_bytes(s.rank_bytes)
     );
+    let capacity = if outside > 0 {
+        format!(
+            "capacity {}, less {} outside the arena",
+            human_bytes(s.capacity_bytes),
+            human_bytes(outside)
+        )
+    } else {
+        format!("capacity {}", human_bytes(s.capacity_bytes))
+    };
     let _ = writeln!(
         out,
-        "{device} {}: live peak {} at instruction {} (capacity {}: {fits})",
+        "{device} {}: live peak {} at instruction {} ({capacity}: {fits})",
         human_bytes(s.arena_bytes),
         human_bytes(s.peak_bytes_per_rank),
         s.peak_at,
-        human_bytes(s.capacity_bytes),
     );
     kinds(out, &s.breakdown);
+    if outside > 0 {
+        let _ = writeln!(
+            out,
+            "outside the arena on a GPU (cuda target) {}:",
+            human_bytes(outside)
+        );
+        for o in &s.outside_arena {
+            let _ = writeln!(
+                out,
+                "  {:<68} {:>12}  ({})",
+                o.what,
+                human_bytes(o.bytes),
+                o.source
+            );
+        }
+    }
     if s.cpu_offload {
         let _ = writeln!(
             out,

@@ -42,8 +42,8 @@ use fsdpc_ir::{DType, TensorType};
 use fsdpc_plan::Stream;
 
 /// Bytes of cuBLAS workspace per stream that runs matrix products (what
-/// NVIDIA recommends for Hopper).
-pub const BLAS_WORKSPACE: u64 = 32 << 20;
+/// NVIDIA recommends for Hopper), as the plan counts it outside the arena.
+pub const BLAS_WORKSPACE: u64 = fsdpc_plan::memory::CUBLAS_WORKSPACE_BYTES;
 /// Bytes at the start of each stream's scratch: its error word.
 pub(crate) const ERR_BYTES: u64 = 256;
 
