@@ -135,6 +135,26 @@ struct Select {
     segments: Vec<usize>,
 }
 
+/// Each member's offset `k * step` (member k of `t`) as one integer: a
+/// constant of every member's offset split over the tensor group, so every
+/// member runs the same program and no communication is needed. `name`
+/// names the constant and its split.
+pub(super) fn member_offset(
+    g: &mut Graph,
+    step: u64,
+    t: usize,
+    name: &str,
+    module: fsdpc_ir::ModuleId,
+) -> Result<ValueId, fsdpc_ir::IrError> {
+    let all: Vec<f64> = (0..t as u64).map(|k| (k * step) as f64).collect();
+    let ty = fsdpc_ir::TensorType::new(fsdpc_ir::DType::I64, vec![t, 1]);
+    let value = fsdpc_ir::TensorData::from_f64s(ty, &all)
+        .ok_or_else(|| fsdpc_ir::IrError::Invalid(format!("{name}: member offsets")))?;
+    let c = g.add1(Op::Constant { value }, &[], format!("{name}s"), module)?;
+    let parts = t as u32;
+    g.add1(Op::TpSplit { axis: 0, parts }, &[c], name, module)
+}
+
 /// The matrix products that may start a region, by the activation they
 /// read: `x @ W` with `W` a matrix parameter no other node reads.
 fn seeds(g: &Graph, order: &[NodeId]) -> Vec<(ValueId, Vec<NodeId>)> {

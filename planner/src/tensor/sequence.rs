@@ -30,7 +30,7 @@
 //!   the loss) reads it through a `TpGather` whose gradient is this
 //!   member's chunk.
 
-use fsdpc_ir::{DType, Graph, IrError, NodeId, Op, TensorData, TensorType, ValueId};
+use fsdpc_ir::{Graph, IrError, ModuleId, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
 /// What the rewrite did, for the plan's record.
@@ -208,37 +208,14 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                             if chunks.contains_key(&v) {
                                 continue;
                             }
+                            let split_name = format!("{name}.sp_split{i}");
                             let read = if dims(v, g) == whole_in {
-                                match splits.get(&v) {
-                                    Some(&c) => c,
-                                    None => {
-                                        let c = g.add1(
-                                            Op::TpSplit { axis, parts },
-                                            &[v],
-                                            format!("{name}.sp_split{i}"),
-                                            module,
-                                        )?;
-                                        splits.insert(v, c);
-                                        c
-                                    }
-                                }
+                                split_once(g, &mut splits, v, axis, parts, split_name, module)?
                             } else if let Some(a) = spans(&dims(v, g), &whole_in, axis) {
                                 // A static value with the chunk axis (a
                                 // position table): each member reads its
                                 // rows, the gradient gathered whole.
-                                match splits.get(&v) {
-                                    Some(&c) => c,
-                                    None => {
-                                        let c = g.add1(
-                                            Op::TpSplit { axis: a, parts },
-                                            &[v],
-                                            format!("{name}.sp_split{i}"),
-                                            module,
-                                        )?;
-                                        splits.insert(v, c);
-                                        c
-                                    }
-                                }
+                                split_once(g, &mut splits, v, a, parts, split_name, module)?
                             } else if g.node(v.node).op.is_source()
                                 && !matches!(g.node(v.node).op, Op::Param { .. })
                             {
@@ -316,6 +293,25 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
     Ok((record, loss))
 }
 
+/// This member's part of `v` split on `axis` over `parts` members: one
+/// `TpSplit` of `v` however many ops read it (`splits`).
+fn split_once(
+    g: &mut Graph,
+    splits: &mut HashMap<ValueId, ValueId>,
+    v: ValueId,
+    axis: usize,
+    parts: u32,
+    name: String,
+    module: ModuleId,
+) -> Result<ValueId, IrError> {
+    if let Some(&c) = splits.get(&v) {
+        return Ok(c);
+    }
+    let c = g.add1(Op::TpSplit { axis, parts }, &[v], name, module)?;
+    splits.insert(v, c);
+    Ok(c)
+}
+
 /// Dropout node `n`, now reading a chunk of `whole` (its input's whole
 /// shape), draws the whole's mask: it reads the chunk's offset in the
 /// whole, member k's being `k` chunks, from a constant of every member's
@@ -334,18 +330,7 @@ fn place_dropout(
     let offset = match offsets.get(&chunk) {
         Some(&o) => o,
         None => {
-            let all: Vec<f64> = (0..t as u64).map(|k| (k * chunk) as f64).collect();
-            let ty = TensorType::new(DType::I64, vec![t, 1]);
-            let value = TensorData::from_f64s(ty, &all)
-                .ok_or_else(|| IrError::Invalid("dropout chunk offsets".into()))?;
-            let c = g.add1(Op::Constant { value }, &[], "sp_dropout_offsets", module)?;
-            let parts = t as u32;
-            let o = g.add1(
-                Op::TpSplit { axis: 0, parts },
-                &[c],
-                "sp_dropout_offset",
-                module,
-            )?;
+            let o = super::member_offset(g, chunk, t, "sp_dropout_offset", module)?;
             offsets.insert(chunk, o);
             o
         }

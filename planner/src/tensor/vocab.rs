@@ -35,8 +35,8 @@
 
 use super::sequence::is_static;
 use fsdpc_ir::{
-    BinaryFn, CompareFn, DType, Graph, IrError, NodeId, Op, ParamId, ReduceFn, TensorData,
-    TensorType, TpSlice, UnaryFn, ValueId,
+    BinaryFn, CompareFn, DType, Graph, IrError, NodeId, Op, ParamId, ReduceFn, TensorData, TpSlice,
+    UnaryFn, ValueId,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -317,12 +317,7 @@ pub(super) fn apply(g: &mut Graph, v: &Vocab, t: usize, loss: ValueId) -> Result
             return Ok(o);
         }
         let module = g.node(at).module;
-        let all: Vec<f64> = (0..t).map(|k| (k * local) as f64).collect();
-        let ty = TensorType::new(DType::I64, vec![t, 1]);
-        let value = TensorData::from_f64s(ty, &all)
-            .ok_or_else(|| IrError::Invalid("vocabulary offsets".into()))?;
-        let c = g.add1(Op::Constant { value }, &[], "vocab_offsets", module)?;
-        let o = g.add1(Op::TpSplit { axis: 0, parts }, &[c], "vocab_offset", module)?;
+        let o = super::member_offset(g, local as u64, t, "vocab_offset", module)?;
         offsets.insert(local, o);
         Ok(o)
     };
