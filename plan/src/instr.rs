@@ -367,19 +367,24 @@ impl InstrOp {
 
     /// True for all-gathers, reduce-scatters and all-reduces.
     pub fn is_collective(&self) -> bool {
-        matches!(
-            self,
-            InstrOp::AllGather { .. }
-                | InstrOp::ReduceScatter { .. }
-                | InstrOp::AllReduce { .. }
-                | InstrOp::NormAllReduce { .. }
-                | InstrOp::FoundInfAllReduce { .. }
-                | InstrOp::TensorAllReduce { .. }
-                | InstrOp::TensorChunks {
-                    kind: ChunkKind::Gather | ChunkKind::ReduceScatter,
-                    ..
-                }
-        )
+        self.group().is_some()
+    }
+
+    /// The group a collective runs over (`None`: not a collective).
+    pub fn group(&self) -> Option<Group> {
+        match self {
+            InstrOp::AllGather { c, .. } | InstrOp::ReduceScatter { c } => Some(c.group),
+            InstrOp::AllReduce { group, .. }
+            | InstrOp::NormAllReduce { group, .. }
+            | InstrOp::FoundInfAllReduce { group, .. }
+            | InstrOp::TensorAllReduce { group, .. }
+            | InstrOp::TensorChunks {
+                kind: ChunkKind::Gather | ChunkKind::ReduceScatter,
+                group,
+                ..
+            } => Some(*group),
+            _ => None,
+        }
     }
 }
 

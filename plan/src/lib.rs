@@ -51,7 +51,7 @@ pub use group::{
 pub use ids::{BufferId, EventId, UnitId};
 pub use instr::{bucketable_gather, ChunkKind, Collective, Instr, InstrOp, Stream};
 pub use lr::{LrDecay, LrSchedule};
-pub use memory::{Estimates, MemorySummary, OutsideArena};
+pub use memory::{Estimates, MemorySummary, OutsideArena, OutsideKind};
 pub use offload::{OffloadUnits, OffloadWhat};
 pub use unit::{reshard_group, unit_reshard, FlatParam, Segment, Unit};
 pub use validate::PlanViolation;

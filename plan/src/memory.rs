@@ -60,10 +60,23 @@ pub struct MemorySummary {
     pub outside_arena: Vec<OutsideArena>,
 }
 
+/// What an `OutsideArena` line counts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutsideKind {
+    /// The CUDA context, loaded modules and the driver's reservations.
+    Context,
+    /// The cuBLAS workspaces of the streams with matrix products.
+    CublasWorkspace,
+    /// NCCL's channel buffers of every communicator.
+    NcclBuffers,
+}
+
 /// One kind of device memory a GPU rank holds outside the plan's arena.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutsideArena {
-    /// What it is (`NCCL buffers: 3 communicators x 32 channels`).
+    pub kind: OutsideKind,
+    /// What it is, in words (`NCCL buffers: 3 communicators x 32 channels`).
     pub what: String,
     pub bytes: u64,
     /// Where the figure comes from: the runtime's own allocation, a

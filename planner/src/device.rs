@@ -21,15 +21,17 @@ use fsdpc_plan::*;
 /// (none where `hw` gives no GPU figures).
 pub fn outside_arena(plan: &Plan, hw: &Hardware) -> Vec<OutsideArena> {
     let mut out = Vec::new();
+    if hw.context_bytes == 0 && hw.nccl_channels == 0 {
+        // Not a GPU (or a cluster file that says nothing of it).
+        return out;
+    }
     if hw.context_bytes > 0 {
         out.push(OutsideArena {
+            kind: OutsideKind::Context,
             what: "CUDA context, modules and driver".into(),
             bytes: hw.context_bytes,
             source: "the cluster's context_bytes; `fsdpc cluster` gives its source".into(),
         });
-    }
-    if hw.nccl_channels == 0 && hw.context_bytes == 0 {
-        return out;
     }
     let gemm_streams: std::collections::BTreeSet<usize> = plan
         .instructions
@@ -47,6 +49,7 @@ pub fn outside_arena(plan: &Plan, hw: &Hardware) -> Vec<OutsideArena> {
     if !gemm_streams.is_empty() {
         let n = gemm_streams.len() as u64;
         out.push(OutsideArena {
+            kind: OutsideKind::CublasWorkspace,
             what: format!(
                 "cuBLAS workspace: {} MiB on each of {n} stream(s) with matrix products",
                 CUBLAS_WORKSPACE_BYTES >> 20
@@ -59,6 +62,7 @@ pub fn outside_arena(plan: &Plan, hw: &Hardware) -> Vec<OutsideArena> {
     if hw.nccl_channels > 0 && comms > 0 {
         let channels = u64::from(hw.nccl_channels);
         out.push(OutsideArena {
+            kind: OutsideKind::NcclBuffers,
             what: format!(
                 "NCCL buffers: {comms} communicator(s) x {channels} channels x {:.2} MiB",
                 NCCL_CHANNEL_BYTES as f64 / f64::from(1 << 20)
@@ -79,7 +83,7 @@ pub fn communicators(plan: &Plan) -> u64 {
     let geometry = plan.geometry();
     let mut keys: Vec<(usize, Group)> = Vec::new();
     for ins in &plan.instructions {
-        if let Some(g) = group_of(&ins.op) {
+        if let Some(g) = ins.op.group() {
             let key = (ins.stream.index(), g);
             if geometry.size(g) > 1 && !keys.contains(&key) {
                 keys.push(key);
@@ -87,21 +91,4 @@ pub fn communicators(plan: &Plan) -> u64 {
         }
     }
     keys.len() as u64 + u64::from(plan.cluster.world > 1)
-}
-
-/// The group a collective runs over (`None`: not a collective).
-fn group_of(op: &InstrOp) -> Option<Group> {
-    match op {
-        InstrOp::AllGather { c, .. } | InstrOp::ReduceScatter { c } => Some(c.group),
-        InstrOp::AllReduce { group, .. }
-        | InstrOp::NormAllReduce { group, .. }
-        | InstrOp::FoundInfAllReduce { group, .. }
-        | InstrOp::TensorAllReduce { group, .. } => Some(*group),
-        InstrOp::TensorChunks {
-            kind: ChunkKind::Gather | ChunkKind::ReduceScatter,
-            group,
-            ..
-        } => Some(*group),
-        _ => None,
-    }
 }

@@ -146,7 +146,7 @@ fn device_summary(
     let outside = &plan.memory.outside_arena;
     let context: u64 = outside
         .iter()
-        .filter(|o| o.what.starts_with("CUDA context"))
+        .filter(|o| o.kind == fsdpc_plan::OutsideKind::Context)
         .map(|o| o.bytes)
         .sum();
     let rest = plan.memory.outside_arena_bytes() - context;

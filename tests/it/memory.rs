@@ -272,6 +272,7 @@ fn gpt_tensor_parallel_meshes() {
 #[test]
 fn a_gpu_plan_states_its_memory_outside_the_arena() {
     use fsdpc_plan::memory::{CUBLAS_WORKSPACE_BYTES, NCCL_CHANNEL_BYTES};
+    use fsdpc_plan::OutsideKind;
     let spec = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=64,batch=2";
     let plan_on = |preset: &str, world: u32, c: FsdpConfig| {
         crate::common::compile_on(spec, preset, world, world.min(8), &c).expect("plan")
@@ -291,18 +292,21 @@ fn a_gpu_plan_states_its_memory_outside_the_arena() {
     ] {
         let plan = plan_on("h100-80g-ib", world, cfg(strategy, t));
         let what = format!("world {world} {strategy:?} T={t}");
-        let lines: Vec<(&str, u64)> = plan
+        let lines: Vec<(OutsideKind, u64)> = plan
             .memory
             .outside_arena
             .iter()
-            .map(|o| (o.what.split(':').next().unwrap_or(""), o.bytes))
+            .map(|o| (o.kind, o.bytes))
             .collect();
         let mut want = vec![
-            ("CUDA context, modules and driver", 512 << 20),
-            ("cuBLAS workspace", CUBLAS_WORKSPACE_BYTES),
+            (OutsideKind::Context, 512 << 20),
+            (OutsideKind::CublasWorkspace, CUBLAS_WORKSPACE_BYTES),
         ];
         if comms > 0 {
-            want.push(("NCCL buffers", comms * channels * NCCL_CHANNEL_BYTES));
+            want.push((
+                OutsideKind::NcclBuffers,
+                comms * channels * NCCL_CHANNEL_BYTES,
+            ));
         }
         assert_eq!(lines, want, "{what}");
         assert_eq!(
