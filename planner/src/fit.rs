@@ -117,11 +117,25 @@ fn smallest_world(plan: &Plan, cluster: &Cluster, strategy: &str) -> String {
         .device_peak_bytes()
         .saturating_sub(persistent_at(plan, f_now));
     let capacity = cluster.memory_bytes;
+    let outside = plan.memory.outside_arena_bytes();
+    if outside >= capacity {
+        return format!(
+            "{strategy} does not fit at any world size: what a GPU rank holds outside the arena \
+             (its context, cuBLAS workspaces and NCCL buffers) alone needs {} ({outside} bytes); \
+             check the cluster's context_bytes and nccl_channels",
+            human_bytes(outside)
+        );
+    }
     if transient >= capacity {
+        let beside = if outside > 0 {
+            format!(" with {} outside the arena", human_bytes(outside))
+        } else {
+            String::new()
+        };
         return format!(
             "{strategy} does not fit at any world size: the unsharded working set (gathered \
-             parameters, flat gradients, activations) alone needs {} ({transient} bytes); use a \
-             finer wrap policy or a smaller batch",
+             parameters, flat gradients, activations){beside} alone needs {} ({transient} \
+             bytes); use a finer wrap policy or a smaller batch",
             human_bytes(transient)
         );
     }

@@ -331,4 +331,17 @@ fn a_gpu_plan_states_its_memory_outside_the_arena() {
     );
     c.check_fits = false;
     crate::common::compile_for(spec, &cluster, &c).expect("compiles unchecked");
+    // A context as large as the GPU: the error says that no world helps
+    // and points at the cluster's figures, not at the model.
+    let mut huge = fsdpc_planner::preset("h100-80g-ib", 8, 8).expect("preset");
+    huge.hardware.context_bytes = huge.memory_bytes;
+    c.check_fits = true;
+    let e = crate::common::compile_for(spec, &huge, &c)
+        .expect_err("does not fit")
+        .to_string();
+    assert!(
+        e.contains("what a GPU rank holds outside the arena")
+            && e.contains("check the cluster's context_bytes and nccl_channels"),
+        "{e}"
+    );
 }
