@@ -1038,6 +1038,52 @@ fn plans_the_backend_does_not_run_are_refused_naming_what() {
     assert!(e.to_string().contains("offload"), "{e}");
 }
 
+/// `--trace` on a GPU: every kernel, product and collective of the last
+/// two steps has a span from CUDA events, on its own stream, inside its
+/// step and after the span before it on that stream.
+#[test]
+fn a_traced_gpu_step_times_every_instruction() {
+    let Some(_) = gpu() else { return };
+    let p = support::plan::plan_with(GPT, 1, |_| {});
+    let opts = TrainOptions {
+        steps: 3,
+        trace_steps: 2,
+        ..TrainOptions::default()
+    };
+    let r = train_cuda(&p, &opts, None, &CudaConfig::default(), &mut |_| {}).unwrap();
+    assert_eq!(r.timelines.len(), 1);
+    let t = &r.timelines[0];
+    let mut seen = std::collections::BTreeSet::new();
+    for s in &t.streams {
+        for w in s.spans.windows(2) {
+            assert!(
+                w[0].end_ns <= w[1].start_ns + 1_000,
+                "{:?} then {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        for x in &s.spans {
+            assert!(x.step == 1 || x.step == 2, "{x:?}");
+            assert!(x.start_ns <= x.end_ns, "{x:?}");
+            assert_eq!(p.instructions[x.instr as usize].stream, s.stream);
+            seen.insert((x.step, x.instr));
+        }
+    }
+    // Both steps timed the same instructions, matrix products among them.
+    let of = |step| -> Vec<u32> { seen.iter().filter(|x| x.0 == step).map(|x| x.1).collect() };
+    assert_eq!(of(1), of(2));
+    let products: Vec<u32> = p
+        .instructions
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| matches!(&i.op, fsdpc_plan::InstrOp::Kernel { kernel, .. } if kernel == "mat_mul"))
+        .map(|(k, _)| k as u32)
+        .collect();
+    assert!(!products.is_empty());
+    assert!(products.iter().all(|k| of(1).contains(k)), "{products:?}");
+}
+
 /// Every instruction of a range of plans lowers to device work at address
 /// 0 (kernel coverage, shapes, collectives), without a GPU: what the
 /// executor does before it allocates. World 1 needs no communicator; world

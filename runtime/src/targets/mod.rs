@@ -86,7 +86,8 @@ pub fn capabilities(name: &str) -> Option<Capabilities> {
 
 /// What the `cuda` target runs: ring collectives (bucketed gathers too),
 /// native wire formats, device buffers only, no loss scaler; no
-/// checkpoints, traces or debug allocator; saved parameters at world 1.
+/// checkpoints or debug allocator; traces timed by CUDA events (no live
+/// heap: the arena is one allocation); saved parameters at world 1.
 pub(crate) fn cuda_capabilities() -> Capabilities {
     Capabilities {
         target: "cuda".into(),
@@ -96,7 +97,7 @@ pub(crate) fn cuda_capabilities() -> Capabilities {
         host_buffers: false,
         loss_scaler: false,
         checkpoints: false,
-        traces: false,
+        traces: true,
         debug_alloc: false,
         saves_sharded: false,
         tensor_parallel: true,

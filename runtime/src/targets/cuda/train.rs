@@ -412,7 +412,7 @@ mod imp {
             world,
             opts.seed,
             &setup,
-            cfg.timed_steps > 0,
+            cfg.timed_steps.max(opts.trace_steps) > 0,
         )?;
         let g = plan.geometry();
         let pos = (
@@ -424,9 +424,12 @@ mod imp {
         let mut log = StepLog::new(plan, world, eval.as_ref().map_or(0, |e| e.1));
         let mut step_times = Vec::new();
         let mut overlap = None;
+        // Steps timed by CUDA events: the overlap figure's and the trace's.
+        let timed = cfg.timed_steps.max(opts.trace_steps);
+        let mut traced: Vec<(Stream, crate::exec::timeline::Span)> = Vec::new();
         let start = Instant::now();
         for step in 0..opts.steps {
-            gpu.set_timed(step + cfg.timed_steps >= opts.steps);
+            gpu.set_timed(step + timed >= opts.steps);
             let began = Instant::now();
             let spans = gpu.step(step, &*data)?;
             let time = began.elapsed();
@@ -459,6 +462,9 @@ mod imp {
                 on_step,
             );
             if let Some(s) = spans {
+                if step + opts.trace_steps >= opts.steps {
+                    traced.extend(trace_spans(&s, step, (began - start).as_nanos()));
+                }
                 let pick = |want: Stream| {
                     s.iter()
                         .filter(|x| x.0 == want)
@@ -484,8 +490,22 @@ mod imp {
             allocated: gpu.allocated_bytes(),
             total,
         };
+        // What the plan says this rank holds beyond the context: the
+        // arena and the lines outside it but the context's (measured from
+        // the memory in use once the context exists).
+        let context: u64 = plan
+            .memory
+            .outside_arena
+            .iter()
+            .filter(|o| o.kind == fsdpc_plan::OutsideKind::Context)
+            .map(|o| o.bytes)
+            .sum();
+        let planned =
+            plan.memory.rank_bytes + plan.memory.outside_arena_bytes().saturating_sub(context);
         Ok(TrainReport {
             measured_peak_bytes: Some(end_used.max(setup_used)),
+            planned_peak_bytes: planned,
+            timelines: timeline(rank, traced),
             device: Some(Box::new(DeviceReport {
                 name: device,
                 memory,
@@ -497,9 +517,87 @@ mod imp {
     }
 }
 
+/// The spans of step `step` (instruction, ms after the step's start
+/// event), as the trace's spans: nanoseconds after the run's start, the
+/// step having begun `began_ns` after it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn trace_spans(
+    spans: &[(fsdpc_plan::Stream, usize, f32, f32)],
+    step: u64,
+    began_ns: u128,
+) -> impl Iterator<Item = (fsdpc_plan::Stream, crate::exec::timeline::Span)> + '_ {
+    let ns = move |ms: f32| (began_ns as f64 + f64::from(ms) * 1e6).max(0.0) as u64;
+    spans.iter().map(move |&(stream, instr, t0, t1)| {
+        (
+            stream,
+            crate::exec::timeline::Span {
+                instr: instr as u32,
+                step,
+                start_ns: ns(t0),
+                end_ns: ns(t1),
+                live_bytes: None,
+            },
+        )
+    })
+}
+
+/// One rank's timeline of `spans` by stream, in the streams' fixed order
+/// and each stream's spans by start (none: no timeline).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn timeline(
+    rank: usize,
+    spans: Vec<(fsdpc_plan::Stream, crate::exec::timeline::Span)>,
+) -> Vec<crate::exec::timeline::RankTimeline> {
+    use crate::exec::timeline::{RankTimeline, StreamTimeline};
+    if spans.is_empty() {
+        return Vec::new();
+    }
+    let streams = fsdpc_plan::Stream::ALL
+        .iter()
+        .filter_map(|&stream| {
+            let mut v: Vec<_> = spans
+                .iter()
+                .filter(|(s, _)| *s == stream)
+                .map(|(_, x)| *x)
+                .collect();
+            v.sort_by_key(|x| (x.start_ns, x.instr));
+            (!v.is_empty()).then_some(StreamTimeline { stream, spans: v })
+        })
+        .collect();
+    vec![RankTimeline { rank, streams }]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_spans_become_a_timeline_by_stream() {
+        use fsdpc_plan::Stream;
+        let step = [
+            (Stream::Compute, 3, 0.5f32, 1.5f32),
+            (Stream::Unshard, 1, 0.0, 2.0),
+            (Stream::Compute, 2, 0.0, 0.5),
+        ];
+        let spans: Vec<_> = trace_spans(&step, 7, 1_000_000).collect();
+        let t = timeline(2, spans);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].rank, 2);
+        let compute = &t[0].streams[0];
+        assert_eq!(compute.stream, Stream::Compute);
+        let got: Vec<_> = compute
+            .spans
+            .iter()
+            .map(|s| (s.instr, s.step, s.start_ns, s.end_ns))
+            .collect();
+        assert_eq!(
+            got,
+            [(2, 7, 1_000_000, 1_500_000), (3, 7, 1_500_000, 2_500_000)]
+        );
+        assert_eq!(t[0].streams[1].stream, Stream::Unshard);
+        assert_eq!(t[0].streams[1].spans[0].end_ns, 3_000_000);
+        assert!(timeline(0, Vec::new()).is_empty());
+    }
 
     #[test]
     fn overlap_merges_each_streams_intervals_and_intersects_them() {
