@@ -4,9 +4,13 @@
 # NCCL for CUDA 13, builds with `--features cuda` (or takes the binaries
 # `scripts/gpu-bundle.sh` made, for machines without cargo or crates.io),
 # runs the GPU tests (every kernel against the CPU backend, a training step
-# at world 1 against the CPU run, world 1 through NCCL), a CLI run, a
-# tensor-parallel run over two GPUs where there are two, and the GPU
-# benchmark, and prints what they printed. Meant to finish well under
+# at world 1 against the CPU run, world 1 through NCCL, a traced step), a
+# CLI run, a tensor-parallel run over two GPUs where there are two,
+# `fsdpc calibrate --target cuda`, the prediction from the preset and from
+# the calibrated file against a measured traced step, the hardware tables
+# through PyTorch where it is installed, and the GPU benchmark, and prints
+# what they printed (GPU_CHECK_OUT: where the cluster file, plans and
+# traces go). Meant to finish well under
 # 8 minutes on a fresh machine; every step has a timeout.
 #
 #   bash scripts/gpu-check.sh [--bundle DIR] [--quick]
@@ -118,7 +122,42 @@ if [ "${gpus:-0}" -ge 2 ]; then
 else
     step "T = 2 over two GPUs: skipped, ${gpus:-0} GPU(s) here"
 fi
-if [ "$quick" = 1 ]; then
+# The GPU measured (`fsdpc calibrate --target cuda`), then the plan's
+# prediction from the preset of this GPU kind and from the calibrated file
+# against one measured step, kernel by kernel (bf16, world 1).
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) preset=h200-141g-ib ;; *H100*) preset=h100-80g-ib ;;
+    *A100*80GB*) preset=a100-80g-roce ;; *A100*) preset=a100-40g-efa ;;
+    *L40S*) preset=l40s-48g-eth ;; *A10*) preset=a10-24g-eth ;; *) preset=h100-80g-ib ;;
+esac
+cmp_dir=${GPU_CHECK_OUT:-target/gpu-check-compare}
+mkdir -p "$cmp_dir"
+run "fsdpc calibrate --target cuda" 240 "$cli" calibrate --target cuda -o "$cmp_dir/calibrated.json"
+gpt=gpt:layers=8,hidden=2048,heads=16,seq=2048,vocab=32000,batch=4
+run "predicted (preset, calibrated) against measured: GPT 8 layers, hidden 2048, bf16" 240 bash -c '
+    cli=$0 dir=$1 gpt=$2 preset=$3
+    "$cli" compile "$gpt" --world 1 --target cuda --mixed-precision bf16 --cluster "$preset" \
+        -o "$dir/plan.json" || exit $?
+    "$cli" train "$dir/plan.json" --target cuda --steps 4 --trace "$dir/measured.json" || exit $?
+    "$cli" trace "$dir/plan.json" -o "$dir/predicted-preset.json" || exit $?
+    echo "--- against the $preset preset:"
+    "$cli" compare "$dir/predicted-preset.json" "$dir/measured.json" || exit $?
+    if [ -f "$dir/calibrated.json" ]; then
+        "$cli" compile "$gpt" --world 1 --target cuda --mixed-precision bf16 \
+            --cluster "$dir/calibrated.json" -o "$dir/plan-calibrated.json" || exit $?
+        "$cli" trace "$dir/plan-calibrated.json" -o "$dir/predicted-calibrated.json" || exit $?
+        echo "--- against the calibrated file:"
+        "$cli" compare "$dir/predicted-calibrated.json" "$dir/measured.json"
+    fi' "$cli" "$cmp_dir" "$gpt" "$preset"
+# The tables a GPU preset holds, measured through PyTorch where it is
+# installed (scripts/gpu-tables.py).
+if [ "${GPU_TABLES:-1}" = 1 ] && "${FSDPC_PYTHON:-python3}" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    run "hardware tables through PyTorch (scripts/gpu-tables.py)" 150 \
+        env PYTHONUNBUFFERED=1 "${FSDPC_PYTHON:-python3}" scripts/gpu-tables.py "${GPU_TABLES_OUT:-target/gpu-tables.json}"
+fi
+if [ "${GPU_BENCH:-1}" = 0 ]; then
+    step "benchmark: skipped (GPU_BENCH=0)"
+elif [ "$quick" = 1 ]; then
     run "benchmark (GPT 4 layers, hidden 2048, seq 2048, bf16)" 240 "$bench" --layers 4 --steps 5
 else
     run "benchmark (GPT 24 layers, hidden 2048, seq 2048, bf16)" 300 "$bench" --layers 24 --steps 6

@@ -4,8 +4,9 @@
 //! `Hardware::nccl_channels`; CPU clusters give none):
 //!
 //! - the process's CUDA context, modules and driver reservations;
-//! - a cuBLAS workspace (`CUBLAS_WORKSPACE_BYTES`) for each stream that
-//!   runs matrix products, allocated by the runtime beside the arena;
+//! - a cuBLAS handle (`Hardware::cublas_handle_bytes`) and workspace
+//!   (`CUBLAS_WORKSPACE_BYTES`, allocated by the runtime beside the arena)
+//!   for each stream that runs matrix products;
 //! - NCCL's buffers: the cuda target makes one communicator for each
 //!   (stream, group) its collectives run on over more than one rank, and
 //!   one for the loss report, and each holds its channels' receive
@@ -48,14 +49,18 @@ pub fn outside_arena(plan: &Plan, hw: &Hardware) -> Vec<OutsideArena> {
         .collect();
     if !gemm_streams.is_empty() {
         let n = gemm_streams.len() as u64;
+        let handle = hw.cublas_handle_bytes;
         out.push(OutsideArena {
             kind: OutsideKind::CublasWorkspace,
             what: format!(
-                "cuBLAS workspace: {} MiB on each of {n} stream(s) with matrix products",
+                "cuBLAS: a handle ({:.1} MiB) and a {} MiB workspace on each of {n} stream(s) with matrix products",
+                handle as f64 / f64::from(1 << 20),
                 CUBLAS_WORKSPACE_BYTES >> 20
             ),
-            bytes: n * CUBLAS_WORKSPACE_BYTES,
-            source: "the cuda target allocates it; NVIDIA's recommended size for Hopper".into(),
+            bytes: n * (CUBLAS_WORKSPACE_BYTES + handle),
+            source: "the workspace: the cuda target allocates it (NVIDIA's recommended size for \
+                     Hopper); the handle: the cluster's cublas_handle_bytes"
+                .into(),
         });
     }
     let comms = communicators(plan);

@@ -648,6 +648,50 @@ fn cuda_backend_trains_or_says_what_is_missing() {
     }
 }
 
+/// `calibrate --target cuda` without the feature: one line saying so.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_backend_calibrate_says_it_was_not_compiled_in() {
+    check_error(
+        &["calibrate", "--target", "cuda"],
+        "the cuda target was not compiled in; rebuild with `--features cuda`",
+    );
+}
+
+/// `calibrate --target cuda` with the feature: on a machine without a
+/// GPU, one line naming what is missing; with one, a cluster file of the
+/// GPU's kind whose sources name the measurement, and its table.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_backend_calibrates_or_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpu.json");
+    let o = fsdpc(&[
+        "calibrate",
+        "--target",
+        "cuda",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if o.status.success() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = fsdpc_plan::cluster::Cluster::from_file(&text, Some(8), None).unwrap();
+        assert!(c.sources["matmul_efficiency"].contains("fsdpc calibrate --target cuda"));
+        assert!(c.hardware.kernel_flops.contains_key("attention:bf16"));
+        assert!(c.hardware.context_bytes > 0);
+        assert!(err.contains("matrix products"), "{err}");
+    } else {
+        assert!(
+            err.contains("libcuda") || err.contains("no CUDA device"),
+            "{err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(!path.exists());
+    }
+}
+
 /// A thread rank that never returns (`FSDPC_TEST_FAULT=1:hang:1`) does not
 /// keep `fsdpc train` alive: it exits non-zero within the collective
 /// timeout (the others give up) plus one more (the grace for the ranks to

@@ -33,6 +33,11 @@ pub struct Hardware {
     /// or a file that does not say).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub nccl_channels: u32,
+    /// Device memory one cuBLAS handle holds besides the workspace the
+    /// cuda target gives it, bytes (0: not a GPU, or a file that does not
+    /// say).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub cublas_handle_bytes: u64,
     /// Dense peak FLOP/s for bf16/f16 operands.
     pub peak_flops_bf16: f64,
     /// Memory bandwidth, bytes/s.

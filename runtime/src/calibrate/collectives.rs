@@ -139,7 +139,7 @@ fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, Ca
 }
 
 /// Least-squares fit of `t = a + x / bw` (a >= 0) to `(x, t)` points.
-fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
+pub(super) fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
     let n = points.len() as f64;
     let (sx, st) = points
         .iter()

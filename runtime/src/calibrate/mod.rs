@@ -22,6 +22,7 @@
 
 mod collectives;
 mod contention;
+pub mod gpu;
 mod harness;
 mod kernels;
 mod products;

@@ -16,7 +16,8 @@
 //!   `nccl` (communicators), `exec/` (a GPU rank: `rank` its set-up,
 //!   `lower/` each instruction's device work, `comms` its communicators,
 //!   `replay` a step's instructions on the streams), `single` (one node's
-//!   kernel on host tensors, for tests).
+//!   kernel on host tensors, for tests and calibration), `calibrate` (the
+//!   measurements of `fsdpc calibrate --target cuda`).
 
 pub mod error;
 pub mod geometry;
@@ -28,6 +29,8 @@ pub mod train;
 pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod blas;
+#[cfg(feature = "cuda")]
+pub mod calibrate;
 #[cfg(feature = "cuda")]
 pub mod device;
 #[cfg(feature = "cuda")]
