@@ -10,7 +10,9 @@
 //! system. In all of them the published system is PyTorch eager (FSDP2 in
 //! torchtitan): kernels launched one by one, the caching allocator, its
 //! own fused kernels (FlashAttention, fused AdamW); fsdpc's prediction is
-//! its own schedule on the preset's nominal rates.
+//! its own schedule on the preset's rates (measured products, attention
+//! and memory bandwidth on Hopper, published ones on the A100; datasheet
+//! links).
 //!
 //! Run: `cargo bench --bench gpu_published`
 
@@ -137,7 +139,7 @@ fn main() {
     common::figures(
         "gpu_published",
         "predictions against published GPU runs",
-        "Published training runs (model, GPUs, FSDP, batch, sequence, bf16 mixed precision, recomputation as their sources state them), planned and simulated by fsdpc on the GPU presets: predicted tokens/s per GPU and MFU beside the published ones, with the error. Nothing is fitted to these runs. fsdpc's GPU presets are datasheet peaks at nominal efficiency, so this table measures how far the cost model is from real GPUs.",
+        "Published training runs (model, GPUs, FSDP, batch, sequence, bf16 mixed precision, recomputation as their sources state them), planned and simulated by fsdpc on the GPU presets: predicted tokens/s per GPU and MFU beside the published ones, with the error. Nothing is fitted to these runs. The presets hold products, attention and memory bandwidth as measured on an H200 (Hopper rows) or as published for the A100 (see docs/clusters.md), and links at their datasheet rates.",
     );
     println!(
         "{:<12} {:>5} {:>6} {:>6} {:<19} {:>10} {:>10} {:>7} {:>8} {:>8} {:>5}  source",
@@ -207,10 +209,11 @@ fn main() {
         );
     }
     println!(
-        "\nWhat fsdpc's plan does differently in every row: its own schedule on the preset's nominal rates \
-         (every product at one efficiency curve of the datasheet peak, collectives at link rate), where \
-         torchtitan runs PyTorch eager with its caching allocator, FlashAttention and fused AdamW; \
-         torchtitan's selective op AC has no fsdpc policy and is planned without recomputation; \
-         the H100 rows keep the SXM's peak FLOP/s for Grand Teton's 500 W HBM2e GPUs."
+        "\nWhat fsdpc's plan does differently in every row: its own schedule on the preset's rates \
+         (products and attention as measured or published, memory-bound kernels fused as fsdpc's IR has \
+         them, collectives at link rate), where torchtitan runs PyTorch eager (each normalisation, \
+         activation and rotary embedding as several kernels) with its caching allocator, FlashAttention \
+         and fused AdamW; torchtitan's selective op AC has no fsdpc policy and is planned without \
+         recomputation; the H100 rows keep the 700 W SXM's rates for Grand Teton's 500 W HBM2e GPUs."
     );
 }

@@ -492,11 +492,18 @@ fn offload_staging(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanErro
 
 fn workspace(mut d: ScheduleData<'_>) -> Result<ScheduleData<'_>, PlanError> {
     let sched = d.sched.as_mut().expect(NO_SCHEDULE);
-    d.heap_bytes = workspace::plan_workspaces(
+    let heap = workspace::plan_workspaces(
         sched,
         &d.program.graph,
         d.cluster.hardware.cpu_gemm.as_ref(),
     );
+    // The CPU matrix library's packing: a GPU rank's products are cuBLAS
+    // calls, whose memory is outside the arena's own lines (`device`).
+    d.heap_bytes = if d.cfg.target.target == "cuda" {
+        0
+    } else {
+        heap
+    };
     Ok(d)
 }
 

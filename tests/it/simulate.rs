@@ -146,9 +146,9 @@ fn cluster_files_plan_like_their_preset_and_edits_change_the_estimate() {
             .expect("estimate")
     };
     assert_eq!(est(&from_preset), est(&from_file));
-    // A measured efficiency curve: every kernel at 25% of peak at most.
+    // A measured efficiency curve: every product at 0.1% of peak at most.
     let mut edited = written.clone();
-    edited["hardware"]["matmul_efficiency"] = serde_json::json!([[1.0e6, 0.05], [1.0e12, 0.25]]);
+    edited["hardware"]["matmul_efficiency"] = serde_json::json!([[1.0e6, 0.0001], [1.0e12, 0.001]]);
     let slow = dir.path().join("slow.json");
     std::fs::write(&slow, edited.to_string()).expect("write");
     let slow = slow.to_str().expect("utf-8").to_string();

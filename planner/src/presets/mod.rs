@@ -1,10 +1,14 @@
-//! The built-in clusters, from public datasheets: `a100-80g-roce` (the
-//! FSDP paper's cluster), `h100-80g-ib`, `h200-141g-ib`, the PCIe and
-//! smaller-memory machines fine-tuning users rent (`a100-40g-efa`,
-//! `l40s-48g-eth`, `a10-24g-eth`), and `cpu-local`
-//! (nominal figures for this project's 2-core VM; `fsdpc calibrate`
-//! measures the real ones). Each preset owns its node size: eight GPUs to
-//! a node, or every rank of `cpu-local` on the one machine.
+//! The built-in clusters: `a100-80g-roce` (the FSDP paper's cluster),
+//! `h100-80g-ib`, `h200-141g-ib`, the PCIe and smaller-memory machines
+//! fine-tuning users rent (`a100-40g-efa`, `l40s-48g-eth`,
+//! `a10-24g-eth`), and `cpu-local` (nominal figures for this project's
+//! 2-core VM; `fsdpc calibrate` measures the real ones). Peaks, memory
+//! and links come from datasheets; the Hopper and A100 presets carry
+//! measured or published rates of products, attention and memory
+//! (`measured`), each with its source. Each preset owns its node size:
+//! eight GPUs to a node, or every rank of `cpu-local` on the one machine.
+
+mod measured;
 
 use crate::error::PlanError;
 use fsdpc_plan::cluster::{check_shape, Cluster, Hardware, HOST_MEM_BW, PCIE4_X16_BW};
@@ -120,9 +124,23 @@ pub fn described(
 
 /// Where a preset's figures come from, by field name.
 fn sources(name: &str) -> std::collections::BTreeMap<String, String> {
+    let mut out = datasheet_sources(name);
+    let tables = match name {
+        "h100-80g-ib" | "h200-141g-ib" => measured::sources(true),
+        "a100-80g-roce" | "a100-40g-efa" => measured::sources(false),
+        _ => Vec::new(),
+    };
+    for (k, v) in tables {
+        out.insert(k.to_string(), v.to_string());
+    }
+    out
+}
+
+/// The sources of the figures every preset has.
+fn datasheet_sources(name: &str) -> std::collections::BTreeMap<String, String> {
     let source = match name {
         "cpu-local" => "nominal figures for a 2-core VM (measure yours with fsdpc calibrate)",
-        _ => "vendor datasheet (see the preset's doc comment in planner/src/presets.rs)",
+        _ => "vendor datasheet (see the preset's doc comment in planner/src/presets/mod.rs)",
     };
     [
         "peak_flops_f32",
@@ -195,7 +213,7 @@ fn figures(name: &str, ranks_per_node: u32) -> Option<(u64, Hardware)> {
 /// Between nodes: 2 Tb/s RoCE per 8-GPU host (the FSDP paper, section 6),
 /// i.e. 200 Gb/s = 25 GB/s per GPU.
 fn a100_roce() -> Hardware {
-    Hardware {
+    let mut h = Hardware {
         peak_flops_f32: 19.5e12,
         peak_flops_bf16: 312e12,
         mem_bw: 2.039e12,
@@ -208,14 +226,16 @@ fn a100_roce() -> Hardware {
         context_bytes: GPU_CONTEXT_BYTES,
         nccl_channels: NVLINK_NCCL_CHANNELS,
         ..Hardware::default()
-    }
+    };
+    measured::a100(&mut h);
+    h
 }
 
 /// NVIDIA H100-SXM5-80GB datasheet: 67 TFLOP/s FP32, 989 TFLOP/s BF16 dense,
 /// 3.35 TB/s HBM3, NVLink4 900 GB/s bidirectional (450 GB/s each way);
 /// ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU between nodes.
 fn h100_ib() -> Hardware {
-    Hardware {
+    let mut h = Hardware {
         peak_flops_f32: 67e12,
         peak_flops_bf16: 989e12,
         mem_bw: 3.35e12,
@@ -228,15 +248,18 @@ fn h100_ib() -> Hardware {
         context_bytes: GPU_CONTEXT_BYTES,
         nccl_channels: NVLINK_NCCL_CHANNELS,
         ..Hardware::default()
-    }
+    };
+    measured::hopper(&mut h);
+    h
 }
 
 /// NVIDIA H200-SXM datasheet: the H100's compute (67 TFLOP/s FP32, 989
-/// TFLOP/s BF16 dense) with 141 GB of HBM3e at 4.8 TB/s; NVLink4 and NDR
+/// TFLOP/s BF16 dense) with 141 GB of HBM3e at 4.8 TB/s (at the fraction
+/// the H200 reached, `measured::HOPPER_HBM_FRACTION`); NVLink4 and NDR
 /// InfiniBand as the H100 preset.
 fn h200_ib() -> Hardware {
     Hardware {
-        mem_bw: 4.8e12,
+        mem_bw: 4.8e12 * measured::HOPPER_HBM_FRACTION,
         ..h100_ib()
     }
 }
