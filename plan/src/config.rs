@@ -153,6 +153,12 @@ pub enum CheckpointPolicy {
     Paths(Vec<String>),
     /// The units whose module class is this (`GPT2Block`).
     Kind(String),
+    /// Every non-root unit, by operation (torchtitan's selective op
+    /// recomputation): the outputs of attention and of every other matrix
+    /// product (the first, third, ... in the unit's forward) are kept; the
+    /// rest of the unit's forward is recomputed from them and the unit's
+    /// input.
+    Ops,
 }
 
 /// What a user chooses that a plan records as chosen: the settings the
@@ -429,7 +435,7 @@ pub struct LossScaler {
 impl CheckpointPolicy {
     /// The forms `CheckpointPolicy::parse` accepts.
     pub const ALLOWED: &'static str =
-        "none, all (or units), every:<K>, paths:<path>,<path>,..., kind:<ModuleClass>";
+        "none, all (or units), ops, every:<K>, paths:<path>,<path>,..., kind:<ModuleClass>";
 
     /// The policy as `parse` accepts it (`every:2`, `paths:h.0,h.2`).
     pub fn name(&self) -> String {
@@ -439,17 +445,20 @@ impl CheckpointPolicy {
             CheckpointPolicy::Every(k) => format!("every:{k}"),
             CheckpointPolicy::Paths(p) => format!("paths:{}", p.join(",")),
             CheckpointPolicy::Kind(k) => format!("kind:{k}"),
+            CheckpointPolicy::Ops => "ops".to_string(),
         }
     }
 
     /// Parses `none`, `all` (`units`, or the empty string: the bare flag),
-    /// `every:K` (K >= 1), `paths:a,b` or `kind:GPT2Block` (`selector`).
+    /// `ops`, `every:K` (K >= 1), `paths:a,b` or `kind:GPT2Block`
+    /// (`selector`).
     pub fn parse(s: &str) -> Result<CheckpointPolicy, ConfigError> {
-        let accepts = ["none", "", "all", "units", "every", "paths", "kind"];
+        let accepts = ["none", "", "all", "units", "ops", "every", "paths", "kind"];
         let what = "activation checkpointing";
         Ok(
             match selector::parse(s, what, CheckpointPolicy::ALLOWED, &accepts)? {
                 Selector::Word(w) if w == "none" => CheckpointPolicy::None,
+                Selector::Word(w) if w == "ops" => CheckpointPolicy::Ops,
                 Selector::Every(k) => CheckpointPolicy::Every(k),
                 Selector::Paths(p) => CheckpointPolicy::Paths(p),
                 Selector::Kind(k) => CheckpointPolicy::Kind(k),

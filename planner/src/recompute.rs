@@ -20,8 +20,12 @@
 //! node of U that reads one: each unit recomputes just in time, inside the
 //! backward window in which its parameters are gathered anyway.
 //!
+//! Under `CheckpointPolicy::Ops` some forward nodes of each unit are kept
+//! (`kept_by_op`): they are never cloned, and clones and backward nodes
+//! read their values as they read values from outside the unit.
+//!
 //! The pass is idempotent: in a rewritten program no backward node of a
-//! checkpointed unit reads that unit's forward values.
+//! checkpointed unit reads that unit's forward values but the kept ones.
 
 use crate::error::PlanError;
 use crate::units::UnitAssignment;
@@ -56,10 +60,15 @@ pub fn apply(
         .map_err(|cycle| PlanError::Program {
             reason: format!("the graph has a cycle through {} nodes", cycle.len()),
         })?;
+    let saved = match policy {
+        CheckpointPolicy::Ops => kept_by_op(&program.graph, assign, &units, &order),
+        _ => BTreeSet::new(),
+    };
     let scope = Scope {
         graph: &program.graph,
         assign,
         units: &units,
+        saved: &saved,
     };
     let marked = scope.marked(&order);
     if marked.is_empty() {
@@ -95,7 +104,9 @@ pub fn selected_units(
     };
     match policy {
         CheckpointPolicy::None => Ok(BTreeSet::new()),
-        CheckpointPolicy::Units => Ok(non_root().map(|(id, _)| id).collect()),
+        CheckpointPolicy::Units | CheckpointPolicy::Ops => {
+            Ok(non_root().map(|(id, _)| id).collect())
+        }
         CheckpointPolicy::Every(0) => Err(bad("K must be at least 1".to_string())),
         CheckpointPolicy::Every(k) => {
             let k = *k as usize;
@@ -141,6 +152,41 @@ pub fn selected_units(
     }
 }
 
+/// The forward nodes of the checkpointed `units` whose outputs the `Ops`
+/// policy keeps: every attention, and the first, third, ... matrix product
+/// of each unit in forward order (torchtitan's selective op policy, which
+/// recomputes every second `mm`).
+fn kept_by_op(
+    graph: &Graph,
+    assign: &UnitAssignment,
+    units: &BTreeSet<UnitId>,
+    order: &[NodeId],
+) -> BTreeSet<NodeId> {
+    let mut products: HashMap<UnitId, usize> = HashMap::new();
+    let mut kept = BTreeSet::new();
+    for &n in order {
+        let node = graph.node(n);
+        let u = assign.unit_of_node(n);
+        if node.phase != Phase::Forward || !units.contains(&u) {
+            continue;
+        }
+        match node.op {
+            fsdpc_ir::Op::Attention { .. } => {
+                kept.insert(n);
+            }
+            fsdpc_ir::Op::MatMul { .. } => {
+                let count = products.entry(u).or_insert(0);
+                *count += 1;
+                if *count % 2 == 1 {
+                    kept.insert(n);
+                }
+            }
+            _ => {}
+        }
+    }
+    kept
+}
+
 /// The non-root units of `assign`, each as `show` names it, comma-separated.
 fn unit_list(assign: &UnitAssignment, show: impl Fn(&crate::units::UnitDef) -> String) -> String {
     let names: Vec<String> = assign.units.iter().skip(1).map(show).collect();
@@ -156,6 +202,10 @@ struct Scope<'a> {
     graph: &'a Graph,
     assign: &'a UnitAssignment,
     units: &'a BTreeSet<UnitId>,
+    /// Forward nodes of checkpointed units whose outputs are kept, read by
+    /// the backward and the clones as values from outside the unit are
+    /// (`CheckpointPolicy::Ops`).
+    saved: &'a BTreeSet<NodeId>,
 }
 
 impl Scope<'_> {
@@ -168,7 +218,7 @@ impl Scope<'_> {
     /// checkpointed unit (a node that may be recomputed).
     fn forward_unit(&self, n: NodeId) -> Option<UnitId> {
         let node = self.graph.node(n);
-        if node.phase != Phase::Forward || node.op.is_source() {
+        if node.phase != Phase::Forward || node.op.is_source() || self.saved.contains(&n) {
             return None;
         }
         self.checkpointed_unit(n)

@@ -179,7 +179,8 @@ pub struct PlanFlags {
     /// Activation checkpointing: the selected units re-run their forward in
     /// their backward instead of keeping their activations. Alone: every
     /// non-root unit (all); every:K (every K-th unit from the first);
-    /// paths:a,b (units by module path); kind:CLASS; none.
+    /// paths:a,b (units by module path); kind:CLASS; ops (every unit by
+    /// operation: attention and every other matrix product kept); none.
     #[arg(
         long,
         value_name = "WHICH",

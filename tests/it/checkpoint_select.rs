@@ -1,4 +1,4 @@
-//! Selective activation checkpointing (`every:K`, `paths:a,b`) trains like
+//! Selective activation checkpointing (`every:K`, `paths:a,b`, `ops`) trains like
 //! the unsharded single-rank run, and bit for bit like the same run without
 //! checkpointing (recomputation runs the same kernels on the same values);
 //! and the CLI flag's forms.
@@ -61,6 +61,10 @@ fn selective_checkpointing_equals_unsharded_and_unchanged_training() {
             CheckpointPolicy::Paths(vec!["transformer.h.2".into()]),
             vec![UnitId(3)],
         ),
+        (
+            CheckpointPolicy::Ops,
+            vec![UnitId(1), UnitId(2), UnitId(3), UnitId(4)],
+        ),
     ];
     for world in [2, 4] {
         let plain = planned(world, Strategy::FullShard, CheckpointPolicy::None);
@@ -90,6 +94,67 @@ fn selective_checkpointing_equals_unsharded_and_unchanged_training() {
             );
         }
     }
+}
+
+/// `ops` recomputes by operation, as torchtitan's selective op policy:
+/// in each block no attention is recomputed, and of its matrix products in
+/// forward order the first, third, ... are kept and only others are
+/// recomputed; its peak lies between no checkpointing and `all`.
+#[test]
+fn op_checkpointing_keeps_attention_and_every_other_product() {
+    use fsdpc_ir::Op;
+    let p = planned(2, Strategy::FullShard, CheckpointPolicy::Ops);
+    let g = &p.training.graph;
+    let recomputed: Vec<&fsdpc_ir::Node> = p
+        .instructions
+        .iter()
+        .filter_map(|i| match i.op {
+            InstrOp::Kernel { node, .. } => g
+                .try_node(node)
+                .filter(|n| fsdpc_planner::recompute::is_recompute(n)),
+            _ => None,
+        })
+        .collect();
+    assert!(!recomputed.is_empty());
+    assert!(!recomputed
+        .iter()
+        .any(|n| matches!(n.op, Op::Attention { .. })));
+    // Each block's forward products, in order (c_attn, c_proj, c_fc,
+    // c_proj): the even-numbered ones are the only products recomputed.
+    for layer in 0..4 {
+        let products: Vec<&str> = g
+            .topo_order()
+            .expect("acyclic")
+            .into_iter()
+            .map(|id| g.node(id))
+            .filter(|n| {
+                n.phase == fsdpc_ir::Phase::Forward
+                    && matches!(n.op, Op::MatMul { .. })
+                    && n.name.contains(&format!("h.{layer}."))
+            })
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(products.len(), 4, "{products:?}");
+        let again: Vec<&str> = recomputed
+            .iter()
+            .filter(|n| matches!(n.op, Op::MatMul { .. }))
+            .filter_map(|n| {
+                n.name
+                    .strip_prefix(fsdpc_planner::recompute::RECOMPUTE_PREFIX)
+                    .and_then(|x| x.strip_suffix(')'))
+            })
+            .filter(|x| x.contains(&format!("h.{layer}.")))
+            .collect();
+        assert!(
+            again.iter().all(|x| *x == products[1] || *x == products[3]),
+            "layer {layer}: recomputed {again:?} of {products:?}"
+        );
+    }
+    let none = planned(2, Strategy::FullShard, CheckpointPolicy::None);
+    let all = planned(2, Strategy::FullShard, CheckpointPolicy::Units);
+    assert!(p.memory.peak_bytes < none.memory.peak_bytes);
+    assert!(p.memory.peak_bytes > all.memory.peak_bytes);
+    assert!(recomputes(&p) < recomputes(&all));
 }
 
 fn policy_name(p: &CheckpointPolicy) -> String {

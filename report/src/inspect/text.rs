@@ -201,10 +201,15 @@ fn header(out: &mut String, s: &Summary) {
     if !s.checkpointed_units.is_empty() {
         let _ = writeln!(
             out,
-            "checkpoint activations ({}) of {} of {} non-root units, each re-running its forward in its backward: {}",
+            "checkpoint activations ({}) of {} of {} non-root units, each re-running {} in its backward: {}",
             s.activation_checkpointing.name(),
             s.checkpointed_units.len(),
             s.units.len().saturating_sub(1),
+            if s.activation_checkpointing == fsdpc_plan::CheckpointPolicy::Ops {
+                "its forward but attention and every other matrix product"
+            } else {
+                "its forward"
+            },
             s.checkpointed_units.join(", ")
         );
     }
