@@ -56,20 +56,31 @@ pub fn preset_for_device(device: &str) -> Option<&'static str> {
 /// Today's date (UTC) as `YYYY-MM-DD`, for the cluster file's sources.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn today() -> String {
-    let days = std::time::SystemTime::now()
+    utc(std::time::SystemTime::now())[..10].to_string()
+}
+
+/// `t` as `YYYY-MM-DD HH:MM UTC` (the civil date from the days since
+/// 1970-01-01, Howard Hinnant's algorithm); the benches date their
+/// figures with it too.
+pub fn utc(t: std::time::SystemTime) -> String {
+    let secs = t
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400) as i64;
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        rem / 3_600,
+        rem % 3_600 / 60
+    )
 }
 
 /// The graph of a zoo model spec, for the data source's timing.
@@ -188,6 +199,14 @@ mod tests {
         ] {
             assert_eq!(preset_for_device(name), preset, "{name}");
         }
+    }
+
+    #[test]
+    fn dates_are_civil() {
+        let at = |secs: u64| utc(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        assert_eq!(at(0), "1970-01-01 00:00 UTC");
+        // 2024-02-29 12:34 UTC, a leap day.
+        assert_eq!(at(1_709_210_040), "2024-02-29 12:34 UTC");
     }
 
     #[test]

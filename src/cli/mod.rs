@@ -7,6 +7,7 @@
 //! non-zero exit code, never a backtrace.
 
 mod calibrate;
+pub use calibrate::utc;
 mod compare;
 mod compile;
 mod error;
