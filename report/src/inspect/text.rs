@@ -413,7 +413,7 @@ fn memory_table(out: &mut String, s: &Summary) {
                 human_bytes(s.heap_bytes)
             ),
         )
-    } else {
+    } else if s.heap_bytes > 0 {
         (
             "arena",
             format!(
@@ -422,6 +422,9 @@ fn memory_table(out: &mut String, s: &Summary) {
                 human_bytes(s.heap_bytes)
             ),
         )
+    } else {
+        // A GPU plan: its products are cuBLAS calls, with no CPU heap.
+        ("arena", format!("arena {}", human_bytes(s.arena_bytes)))
     };
     let _ = writeln!(
         out,
@@ -469,6 +472,9 @@ fn memory_table(out: &mut String, s: &Summary) {
             human_bytes(s.host_peak_bytes),
         );
         kinds(out, &s.host_breakdown);
+    }
+    if s.heap_bytes == 0 {
+        return;
     }
     let _ = writeln!(
         out,
