@@ -101,6 +101,15 @@ impl MemorySummary {
         self.outside_arena.iter().map(|o| o.bytes).sum()
     }
 
+    /// The bytes of `outside_arena`'s lines of `kind`.
+    pub fn outside_bytes(&self, kind: OutsideKind) -> u64 {
+        self.outside_arena
+            .iter()
+            .filter(|o| o.kind == kind)
+            .map(|o| o.bytes)
+            .sum()
+    }
+
     /// What a rank holds on its device at the peak: the arena's live peak
     /// and everything outside the arena; the figure the capacity is
     /// checked against.

@@ -143,12 +143,7 @@ fn device_summary(
     };
     // The plan's lines outside the arena: the context's against the
     // baseline, the rest against what set-up used beyond the arena.
-    let outside = &plan.memory.outside_arena;
-    let context: u64 = outside
-        .iter()
-        .filter(|o| o.kind == fsdpc_plan::OutsideKind::Context)
-        .map(|o| o.bytes)
-        .sum();
+    let context = plan.memory.outside_bytes(fsdpc_plan::OutsideKind::Context);
     let rest = plan.memory.outside_arena_bytes() - context;
     format!(
         "cuda: {} ({}): planned arena {}, one allocation of {} (arena + kernel scratch + cuBLAS workspace); device memory used beyond the context: {} after set-up, {} after the steps (of {}); mean step {:.2} ms after the first\n\

@@ -209,13 +209,13 @@ fn curve(mut points: Vec<(f64, f64)>, peak: f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A kernel's time as measured, not less the overhead: on a GPU the host
-/// issues ahead of any kernel longer than its issue time, so a step pays
-/// the overhead only where kernels are shorter (the cost model, which adds
-/// `kernel_overhead_s` to every kernel, errs by at most the overhead a
-/// kernel).
-fn as_measured(seconds: f64) -> f64 {
-    seconds.max(1e-12)
+/// `amount` (FLOPs or bytes) over a kernel's time as measured, not less
+/// the overhead: on a GPU the host issues ahead of any kernel longer than
+/// its issue time, so a step pays the overhead only where kernels are
+/// shorter (the cost model, which adds `kernel_overhead_s` to every
+/// kernel, errs by at most the overhead a kernel).
+fn per_second(amount: f64, seconds: f64) -> f64 {
+    amount / seconds.max(1e-12)
 }
 
 /// The cluster file of `m`: `base` (the preset of this GPU kind) named
@@ -233,17 +233,17 @@ pub fn cluster_file(base: Cluster, m: &GpuMeasurements, date: &str) -> (Cluster,
         m.gpus,
         m.total_bytes as f64 / (1u64 << 30) as f64
     );
-    file.name = "calibrated".into();
     file.description = format!(
         "{} measured by fsdpc calibrate --target cuda on {} ({date}); what was not measured is the {} preset's",
-        file.description, m.device, base_name(&file)
+        file.description, m.device, file.name
     );
+    file.name = "calibrated".into();
     let h = &mut file.hardware;
     let mut sources: Vec<(&str, String)> = Vec::new();
-    let rate = |p: &ProductTime| p.flops() / as_measured(p.seconds);
+    let rate = |p: &ProductTime| per_second(p.flops(), p.seconds);
     let (fwd, bwd) = (
-        |a: &AttentionTime| a.forward_flops / as_measured(a.forward_s),
-        |a: &AttentionTime| a.backward_flops / as_measured(a.backward_s),
+        |a: &AttentionTime| per_second(a.forward_flops, a.forward_s),
+        |a: &AttentionTime| per_second(a.backward_flops, a.backward_s),
     );
 
     // Matrix products: the square curves by layout, their mean, skinny.
@@ -389,7 +389,7 @@ pub fn cluster_file(base: Cluster, m: &GpuMeasurements, date: &str) -> (Cluster,
     if !m.kernels.is_empty() {
         let _ = writeln!(table, "memory-bound kernels, GB/s (bytes read + written):");
         for k in &m.kernels {
-            let bw = k.bytes / as_measured(k.seconds);
+            let bw = per_second(k.bytes, k.seconds);
             let _ = writeln!(
                 table,
                 "  {:<22} {:>8.1} MiB  {:>7.1}",
@@ -400,7 +400,7 @@ pub fn cluster_file(base: Cluster, m: &GpuMeasurements, date: &str) -> (Cluster,
             h.kernel_bw.insert(k.family.clone(), bw);
         }
         if let Some(add) = m.kernels.iter().find(|k| k.family == "binary") {
-            h.mem_bw = add.bytes / as_measured(add.seconds);
+            h.mem_bw = per_second(add.bytes, add.seconds);
             sources.push((
                 "mem_bw",
                 format!("an f32 add of {KERNEL_ELEMENTS} elements, bytes read + written over the median time"),
@@ -502,16 +502,6 @@ pub fn cluster_file(base: Cluster, m: &GpuMeasurements, date: &str) -> (Cluster,
         file.sources.insert(k.to_string(), format!("{by}: {v}"));
     }
     (file, table)
-}
-
-/// The preset a calibrated file started from, for its description.
-fn base_name(c: &Cluster) -> String {
-    c.description
-        .split(',')
-        .next()
-        .unwrap_or("base")
-        .trim()
-        .to_string()
 }
 
 fn shapes_text(shapes: &[Shape]) -> String {

@@ -100,6 +100,12 @@ fn measured_rates_become_the_files_figures_over_its_peak() {
     let (f, table) = cluster_file(base(), &measured(8), "2026-12-04");
     let h = &f.hardware;
     assert_eq!(f.name, "calibrated");
+    assert!(
+        f.description
+            .ends_with("what was not measured is the h200-141g-ib preset's"),
+        "{}",
+        f.description
+    );
     assert_eq!(h.peak_flops_bf16, 1000e12, "the datasheet peak stays");
     // Rate = peak x efficiency = what was measured, per layout.
     let big =

@@ -78,7 +78,8 @@ where
     Ok(out)
 }
 
-pub(super) fn median(times: &[f64]) -> f64 {
+/// The median of `times` (the upper one of an even count).
+pub(crate) fn median(times: &[f64]) -> f64 {
     let mut v = times.to_vec();
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)

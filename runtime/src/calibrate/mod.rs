@@ -23,7 +23,7 @@
 mod collectives;
 mod contention;
 pub mod gpu;
-mod harness;
+pub(crate) mod harness;
 mod kernels;
 mod products;
 

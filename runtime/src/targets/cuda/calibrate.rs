@@ -10,14 +10,14 @@ use super::device::{device_count, Device, DeviceAlloc};
 use super::error::CudaError;
 use super::exec::BLAS_WORKSPACE;
 use super::nccl::{self, NcclComm};
-use super::single::time_node;
+use super::single::{time_node, timed_runs};
 use crate::calibrate::gpu::{
     skinny_shapes, AttentionTime, CollectiveTime, GpuMeasurements, KernelTime, ProductTime,
     ATTENTION, COLLECTIVE_BYTES, FAMILIES, KERNEL_ELEMENTS, LAYOUTS, PRODUCTS, ROW, TINY_ELEMENTS,
     VOCAB,
 };
+use crate::calibrate::harness::median;
 use crate::tensor::HostTensor;
-use cudarc::driver::{sys, CudaEvent};
 use fsdpc_ir::{BinaryFn, DType, ModuleId, Node, Op, Phase, TensorType, UnaryFn};
 use fsdpc_plan::cluster::{CollectiveKind, SKINNY_BASE_DIM, SKINNY_DIM};
 
@@ -84,27 +84,15 @@ pub fn measure(progress: &mut dyn FnMut(&str)) -> Result<GpuMeasurements, CudaEr
     Ok(m)
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// Device memory in use on `dev`'s GPU, bytes.
-fn used(dev: &Device) -> Result<u64, CudaError> {
-    let (free, total) = dev.mem_info()?;
-    Ok((total - free) as u64)
-}
-
 /// What a cuBLAS handle takes beyond the workspace it is given: the use
 /// after making one, less the use before and the workspace's allocation
 /// (rounded to the driver's 2 MiB granule).
 fn cublas_handle_bytes(dev: &Device) -> Result<u64, CudaError> {
-    let before = used(dev)?;
+    let before = dev.used_bytes()?;
     let ws = DeviceAlloc::new(&dev.ctx, BLAS_WORKSPACE as usize)?;
     let stream = dev.ctx.new_stream()?;
     let blas = super::blas::Blas::new(&stream, (ws.ptr, BLAS_WORKSPACE as usize))?;
-    let after = used(dev)?;
+    let after = dev.used_bytes()?;
     drop(blas);
     Ok(after.saturating_sub(before + BLAS_WORKSPACE.next_multiple_of(2 << 20)))
 }
@@ -323,19 +311,18 @@ fn collectives(gpus: usize) -> Result<(Vec<CollectiveTime>, u64), CudaError> {
                 s.spawn(move || -> Result<(Vec<f64>, u64), CudaError> {
                     let dev = Device::open(g)?;
                     dev.ctx.bind_to_thread()?;
-                    let before = used(&dev)?;
+                    let before = dev.used_bytes()?;
                     let comm = NcclComm::init(id, gpus, g)?;
-                    let comm_bytes = used(&dev)?.saturating_sub(before);
+                    let comm_bytes = dev.used_bytes()?.saturating_sub(before);
                     // Send: the largest buffer; receive: gpus times it.
                     let send = DeviceAlloc::new(&dev.ctx, largest)?;
                     let recv = DeviceAlloc::new(&dev.ctx, largest * gpus)?;
                     let stream = dev.ctx.new_stream()?;
-                    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
                     let mut out = Vec::new();
                     for op in CollectiveKind::ALL {
                         for &bytes in &COLLECTIVE_BYTES {
                             let count = bytes / 2;
-                            let run = || match op {
+                            let mut run = || match op {
                                 CollectiveKind::AllGather => comm.all_gather(
                                     send.ptr,
                                     recv.ptr,
@@ -354,22 +341,7 @@ fn collectives(gpus: usize) -> Result<(Vec<CollectiveTime>, u64), CudaError> {
                                     comm.all_reduce(recv.ptr, count, DType::Bf16, &stream)
                                 }
                             };
-                            for _ in 0..2 {
-                                run()?;
-                            }
-                            let events: Vec<(CudaEvent, CudaEvent)> = (0..7)
-                                .map(|_| Ok((dev.ctx.new_event(flags)?, dev.ctx.new_event(flags)?)))
-                                .collect::<Result<_, CudaError>>()?;
-                            for (a, b) in &events {
-                                a.record(&stream)?;
-                                run()?;
-                                b.record(&stream)?;
-                            }
-                            stream.synchronize()?;
-                            let t: Vec<f64> = events
-                                .iter()
-                                .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e-3))
-                                .collect::<Result<_, CudaError>>()?;
+                            let t = timed_runs(&dev, &stream, (2, 7), &mut run)?;
                             out.push(median(&t));
                         }
                     }

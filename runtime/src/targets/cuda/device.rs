@@ -99,6 +99,12 @@ impl Device {
         Ok(self.ctx.mem_get_info()?)
     }
 
+    /// Device memory in use (by this process and any other), bytes.
+    pub fn used_bytes(&self) -> Result<u64, CudaError> {
+        let (free, total) = self.mem_info()?;
+        Ok((total - free) as u64)
+    }
+
     /// Launches `l` on `stream`, resolving its pointers with `ptr`.
     pub fn launch(
         &self,

@@ -184,19 +184,32 @@ pub fn time_node(
     let in_tys: Vec<&TensorType> = inputs.iter().map(|t| &t.ty).collect();
     let p = Prepared::new(dev, node, &in_tys, &ctx, ws_bytes)?;
     p.load(inputs)?;
+    let times = timed_runs(dev, &p.stream, (warmup, reps), &mut || p.issue(&ctx))?;
+    p.finish(0)?;
+    Ok(times)
+}
+
+/// Seconds of each of `reps` runs of `issue` (after `warmup` untimed
+/// ones), each between two CUDA events on `stream`; waits for the stream.
+pub(crate) fn timed_runs(
+    dev: &Device,
+    stream: &CudaStream,
+    (warmup, reps): (usize, usize),
+    issue: &mut dyn FnMut() -> Result<(), CudaError>,
+) -> Result<Vec<f64>, CudaError> {
     for _ in 0..warmup {
-        p.issue(&ctx)?;
+        issue()?;
     }
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let events: Vec<(CudaEvent, CudaEvent)> = (0..reps)
         .map(|_| Ok((dev.ctx.new_event(flags)?, dev.ctx.new_event(flags)?)))
         .collect::<Result<_, CudaError>>()?;
     for (a, b) in &events {
-        a.record(&p.stream)?;
-        p.issue(&ctx)?;
-        b.record(&p.stream)?;
+        a.record(stream)?;
+        issue()?;
+        b.record(stream)?;
     }
-    p.finish(0)?;
+    stream.synchronize()?;
     events
         .iter()
         .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e-3))

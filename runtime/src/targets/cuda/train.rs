@@ -311,11 +311,6 @@ mod imp {
         Ok((ids, (world > 1).then(|| id(streams.len()))))
     }
 
-    fn used(dev: &Device) -> Result<u64, RuntimeError> {
-        let (free, total) = dev.mem_info()?;
-        Ok((total - free) as u64)
-    }
-
     /// Fills every unit's fp32 shard on the host and copies it in.
     fn init_shards(
         plan: &Plan,
@@ -390,7 +385,7 @@ mod imp {
         let prep = resolve(plan)?;
         let dev = Device::open(cfg.device.unwrap_or(local))?;
         let device = dev.name.clone();
-        let baseline = used(&dev)?;
+        let baseline = dev.used_bytes()?;
         let total = dev.mem_info()?.1 as u64;
         let data = crate::data::open(&opts.data, &plan.training.graph, opts.seed)?;
         let eval = open_eval(plan, opts, world)?;
@@ -405,27 +400,19 @@ mod imp {
             ids: &ids,
             loss,
         };
-        let mut gpu = GpuRank::new(
-            dev,
-            &prep,
-            rank,
-            world,
-            opts.seed,
-            &setup,
-            cfg.timed_steps.max(opts.trace_steps) > 0,
-        )?;
+        // Steps timed by CUDA events: the overlap figure's and the trace's.
+        let timed = cfg.timed_steps.max(opts.trace_steps);
+        let mut gpu = GpuRank::new(dev, &prep, rank, world, opts.seed, &setup, timed > 0)?;
         let g = plan.geometry();
         let pos = (
             g.shard_position(rank) as u64,
             g.tensor_position(rank) as u32,
         );
         init_shards(plan, &gpu, pos, opts.seed)?;
-        let setup_used = used(&gpu.dev)?.saturating_sub(baseline);
+        let setup_used = gpu.dev.used_bytes()?.saturating_sub(baseline);
         let mut log = StepLog::new(plan, world, eval.as_ref().map_or(0, |e| e.1));
         let mut step_times = Vec::new();
         let mut overlap = None;
-        // Steps timed by CUDA events: the overlap figure's and the trace's.
-        let timed = cfg.timed_steps.max(opts.trace_steps);
         let mut traced: Vec<(Stream, crate::exec::timeline::Span)> = Vec::new();
         let start = Instant::now();
         for step in 0..opts.steps {
@@ -475,7 +462,7 @@ mod imp {
             }
         }
         let elapsed = start.elapsed();
-        let end_used = used(&gpu.dev)?.saturating_sub(baseline);
+        let end_used = gpu.dev.used_bytes()?.saturating_sub(baseline);
         // One rank holds the whole parameters only without a tensor split.
         let final_params = if opts.keep_params && plan.config.tensor_parallel <= 1 {
             assemble_shards(plan, vec![shards(plan, &gpu)?])?
@@ -493,13 +480,7 @@ mod imp {
         // What the plan says this rank holds beyond the context: the
         // arena and the lines outside it but the context's (measured from
         // the memory in use once the context exists).
-        let context: u64 = plan
-            .memory
-            .outside_arena
-            .iter()
-            .filter(|o| o.kind == fsdpc_plan::OutsideKind::Context)
-            .map(|o| o.bytes)
-            .sum();
+        let context = plan.memory.outside_bytes(fsdpc_plan::OutsideKind::Context);
         let planned =
             plan.memory.rank_bytes + plan.memory.outside_arena_bytes().saturating_sub(context);
         Ok(TrainReport {
