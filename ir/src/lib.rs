@@ -26,7 +26,7 @@ pub use autodiff::build_training_program;
 pub use error::IrError;
 pub use freeze::freeze;
 pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};
-pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn};
+pub use op::{BinaryFn, CompareFn, LogicalFn, Op, ReduceFn, UnaryFn, Window2d};
 pub use param::{Init, ParamId, ParamSpec, TpSlice};
 pub use program::{BadHyperparameter, Optimizer, ParamGrad, TrainingProgram};
 pub use types::{DType, Shape, TensorData, TensorType};

@@ -84,6 +84,29 @@ pub enum Op {
         causal: bool,
         scale: f64,
     },
+    /// 2-D convolution (cross-correlation, as ONNX `Conv` and PyTorch's
+    /// `Conv2d`): `(x[n, c, h, w], w[o, c / groups, kh, kw][, b[o]])` ->
+    /// `[n, o, oh, ow]` (`Window2d::out_hw`). `o` and `c` are multiples of
+    /// `groups` (`groups == c == o` is a depthwise convolution); `kernel`
+    /// is `[kh, kw]`.
+    Conv {
+        window: Window2d,
+        groups: usize,
+    },
+    /// Max pooling over `x[n, c, h, w]` -> `[n, c, oh, ow]`; padding never
+    /// wins (it is minus infinity).
+    MaxPool {
+        window: Window2d,
+    },
+    /// Average pooling over `x[n, c, h, w]` -> `[n, c, oh, ow]`: each window's
+    /// sum over its elements inside the input, divided by its element count
+    /// inside the padded input (`count_include_pad`, PyTorch's rule: a
+    /// `ceil_mode` window's part past the padding never counts) or inside
+    /// the input alone.
+    AvgPool {
+        window: Window2d,
+        count_include_pad: bool,
+    },
     /// `(data, indices)`: numpy `take` along `axis` (an embedding is axis 0).
     Gather {
         axis: usize,
@@ -287,11 +310,53 @@ pub enum Op {
         step: usize,
         input_shape: Vec<usize>,
     },
+    /// `(w, dy) -> dx` of a `Conv`, `dx` of shape `[n, c, input_hw]`.
+    ConvGradInput {
+        window: Window2d,
+        groups: usize,
+        input_hw: [usize; 2],
+    },
+    /// `(x, dy) -> dw` of a `Conv` (`[o, c / groups, kh, kw]`, `o` from
+    /// `dy`). The bias's gradient is `dy` summed over axes 0, 2 and 3.
+    ConvGradWeight {
+        window: Window2d,
+        groups: usize,
+    },
+    /// `(x, dy) -> dx` of a `MaxPool`: each window's `dy` routed to its
+    /// first maximum (row-major within the window, as PyTorch's kernels).
+    MaxPoolGrad {
+        window: Window2d,
+    },
+    /// `dy -> dx` of an `AvgPool`, `dx` of shape `[n, c, input_hw]`.
+    AvgPoolGrad {
+        window: Window2d,
+        count_include_pad: bool,
+        input_hw: [usize; 2],
+    },
     /// `(x, y, dy) -> dx` of a `Reduce{Max}`: `dy` routed to the arg-max positions.
     ReduceMaxGrad {
         axes: Vec<usize>,
         keepdims: bool,
     },
+}
+
+/// The geometry of a 2-D sliding window over the last two axes of an
+/// `[n, c, h, w]` tensor: a convolution's kernel or a pooling window.
+/// Window `(i, j)` covers rows `i·stride[0] - pads[0] + a·dilation[0]` for
+/// `a < kernel[0]` (columns alike); positions outside the input are padding.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Window2d {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    /// `[top, left, bottom, right]`: ONNX's `pads` order (every axis's
+    /// beginning, then every axis's end).
+    pub pads: [usize; 4],
+    /// Count a last, partial window (pooling's `ceil_mode`): the output
+    /// length rounds up, less a window that would start past the input and
+    /// its leading padding (PyTorch's rule, which ONNX follows).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ceil_mode: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

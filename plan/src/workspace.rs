@@ -13,6 +13,8 @@
 //! - `Softmax`/`LogSoftmax` (grad) off the last axis: the strided row of each
 //!   input and the output (`(inputs + 1) x len`); along the last axis none;
 //! - `ReduceMaxGrad`: one flag per output element;
+//! - `Conv`, `ConvGradInput`, `ConvGradWeight`: one image's group's im2col
+//!   matrix (`Geometry::scratch`; none for a pointwise convolution);
 //! - an arithmetic op with bf16/f16 operands runs on f32 copies of those
 //!   operands: their f32 bytes, each rounded up to 8, come first, then the
 //!   op's own rule on the widened types.
@@ -20,6 +22,7 @@
 //! The planner never runs a kernel: these are sizes, stated from the types.
 
 use crate::cluster::GemmBlocking;
+use fsdpc_ir::ops::conv::Geometry as Geometry2d;
 use fsdpc_ir::ops::matmul::Geometry;
 use fsdpc_ir::{DType, Op, TensorType};
 
@@ -184,6 +187,10 @@ pub fn gemm_heap(op: &Op, ins: &[&TensorType], blocking: Option<&GemmBlocking>) 
             }
             calls
         }
+        Op::Conv { .. } | Op::ConvGradInput { .. } | Op::ConvGradWeight { .. } => {
+            let all: Vec<&[usize]> = (0..ins.len()).map(dims).collect();
+            conv_calls(op, &all).map(|(c, _)| c).into_iter().collect()
+        }
         _ => Vec::new(),
     };
     calls
@@ -191,6 +198,29 @@ pub fn gemm_heap(op: &Op, ins: &[&TensorType], blocking: Option<&GemmBlocking>) 
         .map(|c| gemm_call_bytes(c, blocking))
         .max()
         .unwrap_or(0)
+}
+
+/// The call a convolution kernel (`Conv`, `ConvGradInput`,
+/// `ConvGradWeight`) on operands of these dims makes once per image and
+/// group, and that count: `y = W cols`, `dcols = W^T dy`, `dW += dy
+/// cols^T` over one group's im2col matrix (`Geometry`); `None` for other
+/// ops.
+pub fn conv_calls(op: &Op, dims: &[&[usize]]) -> Option<(GemmCall, u64)> {
+    let g = Geometry2d::of(op, dims)?;
+    let (og, taps, pix) = (g.group_out() as u64, g.taps() as u64, g.pixels() as u64);
+    let call = |m, k, n, trans_a, trans_b| GemmCall {
+        m,
+        k,
+        n,
+        trans_a,
+        trans_b,
+    };
+    let c = match op {
+        Op::Conv { .. } => call(og, taps, pix, false, false),
+        Op::ConvGradInput { .. } => call(taps, og, pix, true, false),
+        _ => call(og, pix, taps, false, true),
+    };
+    Some((c, (g.n * g.groups) as u64))
 }
 
 /// The call one `MatMul` kernel of these operand shapes makes, and how
@@ -262,6 +292,10 @@ fn f32_workspace(op: &Op, ins: &[&TensorType]) -> u64 {
         Op::Softmax { axis } | Op::LogSoftmax { axis } => strided_rows(dims(0), *axis, 1),
         Op::SoftmaxGrad { axis } | Op::LogSoftmaxGrad { axis } => strided_rows(dims(0), *axis, 2),
         Op::ReduceMaxGrad { .. } => ins.get(1).map_or(0, |t| t.numel()),
+        Op::Conv { .. } | Op::ConvGradInput { .. } | Op::ConvGradWeight { .. } => {
+            let all: Vec<&[usize]> = (0..ins.len()).map(dims).collect();
+            Geometry2d::of(op, &all).map_or(0, |g| g.scratch() as u64)
+        }
         _ => 0,
     };
     elems * 4
@@ -292,5 +326,38 @@ mod tests {
         assert_eq!(n, 16, "broadcast batch 2 x 8");
         let (c, n) = matmul_calls(&[4, 64, 128], &[64, 32], true, false);
         assert_eq!((c.m, c.k, c.n, n), (128, 64, 32, 4));
+    }
+
+    /// A convolution's scratch is one image's group's im2col matrix, none
+    /// when pointwise; its library call repeats per image and group.
+    #[test]
+    fn convolutions_unfold_one_group_at_a_time() {
+        use fsdpc_ir::Window2d;
+        let f32t = |d: &[usize]| TensorType::new(DType::F32, d.to_vec());
+        let w3 = Window2d {
+            pads: [1; 4],
+            ..Window2d::of_kernel([3, 3])
+        };
+        let (x, w) = (f32t(&[2, 8, 6, 6]), f32t(&[4, 4, 3, 3]));
+        let conv = Op::Conv {
+            window: w3,
+            groups: 2,
+        };
+        // 4 channels per group x 9 taps, by 36 pixels.
+        assert_eq!(kernel_workspace(&conv, &[&x, &w], &[]), 4 * 36 * 36);
+        let (c, count) = conv_calls(&conv, &[&[2, 8, 6, 6], &[4, 4, 3, 3]]).unwrap();
+        assert_eq!((c.m, c.k, c.n, count), (2, 36, 36, 4));
+        let gw = Op::ConvGradWeight {
+            window: w3,
+            groups: 2,
+        };
+        let (c, _) = conv_calls(&gw, &[&[2, 8, 6, 6], &[2, 4, 6, 6]]).unwrap();
+        assert_eq!((c.m, c.k, c.n, c.trans_b), (2, 36, 36, true));
+        let pointwise = Op::Conv {
+            window: Window2d::of_kernel([1, 1]),
+            groups: 1,
+        };
+        let w1 = f32t(&[4, 8, 1, 1]);
+        assert_eq!(kernel_workspace(&pointwise, &[&x, &w1], &[]), 0);
     }
 }

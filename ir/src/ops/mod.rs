@@ -6,13 +6,15 @@
 //! a multiply-add is 2 FLOPs (`MatMul` is `2·m·n·k` per batch); attention counts
 //! its two matrix products (`4·b·h·s·t·d`), halved when causal (kernels skip the
 //! masked blocks), plus 5 per score for the softmax, and its backward is 2.5× its
-//! forward; elementwise ops count 1 per output element (transcendental unary
+//! forward; a convolution and each of its gradients `2·n·o·oh·ow·(c/groups)·kh·kw`,
+//! pooling 1 per tap of each output element; elementwise ops count 1 per output element (transcendental unary
 //! functions 4, GELU 8); normalisations, softmax and cross-entropy a few per
 //! element; data movement (reshape, transpose, slice, gather, ...) counts 0.
 
 mod attention;
 mod cast;
 mod check;
+pub mod conv;
 mod dropout;
 mod elementwise;
 mod gather;
@@ -20,6 +22,7 @@ mod grad_kernels;
 mod loss;
 pub mod matmul;
 mod norm;
+mod pool;
 mod reduce;
 mod shape;
 mod softmax;
@@ -27,6 +30,7 @@ mod source;
 mod tensor_parallel;
 mod vjp;
 mod vocab;
+mod window;
 
 pub use check::{broadcast_shapes, broadcasts_to};
 pub use vjp::vjp;
@@ -60,6 +64,8 @@ fn family(op: &Op) -> &'static dyn Family {
         LayerNorm { .. } | RmsNorm { .. } => &norm::Norm,
         Softmax { .. } | LogSoftmax { .. } => &softmax::Softmax,
         Attention { .. } => &attention::Attention,
+        Conv { .. } | ConvGradInput { .. } | ConvGradWeight { .. } => &conv::Conv,
+        MaxPool { .. } | AvgPool { .. } | MaxPoolGrad { .. } | AvgPoolGrad { .. } => &pool::Pool,
         Gather { .. } => &gather::Gather,
         Dropout { .. } => &dropout::Dropout,
         Reshape { .. }

@@ -85,3 +85,43 @@ fn elementwise_and_data_movement() {
     );
     assert_eq!(count(Op::LayerNorm { eps: 1e-5 }, &[x, f32t(&[10])]), 800.0);
 }
+
+/// A convolution and each gradient count `2 · n · o · oh · ow · (c / g) ·
+/// kh · kw`; pooling one per tap of each output.
+#[test]
+fn convolution_and_pooling() {
+    use fsdpc_ir::Window2d;
+    let w3 = Window2d {
+        pads: [1; 4],
+        ..Window2d::of_kernel([3, 3])
+    };
+    let x = f32t(&[2, 8, 6, 6]);
+    let w = f32t(&[4, 2, 3, 3]);
+    let y = f32t(&[2, 4, 6, 6]);
+    let fwd = 2.0 * (2 * 4 * 36 * 2 * 9) as f64;
+    assert_eq!(
+        count(
+            Op::Conv {
+                window: w3,
+                groups: 4
+            },
+            &[x.clone(), w.clone()]
+        ),
+        fwd
+    );
+    let gi = Op::ConvGradInput {
+        window: w3,
+        groups: 4,
+        input_hw: [6, 6],
+    };
+    assert_eq!(count(gi, &[w, y.clone()]), fwd);
+    let gw = Op::ConvGradWeight {
+        window: w3,
+        groups: 4,
+    };
+    assert_eq!(count(gw, &[x.clone(), y]), fwd);
+    assert_eq!(
+        count(Op::MaxPool { window: w3 }, &[x]),
+        (2 * 8 * 36 * 9) as f64
+    );
+}

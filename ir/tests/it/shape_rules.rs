@@ -439,3 +439,119 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn convolution_and_pooling_rules() {
+    use fsdpc_ir::Window2d;
+    let stem = Window2d {
+        stride: [2, 2],
+        pads: [3; 4],
+        ..Window2d::of_kernel([7, 7])
+    };
+    let conv = |window, groups| Op::Conv { window, groups };
+    // ResNet's stem: 224 -> 112.
+    assert_eq!(
+        check(
+            conv(stem, 1),
+            &[f32t(&[2, 3, 224, 224]), f32t(&[64, 3, 7, 7]), f32t(&[64])]
+        ),
+        Ok(f32t(&[2, 64, 112, 112]))
+    );
+    // Depthwise: 32 groups of one channel.
+    let dw = Window2d {
+        pads: [1; 4],
+        ..Window2d::of_kernel([3, 3])
+    };
+    assert_eq!(
+        check(conv(dw, 32), &[f32t(&[1, 32, 8, 8]), f32t(&[32, 1, 3, 3])]),
+        Ok(f32t(&[1, 32, 8, 8]))
+    );
+    err_contains(
+        check(conv(dw, 1), &[f32t(&[1, 4, 8, 8]), f32t(&[8, 3, 3, 3])]),
+        "must have 4 input channels per group",
+    );
+    err_contains(
+        check(conv(dw, 3), &[f32t(&[1, 4, 8, 8]), f32t(&[6, 1, 3, 3])]),
+        "groups 3 must divide the input channels 4",
+    );
+    err_contains(
+        check(conv(dw, 1), &[f32t(&[1, 4, 8, 8]), f32t(&[8, 4, 5, 5])]),
+        "5x5 kernel but the op's is [3, 3]",
+    );
+    err_contains(
+        check(
+            conv(dw, 1),
+            &[f32t(&[1, 4, 8, 8]), f32t(&[8, 4, 3, 3]), f32t(&[4])],
+        ),
+        "b must have shape [8]",
+    );
+    err_contains(
+        check(
+            conv(dw, 1),
+            &[f32t(&[1, 4, 8, 8, 8]), f32t(&[8, 4, 3, 3, 3])],
+        ),
+        "only 2-D convolutions",
+    );
+    let big = Window2d::of_kernel([5, 5]);
+    err_contains(
+        check(conv(big, 1), &[f32t(&[1, 1, 4, 4]), f32t(&[1, 1, 5, 5])]),
+        "padded input has 4",
+    );
+    // Gradients restore the input's shape, even when the stride drops a row.
+    let s2 = Window2d {
+        stride: [2, 2],
+        ..Window2d::of_kernel([3, 3])
+    };
+    let gi = Op::ConvGradInput {
+        window: s2,
+        groups: 1,
+        input_hw: [8, 8],
+    };
+    assert_eq!(
+        check(gi, &[f32t(&[5, 2, 3, 3]), f32t(&[1, 5, 3, 3])]),
+        Ok(f32t(&[1, 2, 8, 8]))
+    );
+    let gw = Op::ConvGradWeight {
+        window: s2,
+        groups: 1,
+    };
+    assert_eq!(
+        check(gw.clone(), &[f32t(&[1, 2, 8, 8]), f32t(&[1, 5, 3, 3])]),
+        Ok(f32t(&[5, 2, 3, 3]))
+    );
+    err_contains(
+        check(gw, &[f32t(&[1, 2, 8, 8]), f32t(&[1, 5, 4, 4])]),
+        "must be [3, 3] spatially",
+    );
+    // Pooling: ResNet's max pool, a ceil-mode average.
+    let pool = Window2d {
+        stride: [2, 2],
+        pads: [1; 4],
+        ..Window2d::of_kernel([3, 3])
+    };
+    assert_eq!(
+        check(Op::MaxPool { window: pool }, &[f32t(&[2, 64, 112, 112])]),
+        Ok(f32t(&[2, 64, 56, 56]))
+    );
+    let ceil = Window2d {
+        stride: [2, 2],
+        ceil_mode: true,
+        ..Window2d::of_kernel([2, 2])
+    };
+    let avg = Op::AvgPool {
+        window: ceil,
+        count_include_pad: false,
+    };
+    assert_eq!(
+        check(avg.clone(), &[f32t(&[1, 3, 5, 5])]),
+        Ok(f32t(&[1, 3, 3, 3]))
+    );
+    err_contains(check(avg, &[i64t(&[1, 3, 5, 5])]), "floating point");
+    err_contains(
+        check(
+            Op::MaxPoolGrad { window: ceil },
+            &[f32t(&[1, 3, 5, 5]), f32t(&[1, 3, 2, 2])],
+        ),
+        "the pooled x and dy",
+    );
+}

@@ -61,7 +61,10 @@ pub fn kernel_time(flops: f64, bytes: f64, cluster: &Cluster, dtype: fsdpc_ir::D
 pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
     use fsdpc_ir::Op;
     let base = match op {
-        Op::MatMul { .. } => return None,
+        Op::MatMul { .. }
+        | Op::Conv { .. }
+        | Op::ConvGradInput { .. }
+        | Op::ConvGradWeight { .. } => return None,
         Op::Attention { .. } => "attention",
         Op::AttentionGrad { .. } => "attention_grad",
         Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } | Op::Where => "binary",
@@ -79,6 +82,8 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
         Op::SliceGrad { .. } => "slice_grad",
         Op::SumTo { .. } | Op::Reduce { .. } | Op::ReduceMaxGrad { .. } => "sum_to",
         Op::Gather { .. } | Op::TpLookup { .. } => "gather",
+        Op::MaxPool { .. } | Op::AvgPool { .. } => "pool",
+        Op::MaxPoolGrad { .. } | Op::AvgPoolGrad { .. } => "pool_grad",
         Op::GatherGrad { .. } | Op::TpLookupGrad { .. } => "gather_grad",
         _ => "reshape",
     };
@@ -91,17 +96,57 @@ pub fn kernel_family(op: &fsdpc_ir::Op, half: bool) -> Option<String> {
 
 /// The smallest of rows, inner size and columns of the matrix product at
 /// `node` (its `Geometry`: after its transposes, leading batch dimensions
-/// aside); 0 when the node is not a product of two matrices.
+/// aside; a convolution's per-image call); 0 when the node multiplies no
+/// matrices.
 pub fn matmul_min_dim(graph: &Graph, node: fsdpc_ir::NodeId) -> usize {
+    let ins = graph.inputs(node);
+    let dims = |v: &fsdpc_ir::ValueId| graph.value_type(*v).shape.dims();
+    if let Some((c, _)) = conv_call(graph, node) {
+        return c.m.min(c.k).min(c.n) as usize;
+    }
     let fsdpc_ir::Op::MatMul { trans_a, trans_b } = graph.node(node).op else {
         return 0;
     };
-    let ins = graph.inputs(node);
     let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
         return 0;
     };
-    let dims = |v: &fsdpc_ir::ValueId| graph.value_type(*v).shape.dims();
     Geometry::of(dims(a), dims(b), trans_a, trans_b).map_or(0, |g| g.m.min(g.k).min(g.n))
+}
+
+/// The matrix-library call a convolution kernel at `node` makes, and how
+/// many times (`fsdpc_plan::workspace::conv_calls`).
+fn conv_call(
+    graph: &Graph,
+    node: fsdpc_ir::NodeId,
+) -> Option<(fsdpc_plan::workspace::GemmCall, u64)> {
+    let dims: Vec<&[usize]> = graph
+        .inputs(node)
+        .iter()
+        .map(|v| graph.value_type(*v).shape.dims())
+        .collect();
+    fsdpc_plan::workspace::conv_calls(&graph.node(node).op, &dims)
+}
+
+/// Seconds a convolution kernel spends unfolding its input into im2col
+/// matrices (or folding one back): each matrix written and read once, at
+/// the bandwidth of a strided copy (the `transpose` family); 0 for other
+/// kernels and pointwise convolutions.
+fn im2col_time(graph: &Graph, node: fsdpc_ir::NodeId, hw: &fsdpc_plan::cluster::Hardware) -> f64 {
+    let dims: Vec<&[usize]> = graph
+        .inputs(node)
+        .iter()
+        .map(|v| graph.value_type(*v).shape.dims())
+        .collect();
+    let Some(g) = fsdpc_ir::ops::conv::Geometry::of(&graph.node(node).op, &dims) else {
+        return 0.0;
+    };
+    let bytes = (2 * 4 * g.scratch() * g.n * g.groups) as f64;
+    let bw = hw.kernel_bandwidth_for("transpose", (8 * g.scratch()) as f64);
+    if bw > 0.0 {
+        bytes / bw
+    } else {
+        0.0
+    }
 }
 
 /// The efficiency of the matrix product at `node` (`flops` in all): the
@@ -111,22 +156,26 @@ pub fn matmul_min_dim(graph: &Graph, node: fsdpc_ir::NodeId) -> usize {
 fn matmul_efficiency(graph: &Graph, node: fsdpc_ir::NodeId, flops: f64, cluster: &Cluster) -> f64 {
     let hw = &cluster.hardware;
     let fallback = || hw.matmul_efficiency_for(flops, matmul_min_dim(graph, node));
-    let fsdpc_ir::Op::MatMul { trans_a, trans_b } = graph.node(node).op else {
-        return fallback();
-    };
     if hw.matmul_curves.is_empty() {
         return fallback();
     }
-    let ins = graph.inputs(node);
-    let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
-        return fallback();
+    let (call, count) = match (conv_call(graph, node), &graph.node(node).op) {
+        (Some(c), _) => c,
+        (None, &fsdpc_ir::Op::MatMul { trans_a, trans_b }) => {
+            let ins = graph.inputs(node);
+            let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else {
+                return fallback();
+            };
+            fsdpc_plan::workspace::matmul_calls(
+                graph.value_type(*a).shape.dims(),
+                graph.value_type(*b).shape.dims(),
+                trans_a,
+                trans_b,
+            )
+        }
+        _ => return fallback(),
     };
-    let (call, count) = fsdpc_plan::workspace::matmul_calls(
-        graph.value_type(*a).shape.dims(),
-        graph.value_type(*b).shape.dims(),
-        trans_a,
-        trans_b,
-    );
+    let (trans_a, trans_b) = (call.trans_a, call.trans_b);
     let key = fsdpc_plan::cluster::matmul_shape_key(call.m, call.k, call.n, trans_a, trans_b);
     if !hw.matmul_curves.contains_key(&key) {
         return fallback();
@@ -184,9 +233,10 @@ pub fn node_kernel_time(
         .any(|t| is_half(t.dtype));
     let body = match kernel_family(&n.op, half) {
         None => {
-            // A matrix product: the efficiency of its calls' shape and
-            // size (`Hardware::matmul_curves`), else of its size and
-            // smallest dimension.
+            // A matrix product (or a convolution's products): the
+            // efficiency of its calls' shape and size
+            // (`Hardware::matmul_curves`), else of its size and smallest
+            // dimension; a convolution adds its im2col traffic.
             let rate = hw.peak_flops(dtype) * matmul_efficiency(graph, node, flops, cluster);
             let compute = if rate > 0.0 { flops / rate } else { 0.0 };
             let body = compute.max(if hw.mem_bw > 0.0 {
@@ -194,7 +244,7 @@ pub fn node_kernel_time(
             } else {
                 0.0
             });
-            body + promotion_time(graph, node, hw)
+            body + promotion_time(graph, node, hw) + im2col_time(graph, node, hw)
         }
         // Compute-bound kernels of their own (attention): at their
         // measured FLOP rate when the cluster has one.

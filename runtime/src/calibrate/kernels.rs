@@ -22,7 +22,7 @@ use super::Calibration;
 use crate::{
     Backend, CpuBackend, CpuConfig, KernelCtx, OptimizerArgs, TensorMut, TensorRef, Workspace,
 };
-use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType};
+use fsdpc_ir::{DType, ModuleId, Node, Op, Optimizer, Phase, TensorType, Window2d};
 use fsdpc_plan::cluster::PROMOTION_FAMILY;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -216,6 +216,16 @@ fn kernel_cases(rows: usize, cols: usize, dtype: DType) -> Vec<KernelCase> {
     let gelu = fsdpc_ir::UnaryFn::GeluTanh;
     let labels = TensorType::new(DType::I64, vec![rows]);
     let half = (cols / 2).max(1);
+    // Pooling: ResNet's stem pool (3x3, stride 2, padding 1) over planes
+    // of `cols` elements.
+    let side = if cols >= 256 { 16 } else { 2 };
+    let image = t(vec![rows, 1, side, cols / side]);
+    let pool = Window2d {
+        stride: [2, 2],
+        pads: [1; 4],
+        ..Window2d::of_kernel([3, 3])
+    };
+    let pooled = t(vec![rows, 1, side.div_ceil(2), (cols / side).div_ceil(2)]);
     vec![
         case(
             "binary",
@@ -297,6 +307,12 @@ fn kernel_cases(rows: usize, cols: usize, dtype: DType) -> Vec<KernelCase> {
             vec![t(vec![rows, half])],
         ),
         case("sum_to", Op::SumTo { shape: vec![cols] }, vec![x.clone()]),
+        case("pool", Op::MaxPool { window: pool }, vec![image.clone()]),
+        case(
+            "pool_grad",
+            Op::MaxPoolGrad { window: pool },
+            vec![image, pooled],
+        ),
         case(
             "gather",
             Op::Gather { axis: 0 },

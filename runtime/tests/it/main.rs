@@ -8,6 +8,7 @@
 mod support;
 
 mod comm;
+mod conv;
 mod cuda_emulate;
 mod cuda_ptx;
 mod gemm_heap;

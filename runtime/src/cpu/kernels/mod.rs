@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod cast;
+pub mod conv;
 pub mod dropout;
 pub mod elementwise;
 pub mod fastmath;
@@ -15,6 +16,7 @@ pub mod layout;
 pub mod loss;
 pub mod matmul;
 pub mod norm;
+pub mod pool;
 pub mod reduce;
 pub mod shape;
 pub mod simd;
@@ -277,6 +279,20 @@ fn dispatch_structured(
             let v = vocab::Split::new(*parts, *vocab);
             vocab::logit_stats_grad(*ignore_index, v, ins(xs)?, out1(ys)?)
         }
+        Op::Conv { .. } => conv::conv(cfg, op, xs, out1(ys)?, ws),
+        Op::ConvGradInput { .. } => conv::conv_grad_input(cfg, op, ins(xs)?, out1(ys)?, ws),
+        Op::ConvGradWeight { .. } => conv::conv_grad_weight(cfg, op, ins(xs)?, out1(ys)?, ws),
+        Op::MaxPool { window } => pool::max_pool(window, ins::<1>(xs)?[0], out1(ys)?),
+        Op::MaxPoolGrad { window } => pool::max_pool_grad(window, ins(xs)?, out1(ys)?),
+        Op::AvgPool {
+            window,
+            count_include_pad,
+        } => pool::avg_pool(window, *count_include_pad, ins::<1>(xs)?[0], out1(ys)?),
+        Op::AvgPoolGrad {
+            window,
+            count_include_pad,
+            ..
+        } => pool::avg_pool_grad(window, *count_include_pad, ins::<1>(xs)?[0], out1(ys)?),
         Op::Reduce { f, axes, .. } => reduce::reduce(*f, axes, ins::<1>(xs)?[0], out1(ys)?),
         Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, ins(xs)?, out1(ys)?, ws),
         Op::SumTo { .. } => reduce::sum_to(ins::<1>(xs)?[0], out1(ys)?),
