@@ -2,8 +2,9 @@
 //! (`Init::Data`), everything else folded constants; a transposed copy of a
 //! parameter (a tied weight after constant folding) stays tied, a weight the
 //! exporter renamed and transposed (`val_N`) gets its PyTorch name and
-//! orientation back, and mask buffers and the buffers the dynamo exporter
-//! marks as such (rotary `inv_freq`) stay constants.
+//! orientation back, and mask buffers, the buffers the dynamo exporter
+//! marks as such (rotary `inv_freq`) and batch normalisation's running
+//! statistics stay constants.
 
 use super::context::{Importer, Val};
 use super::recovered::{self, Recovered};
@@ -160,17 +161,23 @@ fn tensor_error(from: &Source<'_>, tensor: &str, reason: String) -> FrontendErro
 }
 
 /// Names of the values the dynamo exporter marks as buffers of the exported
-/// module (in `value_info` metadata): not parameters, so constants.
+/// module (in `value_info` metadata) and the running statistics every
+/// BatchNormalization reads: not parameters, so constants.
 fn buffers(graph: &GraphProto) -> HashSet<String> {
-    graph
-        .value_info
+    let marked = graph.value_info.iter().filter(|v| {
+        v.metadata_props
+            .iter()
+            .any(|p| p.key == INPUT_KIND && p.value == "BUFFER")
+    });
+    // A BatchNormalization's running mean and variance (inputs 3 and 4).
+    let running = graph
+        .node
         .iter()
-        .filter(|v| {
-            v.metadata_props
-                .iter()
-                .any(|p| p.key == INPUT_KIND && p.value == "BUFFER")
-        })
+        .filter(|n| n.op_type == "BatchNormalization" && n.domain.is_empty())
+        .flat_map(|n| n.input.iter().skip(3).take(2));
+    marked
         .map(|v| v.name.clone())
+        .chain(running.cloned())
         .collect()
 }
 

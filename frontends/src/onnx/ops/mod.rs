@@ -3,6 +3,7 @@
 //! section and opsets it covers). `registry` is the only place ops are listed.
 
 mod cast;
+pub(crate) mod conv;
 mod elementwise;
 mod gather;
 mod generators;
@@ -28,6 +29,7 @@ pub(crate) type Convert = fn(&mut NodeCx<'_>) -> Result<(), String>;
 pub(crate) fn registry() -> HashMap<&'static str, Convert> {
     [
         cast::OPS,
+        conv::OPS,
         elementwise::OPS,
         gather::OPS,
         generators::OPS,

@@ -721,3 +721,5 @@ fn a_sequence_read_other_than_at_a_constant_position_is_an_error() {
         .unwrap_or_default();
     assert!(e.contains("is a tensor, not a sequence"), "{e}");
 }
+
+mod conv;
