@@ -57,5 +57,6 @@ mod targets;
 mod tensor_parallel;
 mod tidy;
 mod trace_cli;
+mod vision;
 mod weight_decay;
 mod wire;

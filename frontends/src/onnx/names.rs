@@ -148,11 +148,24 @@ fn from_metadata(g: &mut Graph, node: &NodeProto) -> Option<ModuleId> {
     Some(m)
 }
 
-/// The module path of a TorchScript node name (`/h.0/attn/MatMul` -> `h.0.attn`).
+/// The module path of a TorchScript node name (`/h.0/attn/MatMul` ->
+/// `h.0.attn`). A container the model calls itself (a `Sequential`) has a
+/// scope of its own before its children's, which the exporter names by
+/// their path from the container's parent (`/layer1/layer1.0/conv1/Conv`):
+/// that child is `layer1.0`, as its parameters are named.
 fn ts_path(name: &str) -> Option<String> {
     let rest = name.strip_prefix('/')?;
     let (scopes, _op) = rest.rsplit_once('/')?;
-    Some(scopes.split('/').collect::<Vec<_>>().join("."))
+    let mut path: Vec<&str> = Vec::new();
+    for scope in scopes.split('/') {
+        if let Some(&last) = path.last() {
+            if scope.strip_prefix(last).is_some_and(|r| r.starts_with('.')) {
+                path.pop();
+            }
+        }
+        path.push(scope);
+    }
+    Some(path.join("."))
 }
 
 #[cfg(test)]
@@ -256,6 +269,10 @@ mod tests {
             Some("blocks.0.attn")
         );
         assert_eq!(from_node_name(&mut g, "/MatMul"), None);
+        assert_eq!(
+            ts_path("/model/layer1/layer1.0/conv1/Conv").as_deref(),
+            Some("model.layer1.0.conv1")
+        );
         assert_eq!(from_node_name(&mut g, "MatMul_3"), None);
     }
 
@@ -263,16 +280,23 @@ mod tests {
     fn a_wrapper_segment_the_parameters_lack_is_skipped() {
         let mut graph = GraphProto::new();
         let mut t = onnx_protobuf::TensorProto::new();
-        t.name = "model.0.encoder.layer.0.dense.bias".into();
+        t.name = "encoder.layer.0.dense.bias".into();
         graph.initializer.push(t);
         let mut n = NodeProto::new();
-        n.name = "/model/model.0/encoder/layer.0/dense/Add".into();
+        n.name = "/model/encoder/layer.0/dense/Add".into();
         graph.node.push(n.clone());
         assert_eq!(node_path_skip(&graph), 1);
         let mut g = Graph::new("t");
         let m = node_module(&mut g, &n, 1);
-        assert_eq!(g.module_info(m).path, "model.0.encoder.layer.0.dense");
-        graph.initializer[0].name = "model.model.0.encoder.layer.0.dense.bias".into();
+        assert_eq!(g.module_info(m).path, "encoder.layer.0.dense");
+        graph.initializer[0].name = "model.encoder.layer.0.dense.bias".into();
         assert_eq!(node_path_skip(&graph), 0);
+        // A called container's own scope is not a wrapper: `/model/model.0`
+        // is the container `model`'s child `model.0`.
+        graph.initializer[0].name = "model.0.encoder.layer.0.dense.bias".into();
+        graph.node[0].name = "/model/model.0/encoder/layer.0/dense/Add".into();
+        assert_eq!(node_path_skip(&graph), 0);
+        let m = node_module(&mut g, &graph.node[0], 0);
+        assert_eq!(g.module_info(m).path, "model.0.encoder.layer.0.dense");
     }
 }

@@ -1,0 +1,361 @@
+//! Real vision exports: the fixtures in `tests/fixtures/vision/` (a tiny
+//! ResNet of torchvision `BasicBlock`s and a tiny Hugging Face
+//! `ViTForImageClassification`, from torch's dynamo and TorchScript
+//! exporters, made by `scripts/export_vision_fixtures.py`; see the README
+//! there). Every fixture that fsdpc can train
+//!
+//! - imports with its batch axis bound to the recorded images and has as
+//!   many parameter elements as the PyTorch module, less what the exporter
+//!   folded (`FOLDED_BY_EXPORTER`);
+//! - has a first training loss equal to ONNX Runtime's on the recorded
+//!   inputs within `ORT_RTOL` (ONNX Runtime runs the file as exported; where
+//!   the exporter changed the model's meaning the record says so and
+//!   PyTorch's loss is printed beside);
+//! - trains for a few steps on 1 and on 2 ranks with losses that agree
+//!   within `LOSS_RTOL`, wrapped by module kind (`BasicBlock`, `ViTLayer`),
+//!   in arena mode, holding no more memory than planned and within 2% of it.
+//!
+//! Training-mode batch normalisation (the TorchScript exporter's
+//! `TrainingMode.TRAINING`) is refused with an error naming the node.
+
+use fsdpc_frontends::LoadOptions;
+use fsdpc_plan::{ModelInfo, Plan, WrapPolicy};
+use fsdpc_planner::FsdpConfig;
+use fsdpc_runtime::data::GivenData;
+use fsdpc_runtime::{ExecMode, HostTensor, TrainOptions, TrainReport};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Training steps of the 1-rank / 2-rank comparison.
+const STEPS: u64 = 3;
+/// Relative loss tolerance between 1 and 2 ranks: the weight gradients of
+/// the two sum the batch's images in different orders (each rank its own,
+/// then the reduce-scatter), as for `tests/it/onnx_fixtures.rs`.
+const LOSS_RTOL: f32 = 1e-6;
+/// Relative tolerance between the first training loss and ONNX Runtime's.
+const ORT_RTOL: f64 = 1e-4;
+
+/// Parameter elements an export folded away, by fixture: the dynamo
+/// exporter's default optimisation folds every inference-mode
+/// `BatchNormalization` into the convolution before it, whose new bias
+/// (one element per channel) replaces the normalisation's scale and shift
+/// (two per channel): the ResNet's six normalisations have 8 + 8 + 8 + 16
+/// + 16 + 16 channels.
+const FOLDED_BY_EXPORTER: &[(&str, u64)] =
+    &[("resnet_dynamo_eval", 72), ("resnet_dynamo_train", 72)];
+
+/// What `scripts/export_vision_fixtures.py` records beside each fixture.
+#[derive(Debug, Deserialize)]
+struct Record {
+    name: String,
+    file: String,
+    model: String,
+    exporter: String,
+    mode: String,
+    batch: usize,
+    nodes: usize,
+    training_batch_norms: usize,
+    torch_params: u64,
+    inputs: BTreeMap<String, Input>,
+    torch_loss: f64,
+    ort_loss: f64,
+    /// ONNX Runtime's loss equals PyTorch's (false where the exporter
+    /// changed what the model computes).
+    ort_agrees: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Input {
+    shape: Vec<usize>,
+    data: Vec<f64>,
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision")
+}
+
+fn record(name: &str) -> Record {
+    let path = dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not a fixture record: {e}", path.display()))
+}
+
+/// One unit per block: by module kind (`BasicBlock`, `ViTLayer`) where the
+/// exporter records the classes (dynamo), else by module path.
+fn wrap(rec: &Record) -> WrapPolicy {
+    let (kind, paths) = if rec.model == "vit" {
+        ("ViTLayer", ["model.vit.layers.0", "model.vit.layers.1"])
+    } else {
+        ("BasicBlock", ["model.layer1.0", "model.layer2.0"])
+    };
+    if rec.exporter == "dynamo" {
+        WrapPolicy::Kind {
+            kind: kind.to_string(),
+        }
+    } else {
+        WrapPolicy::Paths {
+            paths: paths.map(str::to_string).to_vec(),
+        }
+    }
+}
+
+/// Imports `rec` with its batch split over `world` ranks and plans it,
+/// one unit per block.
+fn compile(rec: &Record, world: u32) -> Result<(Plan, u64), String> {
+    let dims: HashMap<String, usize> = [("batch".to_string(), rec.batch / world as usize)].into();
+    let opts = LoadOptions {
+        dims,
+        ..LoadOptions::default()
+    };
+    let path = dir().join(&rec.file);
+    let m = fsdpc_frontends::load(&path.display().to_string(), &opts)
+        .map_err(|e| format!("import: {e}"))?;
+    let params = m.program.graph.param_numel();
+    // This CPU's matrix-library blocking, so the plan's heap bound is what
+    // the library allocates here (as `fsdpc train` plans).
+    let mut cluster =
+        fsdpc_planner::preset("cpu-local", world, world).map_err(|e| e.to_string())?;
+    cluster.hardware.cpu_gemm = fsdpc_runtime::cpu::gemm_blocking();
+    let info = ModelInfo {
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+        params,
+        name: m.name,
+    };
+    let mut cfg = FsdpConfig::default();
+    cfg.settings.wrap = wrap(rec);
+    let plan = fsdpc_planner::compile(m.program, info, &cluster, &cfg)
+        .map_err(|e| format!("plan: {e}"))?;
+    if let Err(v) = plan.validate() {
+        panic!("{}: the plan does not validate: {v:?}", rec.name);
+    }
+    Ok((plan, params))
+}
+
+/// The recorded images and labels as a data source.
+fn data(rec: &Record) -> GivenData {
+    let tensors = rec.inputs.iter().map(|(name, t)| {
+        let host = if name == "labels" {
+            let v: Vec<i64> = t.data.iter().map(|&x| x as i64).collect();
+            HostTensor::from_i64(&t.shape, &v)
+        } else {
+            let v: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
+            HostTensor::from_f32(&t.shape, &v)
+        };
+        (name.clone(), host.expect("shape matches"))
+    });
+    GivenData::new(tensors).expect("one tensor per input name")
+}
+
+fn train(rec: &Record, plan: &Plan) -> Result<TrainReport, String> {
+    let opts = TrainOptions {
+        steps: STEPS,
+        seed: 7,
+        mode: ExecMode::Arena,
+        ..TrainOptions::default()
+    };
+    fsdpc_runtime::train_with_data(plan, &opts, Arc::new(data(rec)), &mut |_| {})
+        .map_err(|e| format!("train: {e}"))
+}
+
+/// Measured against planned bytes of the busiest rank.
+fn memory(rec: &Record, plan: &Plan, r: &TrainReport) -> (u64, u64) {
+    let planned = plan.memory.rank_bytes;
+    let measured = r
+        .measured_peak_bytes
+        .expect("the counting allocator is installed in this test binary");
+    let what = format!("{}: measured {measured}, planned {planned}", rec.name);
+    assert!(
+        measured <= planned,
+        "a rank allocated more than planned: {what}"
+    );
+    assert!(
+        (planned - measured) as f64 <= 0.02 * planned as f64,
+        "the plan overstates the rank's memory by more than 2%: {what}"
+    );
+    (measured, planned)
+}
+
+/// One fixture's figures: `(first loss, 1 vs 2 ranks relative difference,
+/// units, measured and planned bytes on 2 ranks)`.
+struct Figures {
+    first: f32,
+    ranks_diff: f32,
+    units: usize,
+    measured: u64,
+    planned: u64,
+    params: u64,
+}
+
+fn run(rec: &Record) -> Result<Figures, String> {
+    let name = &rec.name;
+    let (one_plan, params) = compile(rec, 1)?;
+    let one = train(rec, &one_plan)?;
+    let (two_plan, _) = compile(rec, 2)?;
+    let two = train(rec, &two_plan)?;
+    memory(rec, &one_plan, &one);
+    let (measured, planned) = memory(rec, &two_plan, &two);
+    assert!(
+        one.losses.len() == STEPS as usize && one.losses.iter().all(|l| l.is_finite()),
+        "{name}: losses {:?}",
+        one.losses
+    );
+    let ranks_diff = one
+        .losses
+        .iter()
+        .zip(&two.losses)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-6))
+        .fold(0f32, f32::max);
+    eprintln!(
+        "{name}: losses 1 rank {:?}, 2 ranks {:?}, max rel diff {ranks_diff:e}",
+        one.losses, two.losses
+    );
+    assert!(
+        ranks_diff <= LOSS_RTOL,
+        "{name}: 1 and 2 ranks differ by {ranks_diff:e}"
+    );
+    let first = one.losses[0];
+    let d = (f64::from(first) - rec.ort_loss).abs() / rec.ort_loss.abs();
+    eprintln!(
+        "{name}: first loss {first} vs ONNX Runtime {} (PyTorch {}{}), rel diff {d:e}",
+        rec.ort_loss,
+        rec.torch_loss,
+        if rec.ort_agrees {
+            ""
+        } else {
+            ", which the export does not compute"
+        }
+    );
+    assert!(
+        d <= ORT_RTOL,
+        "{name}: first loss {first} vs ONNX Runtime {}",
+        rec.ort_loss
+    );
+    let folded = FOLDED_BY_EXPORTER
+        .iter()
+        .find(|f| f.0 == name)
+        .map_or(0, |f| f.1);
+    assert_eq!(
+        params,
+        rec.torch_params - folded,
+        "{name}: parameter elements"
+    );
+    // Both blocks are units of their own, beside the root.
+    let units = two_plan.units.len();
+    assert_eq!(
+        units,
+        3,
+        "{name}: units {:?}",
+        two_plan.units.iter().map(|u| &u.module).collect::<Vec<_>>()
+    );
+    Ok(Figures {
+        first,
+        ranks_diff,
+        units,
+        measured,
+        planned,
+        params,
+    })
+}
+
+macro_rules! fixtures {
+    ($($name:ident),* $(,)?) => {
+        /// Every trainable fixture with a test of its own.
+        const FIXTURES: &[&str] = &[$(stringify!($name)),*];
+        $(
+            #[test]
+            fn $name() {
+                let rec = record(stringify!($name));
+                if let Err(e) = run(&rec) {
+                    panic!("{}: {e}", rec.name);
+                }
+            }
+        )*
+    };
+}
+
+fixtures!(
+    resnet_dynamo_eval,
+    resnet_torchscript_eval,
+    resnet_dynamo_train,
+    resnet_dynamo_train_noopt,
+    vit_dynamo_eval,
+    vit_torchscript_eval,
+    vit_dynamo_train,
+);
+
+/// The fixtures that need training-mode batch normalisation.
+const REFUSED: &[&str] = &["resnet_torchscript_train"];
+
+#[test]
+fn training_mode_batch_norm_is_refused_naming_the_node() {
+    for name in REFUSED {
+        let rec = record(name);
+        assert!(
+            rec.training_batch_norms > 0,
+            "{name}: no training-mode normalisation"
+        );
+        let e = compile(&rec, 1)
+            .err()
+            .unwrap_or_else(|| panic!("{name} imported"));
+        assert!(
+            e.contains("(BatchNormalization)") && e.contains("training mode") && e.contains("bn1"),
+            "{name}: {e}"
+        );
+    }
+}
+
+#[test]
+fn every_committed_fixture_has_a_test() {
+    let mut committed: Vec<String> = std::fs::read_dir(dir())
+        .expect("tests/fixtures/vision exists")
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            (p.extension()? == "json").then(|| p.file_stem()?.to_str().map(str::to_string))?
+        })
+        .collect();
+    committed.sort();
+    let mut listed: Vec<String> = FIXTURES
+        .iter()
+        .chain(REFUSED)
+        .map(|s| s.to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        committed, listed,
+        "tests/fixtures/vision/*.json vs the tests"
+    );
+}
+
+/// One row per fixture (run with `--nocapture`): what it is, its size, its
+/// first loss against ONNX Runtime's and PyTorch's, 1 vs 2 ranks, and
+/// memory measured against planned on 2 ranks.
+#[test]
+fn fixture_table() {
+    let mut rows = vec![
+        "| fixture | mode | ONNX nodes | params (PyTorch) | units | first loss | ONNX Runtime | PyTorch | 1 vs 2 ranks | measured / planned bytes (2 ranks) |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    for name in FIXTURES {
+        let rec = record(name);
+        let f = run(&rec).unwrap_or_else(|e| panic!("{name}: {e}"));
+        rows.push(format!(
+            "| {name} | {} | {} | {} ({}) | {} | {:.6} | {:.6} | {:.6} | {:.1e} | {} / {} |",
+            rec.mode,
+            rec.nodes,
+            f.params,
+            rec.torch_params,
+            f.units,
+            f.first,
+            rec.ort_loss,
+            rec.torch_loss,
+            f.ranks_diff,
+            f.measured,
+            f.planned
+        ));
+    }
+    println!("{}", rows.join("\n"));
+}
