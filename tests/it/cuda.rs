@@ -4,7 +4,8 @@
 //! machines without one; `scripts/gpu-check.sh` runs them where there is.
 //!
 //! Kernels: every op family on the same inputs through `CpuBackend::run`
-//! and `cuda::single::run_node`. Tolerances, per output element, `|gpu -
+//! and `cuda::single::run_node` (convolution and pooling in `cuda/conv.rs`).
+//! Tolerances, per output element, `|gpu -
 //! cpu| <= atol + rtol * |cpu|`: f32 outputs rtol 1e-4, atol 1e-5 (the CPU
 //! uses fast `exp`/`tanh` approximations and other summation orders,
 //! cuBLAS another blocking); bf16 outputs rtol 1.6e-2 (two bf16 ulps),
@@ -25,6 +26,8 @@ use fsdpc_runtime::targets::cuda::device::Device;
 use fsdpc_runtime::targets::cuda::single::run_node;
 use fsdpc_runtime::targets::cuda::{train_cuda, CudaConfig, CudaError, NcclMode};
 use fsdpc_runtime::{Backend, CpuBackend, HostTensor, KernelCtx, TrainOptions, Workspace};
+
+mod conv;
 
 /// Whether a missing GPU fails the tests instead of skipping them
 /// (`FSDPC_REQUIRE_GPU`, set by `scripts/gpu-check.sh` on a GPU machine).

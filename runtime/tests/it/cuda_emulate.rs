@@ -5,7 +5,8 @@
 //! arithmetic of the data-movement ops, the reductions' descriptors, the
 //! broadcasting and the matrix-product mapping (transposes, leading
 //! dimensions, batch strides) are checked in every `cargo test --features
-//! cuda`. The GPU tests (`tests/it/cuda.rs` of the root crate) check the
+//! cuda`; `conv` does the same for convolution and pooling, in f32 and
+//! bf16. The GPU tests (`tests/it/cuda.rs` of the root crate) check the
 //! kernels themselves.
 #![cfg(feature = "cuda")]
 #![allow(clippy::cloned_ref_to_slice_refs)]
@@ -16,6 +17,8 @@ use fsdpc_runtime::targets::cuda::device::{Arg, Launch, Ptr};
 use fsdpc_runtime::targets::cuda::geometry::{Geo, RGeo};
 use fsdpc_runtime::targets::cuda::ops::{lower, Action, Operand};
 use fsdpc_runtime::HostTensor;
+
+mod conv;
 
 /// Where the emulated device memory starts (a null pointer stays invalid).
 const BASE: u64 = 1 << 20;
@@ -45,6 +48,32 @@ impl Mem {
     fn set_f32(&mut self, p: u64, i: i64, v: f32) {
         self.slot(p + 4 * i as u64, 4)
             .copy_from_slice(&v.to_le_bytes());
+    }
+    /// Element `i` of a float buffer of `dt`, as f32 (`ldf`).
+    fn ld(&mut self, p: u64, dt: DType, i: i64) -> f32 {
+        match dt {
+            DType::F32 => self.f32(p, i),
+            DType::Bf16 | DType::F16 => {
+                let b = u16::from_le_bytes(self.slot(p + 2 * i as u64, 2).try_into().unwrap());
+                if dt == DType::Bf16 {
+                    half::bf16::from_bits(b).to_f32()
+                } else {
+                    half::f16::from_bits(b).to_f32()
+                }
+            }
+            other => panic!("not emulated for {other:?}"),
+        }
+    }
+    /// Stores `v` rounded to `dt` at element `i` (`stf`).
+    fn st(&mut self, p: u64, dt: DType, i: i64, v: f32) {
+        let bits = match dt {
+            DType::F32 => return self.set_f32(p, i, v),
+            DType::Bf16 => half::bf16::from_f32(v).to_bits(),
+            DType::F16 => half::f16::from_f32(v).to_bits(),
+            other => panic!("not emulated for {other:?}"),
+        };
+        self.slot(p + 2 * i as u64, 2)
+            .copy_from_slice(&bits.to_le_bytes());
     }
 }
 
@@ -376,7 +405,7 @@ fn launch(m: &mut Mem, l: &Launch) {
                 }
             }
         }
-        k => panic!("kernel {k} is not emulated"),
+        k => assert!(conv::launch(m, l), "kernel {k} is not emulated"),
     }
 }
 
@@ -574,7 +603,8 @@ fn attention(m: &mut Mem, l: &Launch) {
     }
 }
 
-/// cuBLAS's column-major `C = op1(X1) op2(X2)`, batch by batch (f32).
+/// cuBLAS's column-major `C = op1(X1) op2(X2)` (`C += ...` when
+/// accumulating), batch by batch, summed in f32 and rounded into C's type.
 fn gemm(m: &mut Mem, g: &Gemm) {
     let el = |mem: &mut Mem,
               (p, ld, _): (u64, i32, i64),
@@ -584,23 +614,28 @@ fn gemm(m: &mut Mem, g: &Gemm) {
               i: i64,
               j: i64| {
         let (r, c) = if t { (j, i) } else { (i, j) };
-        mem.f32(p, b as i64 * stride + r + c * ld as i64)
+        mem.ld(p, g.dtype.0, b as i64 * stride + r + c * ld as i64)
     };
     for b in 0..g.batch {
         for i in 0..g.m as i64 {
             for j in 0..g.n as i64 {
+                let at = b as i64 * g.c.2 + i + j * g.c.1 as i64;
                 let mut s = 0f32;
                 for k in 0..g.k as i64 {
                     let u = el(m, g.x1, b, g.x1.2, g.trans1, i, k);
                     s += u * el(m, g.x2, b, g.x2.2, g.trans2, k, j);
                 }
-                m.set_f32(g.c.0, b as i64 * g.c.2 + i + j * g.c.1 as i64, s);
+                if g.accumulate {
+                    s += m.ld(g.c.0, g.dtype.1, at);
+                }
+                m.st(g.c.0, g.dtype.1, at, s);
             }
         }
     }
 }
 
-/// Runs `op` lowered for the GPU on the emulator and on the CPU backend.
+/// Runs `op` lowered for the GPU on the emulator and on the CPU backend,
+/// each with the workspace the planner's rule gives the kernel.
 fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let mut at = BASE;
     let mut place = |b: u64| {
@@ -610,6 +645,9 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
     };
     let ip: Vec<u64> = ins.iter().map(|t| place(t.ty.bytes())).collect();
     let op_: Vec<u64> = outs.iter().map(|t| place(t.bytes())).collect();
+    let in_types: Vec<&TensorType> = ins.iter().map(|t| &t.ty).collect();
+    let ws_bytes = fsdpc_plan::workspace::kernel_workspace(&op, &in_types, outs);
+    let ws = (ws_bytes > 0).then(|| (place(ws_bytes), ws_bytes));
     let mut mem = Mem(vec![0xAB; (at - BASE) as usize], Vec::new());
     for (t, p) in ins.iter().zip(&ip) {
         let a = mem.at(*p);
@@ -625,7 +663,7 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
         .zip(&op_)
         .map(|(t, p)| Operand { ptr: *p, ty: t })
         .collect();
-    let l = lower(&op, &xs, &ys, None, 0, 0).unwrap();
+    let l = lower(&op, &xs, &ys, ws, 0, 0).unwrap();
     mem.1 = vec![0xCD; l.scratch as usize];
     for a in &l.actions {
         match a {
@@ -649,7 +687,11 @@ fn both(op: Op, ins: &[HostTensor], outs: &[TensorType]) -> (Vec<Vec<f32>>, Vec<
     let got = outs
         .iter()
         .zip(&op_)
-        .map(|(t, p)| (0..t.numel() as i64).map(|i| mem.f32(*p, i)).collect())
+        .map(|(t, p)| {
+            (0..t.numel() as i64)
+                .map(|i| mem.ld(*p, t.dtype, i))
+                .collect()
+        })
         .collect();
     let want = crate::support::run_cpu(op, ins, outs).expect("the CPU kernel runs");
     (got, want.iter().map(|t| t.to_f32()).collect())

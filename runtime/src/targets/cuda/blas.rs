@@ -3,7 +3,9 @@
 //! accumulation. A row-major `C = op(A) op(B)` is cuBLAS's column-major
 //! `C^T = op(B)^T op(A)^T`, so B goes first. Leading (batch) dimensions
 //! broadcast: one strided-batched call when each operand's batch is either
-//! whole or absent, else one call per output matrix.
+//! whole or absent, else one call per output matrix. Kernels that multiply
+//! parts of their operands (convolution) state their calls with
+//! `Gemm::row_major`, which may also add the product to the output.
 
 use super::error::CudaError;
 use super::geometry::{broadcast_strides, strides};
@@ -38,6 +40,76 @@ pub struct Gemm {
     pub batch: i32,
     /// Element type of the operands and of the output.
     pub dtype: (DType, DType),
+    /// Add the product to the output (cuBLAS's `beta = 1`) instead of
+    /// overwriting it (`beta = 0`).
+    pub accumulate: bool,
+}
+
+/// One operand of a row-major product: a matrix stored row-major as
+/// `rows x cols` at `ptr`, `stride` elements apart in a batch (0: the same
+/// matrix for every product), used transposed when `trans`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Device address.
+    pub ptr: u64,
+    /// Rows as stored.
+    pub rows: u64,
+    /// Columns as stored (its leading dimension).
+    pub cols: u64,
+    /// Used transposed.
+    pub trans: bool,
+    /// Elements between consecutive matrices of a batch.
+    pub stride: u64,
+}
+
+impl Stored {
+    /// Rows and columns as used (after the transpose).
+    fn used(&self) -> (u64, u64) {
+        if self.trans {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+}
+
+impl Gemm {
+    /// `batch` products `c = a b` (`accumulate`: `c += a b`) of row-major
+    /// matrices, the operands of `dtype.0` and `c` of `dtype.1`; `c` is
+    /// `(address, stride)`: dense `m x n` matrices `stride` elements apart.
+    /// cuBLAS's column-major `c^T = b^T a^T`, so `b` goes first. An error
+    /// when the matrices do not chain or a size exceeds cuBLAS's 32 bits.
+    pub fn row_major(
+        a: Stored,
+        b: Stored,
+        c: (u64, u64),
+        batch: u64,
+        dtype: (DType, DType),
+        accumulate: bool,
+    ) -> Result<Gemm, String> {
+        let ((m, k), (kb, n)) = (a.used(), b.used());
+        if k != kb {
+            return Err(format!(
+                "matmul: inner dimensions {k} and {kb} differ ({m} x {k} by {kb} x {n})"
+            ));
+        }
+        let stride = |v: u64, what: &str| -> Result<i64, String> {
+            i64::try_from(v).map_err(|_| format!("matmul: {what} stride {v} too large"))
+        };
+        Ok(Gemm {
+            trans1: b.trans,
+            trans2: a.trans,
+            m: to_i32(n, "n")?,
+            n: to_i32(m, "m")?,
+            k: to_i32(k, "k")?,
+            x1: (b.ptr, to_i32(b.cols.max(1), "ldb")?, stride(b.stride, "b")?),
+            x2: (a.ptr, to_i32(a.cols.max(1), "lda")?, stride(a.stride, "a")?),
+            c: (c.0, to_i32(n.max(1), "ldc")?, stride(c.1, "c")?),
+            batch: to_i32(batch, "batch")?,
+            dtype,
+            accumulate,
+        })
+    }
 }
 
 fn to_i32(v: u64, what: &str) -> Result<i32, String> {
@@ -106,6 +178,7 @@ pub fn plan_matmul(
         c: (y.ptr, to_i32(n as u64, "ldc")?, mc as i64),
         batch: 1,
         dtype: (a.ty.dtype, y.ty.dtype),
+        accumulate: false,
     };
     // One strided call when each operand's batch is whole or absent.
     let full = strides(&batch);
@@ -178,7 +251,7 @@ impl Blas {
 
     /// Issues `g` on the handle's stream.
     pub fn run(&self, g: &Gemm) -> Result<(), CudaError> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
         let op = |t: bool| {
             if t {
                 sys::cublasOperation_t::CUBLAS_OP_T
@@ -188,8 +261,9 @@ impl Blas {
         };
         let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let (dt, ct) = (cuda_type(g.dtype.0), cuda_type(g.dtype.1));
-        // SAFETY: the pointers are arena regions `plan_matmul` sized from
-        // the operands' types; alpha and beta are host f32 (compute 32F).
+        // SAFETY: the pointers are arena regions `plan_matmul` (or the
+        // lowering that called `Gemm::row_major`) sized from the operands'
+        // types; alpha and beta are host f32 (compute 32F).
         unsafe {
             cb::gemm_strided_batched_ex(
                 self.handle,

@@ -3,7 +3,7 @@
 //! name, a grid, and arguments that are plain values or pointers).
 
 use super::error::CudaError;
-use super::geometry::{Geo, RGeo};
+use super::geometry::{Geo, RGeo, Win};
 use super::libs::{self, Library};
 use super::nvrtc;
 use super::sources::ALL;
@@ -14,10 +14,11 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-// SAFETY: `Geo` and `RGeo` are `repr(C)` with the layout of the C structs
-// of the same names; a kernel receives them by value.
+// SAFETY: `Geo`, `RGeo` and `Win` are `repr(C)` with the layout of the C
+// structs of the same names; a kernel receives them by value.
 unsafe impl DeviceRepr for Geo {}
 unsafe impl DeviceRepr for RGeo {}
+unsafe impl DeviceRepr for Win {}
 
 /// An opened GPU with every kernel loaded.
 pub struct Device {
@@ -126,6 +127,7 @@ impl Device {
                 Arg::F64(v) => Val::F64(v),
                 Arg::Geo(g) => Val::Geo(g),
                 Arg::RGeo(g) => Val::RGeo(g),
+                Arg::Win(g) => Val::Win(g),
             })
             .collect();
         let mut b = stream.launch_builder(f);
@@ -138,6 +140,7 @@ impl Device {
                 Val::F64(x) => b.arg(x),
                 Val::Geo(x) => b.arg(x),
                 Val::RGeo(x) => b.arg(x),
+                Val::Win(x) => b.arg(x),
             };
         }
         let cfg = LaunchConfig {
@@ -183,6 +186,8 @@ pub enum Arg {
     Geo(Geo),
     /// An `RGeo` by value.
     RGeo(RGeo),
+    /// A `Win` by value.
+    Win(Win),
 }
 
 enum Val {
@@ -193,6 +198,7 @@ enum Val {
     F64(f64),
     Geo(Geo),
     RGeo(RGeo),
+    Win(Win),
 }
 
 /// A kernel launch, fully decided before the first step.

@@ -1,6 +1,7 @@
-//! The index descriptors the strided kernels take (`Geo`, `RGeo`; the
-//! structs of `kernels/common.cuh` and `kernels/reduce.cu`, `repr(C)`), and
-//! how a broadcast, a strided view or a reduction becomes one. Dimensions
+//! The index descriptors the strided kernels take (`Geo`, `RGeo`, `Win`;
+//! the structs of `kernels/common.cuh` and `kernels/reduce.cu`,
+//! `repr(C)`), and how a broadcast, a strided view, a reduction or a
+//! sliding window becomes one. Dimensions
 //! of size 1 are dropped and neighbours that are contiguous in every
 //! operand merged, so a plain element-wise op walks one dimension.
 
@@ -182,6 +183,54 @@ pub fn reduction(x: &[usize], target: &[usize]) -> Result<RGeo, String> {
         g.rst[d] = *s as i64;
     }
     Ok(g)
+}
+
+/// A 2-D sliding window over `[h, w]` planes giving `[oh, ow]` ones: an
+/// `fsdpc_ir::Window2d` with its sizes, as the convolution and pooling
+/// kernels take it (the `Win` of `kernels/common.cuh`).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Win {
+    /// The input's `[h, w]`.
+    pub hw: [i32; 2],
+    /// The output's `[oh, ow]`.
+    pub out: [i32; 2],
+    /// The window's `[kh, kw]`.
+    pub kernel: [i32; 2],
+    /// Its strides.
+    pub stride: [i32; 2],
+    /// Its dilations.
+    pub dilation: [i32; 2],
+    /// `[top, left, bottom, right]` padding.
+    pub pads: [i32; 4],
+}
+
+impl Win {
+    /// `window` over an input of `hw` giving `out`; an error when a size
+    /// exceeds the kernels' 32-bit ones or the window is not valid.
+    pub fn new(
+        window: &fsdpc_ir::Window2d,
+        hw: [usize; 2],
+        out: [usize; 2],
+    ) -> Result<Win, String> {
+        window.check()?;
+        let small = |v: [usize; 2], what: &str| -> Result<[i32; 2], String> {
+            let one = |x: usize| {
+                i32::try_from(x).map_err(|_| format!("{what} {v:?} exceeds the kernels' 32 bits"))
+            };
+            Ok([one(v[0])?, one(v[1])?])
+        };
+        let p = window.pads;
+        let ([t, l], [b, r]) = (small([p[0], p[1]], "pads")?, small([p[2], p[3]], "pads")?);
+        Ok(Win {
+            hw: small(hw, "input")?,
+            out: small(out, "output")?,
+            kernel: small(window.kernel, "kernel")?,
+            stride: small(window.stride, "stride")?,
+            dilation: small(window.dilation, "dilation")?,
+            pads: [t, l, b, r],
+        })
+    }
 }
 
 #[cfg(test)]

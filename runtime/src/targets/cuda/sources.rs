@@ -120,6 +120,20 @@ pub const VOCAB: KernelFile = KernelFile {
     ],
 };
 
+/// 2-D convolution's im2col, col2im and bias.
+pub const CONV: KernelFile = KernelFile {
+    name: "conv.cu",
+    body: include_str!("kernels/conv.cu"),
+    kernels: &["conv_im2col", "conv_col2im", "conv_bias"],
+};
+
+/// Max and average pooling and their gradients.
+pub const POOL: KernelFile = KernelFile {
+    name: "pool.cu",
+    body: include_str!("kernels/pool.cu"),
+    kernels: &["maxpool_fwd", "maxpool_bwd", "avgpool_fwd", "avgpool_bwd"],
+};
+
 /// Optimizers and gradient clipping.
 pub const OPTIM: KernelFile = KernelFile {
     name: "optim.cu",
@@ -128,7 +142,7 @@ pub const OPTIM: KernelFile = KernelFile {
 };
 
 /// Every kernel file.
-pub const ALL: [KernelFile; 10] = [
+pub const ALL: [KernelFile; 12] = [
     ELEMENTWISE,
     LAYOUT,
     REDUCE,
@@ -138,6 +152,8 @@ pub const ALL: [KernelFile; 10] = [
     GATHER,
     LOSS,
     VOCAB,
+    CONV,
+    POOL,
     OPTIM,
 ];
 

@@ -144,6 +144,17 @@ __device__ __forceinline__ void offsets(const Geo& g, i64 o, int n, i64* off) {
     }
 }
 
+// A 2-D sliding window over [h, w] planes giving [oh, ow] ones: fsdpc_ir's
+// `Window2d` with its sizes. Tap (a, b) of output (i, j) reads input row
+// i * sh + a * dh - pt and column j * sw + b * dw - pl (outside the input:
+// padding); pb and pr pad the bottom and right. Mirrors
+// `cuda::geometry::Win` (repr(C)).
+struct Win {
+    int h, w, oh, ow;
+    int kh, kw, sh, sw, dh, dw;
+    int pt, pl, pb, pr;
+};
+
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 

@@ -10,15 +10,18 @@
 //! every family shares, and the dispatch: one arm per op, in the order of
 //! `cpu/kernels/mod.rs`, each calling its family's file, which mirror
 //! `cpu/kernels/`: `source`, `unary`, `elementwise`, `cast`, `dropout`,
-//! `norm`, `softmax`, `loss`, `reduce`, `gather`, `vocab`, `shape`. Matrix products
+//! `norm`, `softmax`, `loss`, `reduce`, `gather`, `vocab`, `shape`, `conv`,
+//! `pool`. Matrix products
 //! and attention are lowered by the sibling modules `blas` and `attention`.
 
 mod cast;
+mod conv;
 mod dropout;
 mod elementwise;
 mod gather;
 mod loss;
 mod norm;
+mod pool;
 mod reduce;
 mod shape;
 mod softmax;
@@ -171,6 +174,25 @@ fn float(x: &Operand) -> R<()> {
     }
 }
 
+/// `xs` and `ys` of the types `op`'s shape rule gives (the checks of the
+/// ops whose kernels read their sizes from the operands' shapes).
+fn inferred(op: &Op, xs: &[Operand], ys: &[Operand]) -> R<()> {
+    let tys: Vec<&TensorType> = xs.iter().map(|x| x.ty).collect();
+    let want = fsdpc_ir::ops::infer(op, &tys)?;
+    let got: Vec<&TensorType> = ys.iter().map(|y| y.ty).collect();
+    if want.iter().ne(got.iter().copied()) {
+        let show = |v: &mut dyn Iterator<Item = &TensorType>| {
+            v.map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+        };
+        return Err(format!(
+            "outputs [{}] are not the [{}] the op gives",
+            show(&mut got.iter().copied()),
+            show(&mut want.iter())
+        ));
+    }
+    Ok(())
+}
+
 /// `(outer, len, inner)` of `dims` around `axis`.
 fn split_axis(dims: &[usize], axis: usize) -> R<(u64, u64, u64)> {
     if axis >= dims.len() {
@@ -268,7 +290,8 @@ fn same_dtype(x: &Operand, y: &Operand) -> R<i32> {
     Ok(x.ty.dtype.size() as i32)
 }
 
-/// Normalisation, softmax, attention, losses, reductions.
+/// Normalisation, softmax, attention, losses, reductions, convolution and
+/// pooling.
 fn lower_structured(
     op: &Op,
     xs: &[Operand],
@@ -316,6 +339,20 @@ fn lower_structured(
         Op::Reduce { f, axes, .. } => reduce::reduce_axes(*f, axes, xs, ys, l)?,
         Op::ReduceMaxGrad { axes, .. } => reduce::reduce_max_grad(axes, xs, ys, l)?,
         Op::SumTo { .. } => reduce::sum_to(xs, ys, l)?,
+        Op::Conv { .. } => conv::conv(op, xs, ys, ws, l)?,
+        Op::ConvGradInput { .. } => conv::grad_input(op, xs, ys, ws, l)?,
+        Op::ConvGradWeight { .. } => conv::grad_weight(op, xs, ys, ws, l)?,
+        Op::MaxPool { window } => pool::forward(op, window, None, xs, ys, l)?,
+        Op::AvgPool {
+            window,
+            count_include_pad,
+        } => pool::forward(op, window, Some(*count_include_pad), xs, ys, l)?,
+        Op::MaxPoolGrad { window } => pool::max_grad(op, window, xs, ys, l)?,
+        Op::AvgPoolGrad {
+            window,
+            count_include_pad,
+            ..
+        } => pool::avg_grad(op, window, *count_include_pad, xs, ys, l)?,
         _ => lower_shape(op, xs, ys, ws, l)?,
     }
     Ok(())
