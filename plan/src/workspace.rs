@@ -13,8 +13,10 @@
 //! - `Softmax`/`LogSoftmax` (grad) off the last axis: the strided row of each
 //!   input and the output (`(inputs + 1) x len`); along the last axis none;
 //! - `ReduceMaxGrad`: one flag per output element;
-//! - `Conv`, `ConvGradInput`, `ConvGradWeight`: one image's group's im2col
-//!   matrix (`Geometry::scratch`; none for a pointwise convolution);
+//! - `Conv`, `ConvGradInput`, `ConvGradWeight`: one product's im2col
+//!   matrix, and its output's when it covers several images
+//!   (`Geometry::scratch`; none for a pointwise convolution of large
+//!   images);
 //! - an arithmetic op with bf16/f16 operands runs on f32 copies of those
 //!   operands: their f32 bytes, each rounded up to 8, come first, then the
 //!   op's own rule on the widened types.
@@ -200,14 +202,19 @@ pub fn gemm_heap(op: &Op, ins: &[&TensorType], blocking: Option<&GemmBlocking>) 
         .unwrap_or(0)
 }
 
-/// The call a convolution kernel (`Conv`, `ConvGradInput`,
-/// `ConvGradWeight`) on operands of these dims makes once per image and
-/// group, and that count: `y = W cols`, `dcols = W^T dy`, `dW += dy
-/// cols^T` over one group's im2col matrix (`Geometry`); `None` for other
-/// ops.
+/// The largest call a convolution kernel (`Conv`, `ConvGradInput`,
+/// `ConvGradWeight`) on operands of these dims makes, once per group of
+/// `images_per_product` images and per channel group, and that count: `y =
+/// W cols`, `dcols = W^T dy`, `dW += dy cols^T` over one product's im2col
+/// matrix (`Geometry`); `None` for other ops.
 pub fn conv_calls(op: &Op, dims: &[&[usize]]) -> Option<(GemmCall, u64)> {
     let g = Geometry2d::of(op, dims)?;
-    let (og, taps, pix) = (g.group_out() as u64, g.taps() as u64, g.pixels() as u64);
+    let b = g.images_per_product();
+    let (og, taps, pix) = (
+        g.group_out() as u64,
+        g.taps() as u64,
+        (b * g.pixels()) as u64,
+    );
     let call = |m, k, n, trans_a, trans_b| GemmCall {
         m,
         k,
@@ -220,7 +227,7 @@ pub fn conv_calls(op: &Op, dims: &[&[usize]]) -> Option<(GemmCall, u64)> {
         Op::ConvGradInput { .. } => call(taps, og, pix, true, false),
         _ => call(og, pix, taps, false, true),
     };
-    Some((c, (g.n * g.groups) as u64))
+    Some((c, (g.n.div_ceil(b) * g.groups) as u64))
 }
 
 /// The call one `MatMul` kernel of these operand shapes makes, and how
@@ -328,31 +335,42 @@ mod tests {
         assert_eq!((c.m, c.k, c.n, n), (128, 64, 32, 4));
     }
 
-    /// A convolution's scratch is one image's group's im2col matrix, none
-    /// when pointwise; its library call repeats per image and group.
+    /// A convolution's scratch is one product's im2col matrix (none when
+    /// pointwise over large images); small maps put several images in one
+    /// product, whose output matrix is scratch too.
     #[test]
-    fn convolutions_unfold_one_group_at_a_time() {
+    fn convolutions_unfold_one_product_at_a_time() {
         use fsdpc_ir::Window2d;
         let f32t = |d: &[usize]| TensorType::new(DType::F32, d.to_vec());
         let w3 = Window2d {
             pads: [1; 4],
             ..Window2d::of_kernel([3, 3])
         };
-        let (x, w) = (f32t(&[2, 8, 6, 6]), f32t(&[4, 4, 3, 3]));
         let conv = Op::Conv {
             window: w3,
             groups: 2,
         };
-        // 4 channels per group x 9 taps, by 36 pixels.
-        assert_eq!(kernel_workspace(&conv, &[&x, &w], &[]), 4 * 36 * 36);
-        let (c, count) = conv_calls(&conv, &[&[2, 8, 6, 6], &[4, 4, 3, 3]]).unwrap();
-        assert_eq!((c.m, c.k, c.n, count), (2, 36, 36, 4));
+        // 8x8 maps: one image per product; 4 channels per group x 9 taps,
+        // by 64 pixels.
+        let (x, w) = (f32t(&[2, 8, 8, 8]), f32t(&[4, 4, 3, 3]));
+        assert_eq!(kernel_workspace(&conv, &[&x, &w], &[]), 4 * 36 * 64);
+        let (c, count) = conv_calls(&conv, &[&[2, 8, 8, 8], &[4, 4, 3, 3]]).unwrap();
+        assert_eq!((c.m, c.k, c.n, count), (2, 36, 64, 4));
         let gw = Op::ConvGradWeight {
             window: w3,
             groups: 2,
         };
-        let (c, _) = conv_calls(&gw, &[&[2, 8, 6, 6], &[2, 4, 6, 6]]).unwrap();
-        assert_eq!((c.m, c.k, c.n, c.trans_b), (2, 36, 36, true));
+        let (c, _) = conv_calls(&gw, &[&[2, 8, 8, 8], &[2, 4, 8, 8]]).unwrap();
+        assert_eq!((c.m, c.k, c.n, c.trans_b), (2, 64, 36, true));
+        // 2x2 maps: all 5 images (20 columns) in one product per group,
+        // with its 2 x 20 output matrix.
+        let small = f32t(&[5, 8, 2, 2]);
+        assert_eq!(
+            kernel_workspace(&conv, &[&small, &w], &[]),
+            4 * (36 + 2) * 20
+        );
+        let (c, count) = conv_calls(&conv, &[&[5, 8, 2, 2], &[4, 4, 3, 3]]).unwrap();
+        assert_eq!((c.m, c.k, c.n, count), (2, 36, 20, 2));
         let pointwise = Op::Conv {
             window: Window2d::of_kernel([1, 1]),
             groups: 1,

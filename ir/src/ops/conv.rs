@@ -218,9 +218,9 @@ pub(crate) fn matches_output(
 
 /// The sizes one convolution kernel works on, read from its operands: the
 /// planner sizes the kernel's scratch and matrix products from it and every
-/// backend's kernels loop over it. Each image's group is one matrix product
-/// over its im2col matrix of `taps x pixels` (`taps = c / groups · kh ·
-/// kw`, `pixels = oh · ow`).
+/// backend's kernels loop over it. Each group of `images_per_product`
+/// images is one matrix product over their im2col matrix of `taps x images
+/// · pixels` (`taps = c / groups · kh · kw`, `pixels = oh · ow`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub n: usize,
@@ -313,10 +313,30 @@ impl Geometry {
         self.window.kernel == [1, 1] && self.window.stride == [1, 1] && self.window.pads == [0; 4]
     }
 
-    /// f32 elements of the kernels' scratch: one im2col matrix (none for a
-    /// pointwise convolution).
+    /// Images one matrix product covers: enough that it has at least
+    /// `COLUMNS` columns (`images · pixels`), so small late-stage outputs
+    /// (a ResNet's 2x2 and 1x1 maps) still give the matrix library wide
+    /// products; one where an image alone has that many.
+    pub fn images_per_product(&self) -> usize {
+        const COLUMNS: usize = 64;
+        let pix = self.pixels().max(1);
+        if pix >= COLUMNS {
+            1
+        } else {
+            COLUMNS.div_ceil(pix).min(self.n).max(1)
+        }
+    }
+
+    /// f32 elements of the kernels' scratch: for one image per product, one
+    /// im2col matrix (none for a pointwise convolution); for several, their
+    /// im2col matrix (`taps x images · pixels`) and their output's (or
+    /// `dy`'s) matrix (`group_out x images · pixels`), gathered from and
+    /// scattered to the images' planes.
     pub fn scratch(&self) -> usize {
-        if self.pointwise() {
+        let b = self.images_per_product();
+        if b > 1 {
+            (self.taps() + self.group_out()) * b * self.pixels()
+        } else if self.pointwise() {
             0
         } else {
             self.taps() * self.pixels()

@@ -166,6 +166,34 @@ fn depthwise_pointwise_and_patch_convolutions() {
     }
 }
 
+/// Products of several images: 5x5 outputs put 3 images in a product
+/// (64 columns or more), so 5 images make a product of 3 and one of 2; a
+/// grouped 1x1 convolution on 2x2 maps takes all 4 images at once.
+#[test]
+fn several_images_per_product() {
+    let mut cs = Case::new(21);
+    let x = cs.rand_param(&[5, 2, 5, 5]);
+    let w = cs.rand_param(&[3, 2, 3, 3]);
+    let b = cs.rand_param(&[3]);
+    let window = Window2d {
+        pads: [1; 4],
+        ..Window2d::of_kernel([3, 3])
+    };
+    let y = cs.op(Op::Conv { window, groups: 1 }, &[x, w, b]);
+    cs.check(y).unwrap();
+    let mut cs = Case::new(22);
+    let x = cs.rand_param(&[4, 4, 2, 2]);
+    let w = cs.rand_param(&[6, 2, 1, 1]);
+    let y = cs.op(
+        Op::Conv {
+            window: Window2d::of_kernel([1, 1]),
+            groups: 2,
+        },
+        &[x, w],
+    );
+    cs.check(y).unwrap();
+}
+
 /// Distinct values, so no window ties and the max is differentiable.
 fn distinct(rng: &mut Rng, n: usize) -> Vec<f32> {
     let mut v: Vec<f32> = (0..n).map(|i| i as f32 * 0.37 - n as f32 * 0.15).collect();
