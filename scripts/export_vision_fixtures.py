@@ -99,6 +99,7 @@ class Fixture:
     exporter: str  # dynamo | torchscript
     mode: str = "eval"  # eval | train
     optimize: bool = True  # dynamo only: the exporter's default optimisation
+    committed: bool = True  # in tests/fixtures/vision (else only with --extra)
 
     @property
     def opset(self):
@@ -114,12 +115,21 @@ FIXTURES = [
     Fixture("vit_dynamo_eval", "vit", "dynamo"),
     Fixture("vit_torchscript_eval", "vit", "torchscript"),
     Fixture("vit_dynamo_train", "vit", "dynamo", mode="train"),
+    # Full size (11.7M parameters, 45 MB): written only by --extra DIR, for
+    # tests/it/vision.rs's FSDPC_VISION_EXTRA=DIR.
+    Fixture("resnet18_dynamo_eval", "resnet18", "dynamo", committed=False),
+    Fixture("resnet18_torchscript_eval", "resnet18", "torchscript", committed=False),
 ]
 
 
 def build(fx):
     torch.manual_seed(SEED)
-    model = TinyResNet() if fx.model == "resnet" else vit()
+    if fx.model == "resnet18":
+        model = torchvision.models.resnet18(num_classes=CLASSES)
+    elif fx.model == "resnet":
+        model = TinyResNet()
+    else:
+        model = vit()
     noise = torch.Generator().manual_seed(SEED + 2)
     with torch.no_grad():
         for p in model.parameters():
@@ -131,8 +141,10 @@ def build(fx):
                 m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=noise))
                 m.running_var.copy_(1.0 + 0.2 * torch.rand(m.running_var.shape, generator=noise))
     gen = torch.Generator().manual_seed(SEED + 1)
+    # The full-size ResNet-18 sees CIFAR-sized images.
+    image = 32 if fx.model == "resnet18" else IMAGE
     inputs = {
-        "pixel_values": torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen),
+        "pixel_values": torch.randn(BATCH, 3, image, image, generator=gen),
         "labels": torch.randint(0, CLASSES, (BATCH,), generator=gen),
     }
     model = WithLoss(model, hf=fx.model == "vit")
@@ -222,7 +234,7 @@ def make(fx, out_dir):
         "onnxruntime": onnxruntime.__version__,
         "seed": SEED,
         "batch": BATCH,
-        "image": IMAGE,
+        "image": inputs["pixel_values"].shape[-1],
         "classes": CLASSES,
         "graph_inputs": graph_inputs,
         "nodes": len(proto.graph.node),
@@ -291,6 +303,8 @@ def write_readme(out_dir):
     records = []
     for fx in FIXTURES:
         path = os.path.join(out_dir, fx.name + ".json")
+        if not fx.committed:
+            continue
         if os.path.exists(path):
             with open(path) as f:
                 records.append(json.load(f))
@@ -311,13 +325,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/fixtures/vision")
     ap.add_argument("--only", nargs="*", help="fixture names to export (default: all)")
+    ap.add_argument("--extra", help="export the full-size models, not committed, into this directory")
     a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
     torch.use_deterministic_algorithms(True)
+    out = a.extra or a.out
+    os.makedirs(out, exist_ok=True)
     for fx in FIXTURES:
-        if not a.only or fx.name in a.only:
-            make(fx, a.out)
-    write_readme(a.out)
+        if fx.committed == (a.extra is None) and (not a.only or fx.name in a.only):
+            make(fx, out)
+    if a.extra is None:
+        write_readme(out)
 
 
 if __name__ == "__main__":
