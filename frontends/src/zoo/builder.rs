@@ -1,9 +1,9 @@
 //! A thin layer over `Graph` for the zoo's builders: modules with their kinds,
 //! parameters named after their module, and the common layers (Linear,
-//! LayerNorm, Dropout) as PyTorch defines them.
+//! Conv2d, LayerNorm, Dropout) as PyTorch defines them.
 
-use fsdpc_ir::Init;
 use fsdpc_ir::{BinaryFn, DType, Graph, IrError, ModuleId, Op, ParamSpec, TensorType, ValueId};
+use fsdpc_ir::{Init, Window2d};
 
 /// Builds one model's forward graph.
 pub(crate) struct Builder {
@@ -73,6 +73,49 @@ impl Builder {
         let b = self.param(m, "bias", &[fan_out], Init::Zeros);
         let y = self.op(m, "matmul", matmul(false), &[x, w])?;
         self.op(m, "add_bias", binary(BinaryFn::Add), &[y, b])
+    }
+
+    /// `x @ weight^T + bias` in a new module of class `kind` at `path`, in
+    /// PyTorch's layout: weight `[fan_out, fan_in]` drawn from `weight`, bias
+    /// `[fan_out]` from `bias`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_out_in(
+        &mut self,
+        x: ValueId,
+        path: &str,
+        kind: &str,
+        fan_in: usize,
+        fan_out: usize,
+        weight: Init,
+        bias: Init,
+    ) -> Result<ValueId, IrError> {
+        let m = self.module(path, kind);
+        let w = self.param(m, "weight", &[fan_out, fan_in], weight);
+        let b = self.param(m, "bias", &[fan_out], bias);
+        let y = self.op(m, "matmul", matmul(true), &[x, w])?;
+        self.op(m, "add_bias", binary(BinaryFn::Add), &[y, b])
+    }
+
+    /// PyTorch's `Conv2d` (one group) over `x: [n, in_ch, h, w]` in a new
+    /// module at `path`: weight `[out_ch, in_ch, kh, kw]` drawn from
+    /// `weight`, and a bias `[out_ch]` drawn from `bias` when given.
+    pub fn conv2d(
+        &mut self,
+        x: ValueId,
+        path: &str,
+        (in_ch, out_ch): (usize, usize),
+        window: Window2d,
+        weight: Init,
+        bias: Option<Init>,
+    ) -> Result<ValueId, IrError> {
+        let m = self.module(path, "Conv2d");
+        let [kh, kw] = window.kernel;
+        let w = self.param(m, "weight", &[out_ch, in_ch, kh, kw], weight);
+        let mut inputs = vec![x, w];
+        if let Some(init) = bias {
+            inputs.push(self.param(m, "bias", &[out_ch], init));
+        }
+        self.op(m, "conv", Op::Conv { window, groups: 1 }, &inputs)
     }
 
     /// `LayerNorm(dim, eps)` over the last axis in a new module at `path`, with
