@@ -10,4 +10,5 @@ mod onnx;
 mod onnx_fuzz;
 mod onnx_write;
 mod t5;
+mod vision;
 mod zoo;
