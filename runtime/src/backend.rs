@@ -49,7 +49,13 @@ impl<'a> Workspace<'a> {
     }
 
     /// `n` f32 of scratch (contents unspecified), reused by the next call.
+    /// Asking for none always succeeds, also without a workspace (whose
+    /// empty slice need not be 4-byte aligned): a pointwise convolution
+    /// needs no scratch and is given none.
     pub fn f32s(&mut self, n: usize) -> KResult<&mut [f32]> {
+        if n == 0 {
+            return Ok(&mut []);
+        }
         let need = n.saturating_mul(4);
         if need > self.bytes.len() {
             return Err(self.too_small(need));
@@ -110,4 +116,16 @@ pub trait Backend: Send + Sync {
 
     /// Applies the optimizer to a flat shard, element by element.
     fn optimizer_step(&self, args: OptimizerArgs<'_>) -> KResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Workspace;
+
+    #[test]
+    fn no_scratch_is_granted_without_a_workspace() {
+        let mut ws = Workspace::empty();
+        assert_eq!(ws.f32s(0).map(|s| s.len()), Ok(0));
+        assert!(ws.f32s(1).is_err());
+    }
 }
