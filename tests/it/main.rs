@@ -60,3 +60,4 @@ mod trace_cli;
 mod vision;
 mod weight_decay;
 mod wire;
+mod zoo_vision;
