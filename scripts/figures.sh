@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The order of docs/figures.md: planning first, then runs on this machine.
-all=(plan strategies offload rewrites tensor auto gpu_published memory train lowp checkpoint hf_load predict)
+all=(plan strategies offload rewrites tensor auto gpu_published memory train vision lowp checkpoint hf_load predict)
 
 if [ $# -gt 0 ]; then
     for b in "$@"; do
