@@ -412,3 +412,49 @@ fn exports_outside_the_repository() {
     let records: Vec<Record> = names.iter().map(|n| record_in(&dir, n)).collect();
     println!("{}", table(&records));
 }
+
+/// A trained normalised ResNet written back (`--save-onnx`): the file
+/// re-imports with exactly the trained parameters, and the running
+/// statistics, constants of the graph, are the file's as they were.
+#[test]
+fn a_trained_export_is_written_back_with_its_running_statistics() {
+    use onnx_protobuf::Message;
+    let rec = record("resnet_torchscript_eval");
+    let (plan, _) = compile(&rec, 2).unwrap_or_else(|e| panic!("{e}"));
+    let report = train(&rec, &plan).unwrap_or_else(|e| panic!("{e}"));
+    let trained: HashMap<String, Vec<f32>> = report.final_params.iter().cloned().collect();
+    let src = dir().join(&rec.file);
+    let out = tempfile::tempdir().expect("temp dir");
+    let written = out.path().join("trained.onnx");
+    fsdpc_frontends::onnx::write_with_params(&src, &trained, &written).expect("write-back");
+    let dims: HashMap<String, usize> = [("batch".to_string(), 2)].into();
+    let back = fsdpc_frontends::onnx::import(&written, &dims).expect("the written file imports");
+    for p in &back.graph.params {
+        let fsdpc_ir::Init::Data { data } = &p.init else {
+            panic!("{}: not the file's data", p.name);
+        };
+        let values: Vec<f32> = data
+            .bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(Some(&values), trained.get(&p.name), "{}", p.name);
+    }
+    assert_eq!(back.graph.params.len(), trained.len());
+    let initializers = |path: &std::path::Path| -> HashMap<String, Vec<u8>> {
+        let bytes = std::fs::read(path).expect("readable");
+        let m = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).expect("an ONNX model");
+        m.graph
+            .initializer
+            .iter()
+            .map(|t| (t.name.clone(), t.raw_data.clone()))
+            .collect()
+    };
+    let (before, after) = (initializers(&src), initializers(&written));
+    let running: Vec<&String> = before.keys().filter(|n| n.contains("running_")).collect();
+    assert_eq!(running.len(), 12, "6 normalisations' means and variances");
+    for name in running {
+        assert!(!before[name].is_empty(), "{name}: no raw data to compare");
+        assert_eq!(before[name], after[name], "{name} changed");
+    }
+}
