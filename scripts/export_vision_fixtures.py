@@ -292,7 +292,8 @@ its default optimisation folds each into the convolution before it (`_noopt`
 keeps them), so its training-mode ResNet files compute the inference-mode
 loss (ONNX Runtime's, not PyTorch's). The TorchScript exporter with
 `training=TrainingMode.TRAINING` keeps training-mode `BatchNormalization`
-(batch statistics, running-statistics outputs), which fsdpc refuses.
+(batch statistics, running-statistics outputs). fsdpc refuses all three
+training-mode ResNet files (`tests/it/vision.rs`).
 
 | fixture | model | exporter | opset | mode | nodes | ops | PyTorch params | PyTorch loss | ONNX Runtime loss |
 |---|---|---|---|---|---|---|---|---|---|

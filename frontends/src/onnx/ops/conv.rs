@@ -6,7 +6,9 @@
 //! padding. Inference-mode batch normalisation is the per-channel affine
 //! map `x · scale / sqrt(var + eps) + (B - mean · scale / sqrt(var + eps))`
 //! whose running statistics are buffers (constants, `initializers`);
-//! training mode, which updates them, is refused naming the node.
+//! training mode, which updates them, is refused naming the node, as is a
+//! normalisation the dynamo exporter wrote in inference mode although the
+//! module ran it in training mode (its metadata says so).
 
 use super::Convert;
 use crate::onnx::context::{NodeCx, Val};
@@ -147,7 +149,42 @@ fn set_image(cx: &mut NodeCx<'_>, y: ValueId, axes: usize) -> Result<(), String>
     Ok(())
 }
 
+/// The metadata key under which torch's dynamo exporter records the FX
+/// node an ONNX node comes from.
+const FX_NODE: &str = "pkg.torch.onnx.fx_node";
+
+/// Refuses a node the dynamo exporter made from a batch normalisation that
+/// ran in training mode (`_native_batch_norm_legit_functional`, not
+/// `..._no_training`): the exporter writes it in inference mode, folded
+/// into the convolution before it or not, so the file would normalise with
+/// its running statistics where the module normalised with the batch's.
+fn refuse_frozen_training_norm(cx: &NodeCx<'_>) -> Result<(), String> {
+    let traced = cx
+        .node
+        .metadata_props
+        .iter()
+        .find(|p| p.key == FX_NODE)
+        .map(|p| p.value.as_str())
+        .unwrap_or("");
+    if traced.contains("_native_batch_norm_legit") && !traced.contains("no_training") {
+        return Err(format!(
+            "the exporter wrote in inference mode{} a batch normalisation the module ran in \
+             training mode (batch statistics): training this file would normalise with its \
+             running statistics instead. Training-mode batch normalisation is not supported \
+             yet; export the model in eval mode (`model.eval()`) to train it with frozen \
+             statistics",
+            if cx.node.op_type == "Conv" {
+                ", folded into this convolution,"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
+}
+
 fn conv(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    refuse_frozen_training_norm(cx)?;
     let (axes, hw) = spatial(cx)?;
     let tw = cx.ty(1)?;
     let kernel = match tw.shape.dims() {
@@ -243,6 +280,7 @@ pub(crate) fn batch_norm_trains(node: &onnx_protobuf::NodeProto, opset: i64) -> 
 }
 
 fn batch_norm(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    refuse_frozen_training_norm(cx)?;
     if batch_norm_trains(cx.node, cx.opset()) {
         return Err(
             "training mode (batch statistics, running statistics updated every step) \
