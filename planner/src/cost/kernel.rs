@@ -128,9 +128,12 @@ fn conv_call(
 }
 
 /// Seconds a convolution kernel spends unfolding its input into im2col
-/// matrices (or folding one back): each matrix written and read once, at
-/// the bandwidth of a strided copy (the `transpose` family); 0 for other
-/// kernels and pointwise convolutions.
+/// matrices (or folding one back) and, where a product covers several
+/// images, gathering their outputs: each product's scratch
+/// (`Geometry::scratch`) written and read once, at the bandwidth of a
+/// strided window copy (the `slice` family: rows of the input copied,
+/// stepped by the stride); 0 for other kernels and pointwise convolutions
+/// of large images.
 fn im2col_time(graph: &Graph, node: fsdpc_ir::NodeId, hw: &fsdpc_plan::cluster::Hardware) -> f64 {
     let dims: Vec<&[usize]> = graph
         .inputs(node)
@@ -140,10 +143,11 @@ fn im2col_time(graph: &Graph, node: fsdpc_ir::NodeId, hw: &fsdpc_plan::cluster::
     let Some(g) = fsdpc_ir::ops::conv::Geometry::of(&graph.node(node).op, &dims) else {
         return 0.0;
     };
-    let bytes = (2 * 4 * g.scratch() * g.n * g.groups) as f64;
-    let bw = hw.kernel_bandwidth_for("transpose", (8 * g.scratch()) as f64);
+    let products = g.n.div_ceil(g.images_per_product()) * g.groups;
+    let per_product = (2 * 4 * g.scratch()) as f64;
+    let bw = hw.kernel_bandwidth_for("slice", per_product);
     if bw > 0.0 {
-        bytes / bw
+        per_product * products as f64 / bw
     } else {
         0.0
     }
