@@ -190,29 +190,46 @@ impl ModuleTree {
     }
 }
 
-/// `Blocks`: every child of a module whose numbered children (`h.0`, `h.1`,
-/// ...) share one kind; outermost such lists only.
+/// `Blocks`: the numbered children of a module that share one kind,
+/// outermost lists only. A child is numbered by its index (`h.0`, `h.1`,
+/// ...: a `ModuleList` or `Sequential`), or by a common name with `_0`,
+/// `_1`, ... appended (torchvision's ViT `encoder_layer_0`, ...: an
+/// `OrderedDict`), which counts as a list only when it runs from 0 without
+/// a gap and has at least two entries.
 fn blocks(graph: &Graph, tree: &ModuleTree) -> Vec<ModuleId> {
     let mut found: Vec<ModuleId> = Vec::new();
     for kids in &tree.children {
-        let numbered: Vec<ModuleId> = kids
-            .iter()
-            .copied()
-            .filter(|k| {
-                last_segment(&graph.modules[k.0 as usize].path)
-                    .parse::<u64>()
-                    .is_ok()
-            })
-            .collect();
-        let kinds: BTreeSet<&str> = numbered
-            .iter()
-            .map(|k| graph.modules[k.0 as usize].kind.as_str())
-            .collect();
-        if !numbered.is_empty() && kinds.len() == 1 {
-            found.extend(numbered);
+        // Numbered children by the name they share ("" for bare indices).
+        let mut lists: BTreeMap<&str, Vec<(u64, ModuleId)>> = BTreeMap::new();
+        for &k in kids {
+            if let Some((name, i)) = numbered(last_segment(&graph.modules[k.0 as usize].path)) {
+                lists.entry(name).or_default().push((i, k));
+            }
+        }
+        for (name, mut list) in lists {
+            list.sort_unstable();
+            let kinds: BTreeSet<&str> = list
+                .iter()
+                .map(|(_, k)| graph.modules[k.0 as usize].kind.as_str())
+                .collect();
+            let sequence = name.is_empty()
+                || (list.len() >= 2 && list.iter().enumerate().all(|(j, (i, _))| *i == j as u64));
+            if kinds.len() == 1 && sequence {
+                found.extend(list.into_iter().map(|(_, k)| k));
+            }
         }
     }
     outermost(tree, found)
+}
+
+/// `("", i)` for a bare index `i`, `(name, i)` for `name_i`.
+fn numbered(segment: &str) -> Option<(&str, u64)> {
+    if let Ok(i) = segment.parse::<u64>() {
+        return Some(("", i));
+    }
+    let (name, i) = segment.rsplit_once('_')?;
+    (!name.is_empty()).then_some(())?;
+    Some((name, i.parse().ok()?))
 }
 
 fn last_segment(path: &str) -> &str {
@@ -384,4 +401,20 @@ fn common_unit(unit_parent: &[Option<UnitId>], a: UnitId, b: UnitId) -> UnitId {
     let ca = chain(a);
     let cb = chain(b);
     ca.into_iter().find(|u| cb.contains(u)).unwrap_or(UnitId(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::numbered;
+
+    /// Bare indices and `name_i` are numbered; other names are not.
+    #[test]
+    fn numbered_children() {
+        assert_eq!(numbered("3"), Some(("", 3)));
+        assert_eq!(numbered("encoder_layer_11"), Some(("encoder_layer", 11)));
+        assert_eq!(numbered("relu_1"), Some(("relu", 1)));
+        assert_eq!(numbered("relu"), None);
+        assert_eq!(numbered("_2"), None);
+        assert_eq!(numbered("layer_norm"), None);
+    }
 }

@@ -95,6 +95,18 @@ fn wrapping_by_block_class_makes_one_unit_per_block() {
     let paths: Vec<&str> = p.units[1..].iter().map(|u| u.module.as_str()).collect();
     assert_eq!(paths.len(), 8, "{paths:?}");
     assert!(paths.contains(&"layer1.0") && paths.contains(&"layer4.1"));
+    // The ViT's blocks are `encoder_layer_0`, `encoder_layer_1`: a named
+    // sequence `--wrap blocks` finds too.
+    let (spec, _) = &tiny(1)[2];
+    let p = plan(spec, 2, Strategy::FullShard, WrapPolicy::Blocks);
+    let paths: Vec<&str> = p.units[1..].iter().map(|u| u.module.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "encoder.layers.encoder_layer_0",
+            "encoder.layers.encoder_layer_1"
+        ]
+    );
 }
 
 #[test]
