@@ -1,6 +1,7 @@
 //! Validation of the cost model and the memory plan (issue 9): predicted
 //! against measured step time and planned against measured peak memory,
-//! over models from 0.5 M to 50 M parameters, 1 and 2 rank threads,
+//! over models from 0.5 M to 50 M parameters (GPTs, MLPs, a ResNet-18 on
+//! 32x32 images and a small ViT), 1 and 2 rank threads,
 //! full_shard and no_shard, prefetch on and off, activation checkpointing
 //! and bf16.
 //!
@@ -68,6 +69,8 @@ fn cases() -> Vec<Case> {
     const GPT_23M: &str = "gpt:layers=6,hidden=512,heads=8,seq=128,vocab=8192,batch=2";
     const MLP_05M: &str = "mlp:layers=2,in=512,hidden=512,classes=10,batch=64";
     const MLP_50M: &str = "mlp:layers=3,in=4096,hidden=4096,classes=10,batch=16";
+    const RESNET18: &str = "resnet:depth=18,image=32,classes=10,batch=16";
+    const VIT_5M: &str = "vit:layers=6,hidden=256,heads=4,mlp=1024,patch=4,image=32,classes=10,batch=8";
     vec![
         c(GPT_05M, 1, NoShard, true, false, F32),
         c(GPT_05M, 2, FullShard, true, false, F32),
@@ -82,6 +85,9 @@ fn cases() -> Vec<Case> {
         c(GPT_23M, 2, FullShard, true, false, F32),
         c(MLP_50M, 1, NoShard, true, false, F32),
         c(MLP_50M, 2, FullShard, true, false, F32),
+        c(RESNET18, 1, NoShard, true, false, F32),
+        c(RESNET18, 2, FullShard, true, false, F32),
+        c(VIT_5M, 2, FullShard, true, false, F32),
     ]
 }
 
