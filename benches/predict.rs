@@ -70,7 +70,8 @@ fn cases() -> Vec<Case> {
     const MLP_05M: &str = "mlp:layers=2,in=512,hidden=512,classes=10,batch=64";
     const MLP_50M: &str = "mlp:layers=3,in=4096,hidden=4096,classes=10,batch=16";
     const RESNET18: &str = "resnet:depth=18,image=32,classes=10,batch=16";
-    const VIT_5M: &str = "vit:layers=6,hidden=256,heads=4,mlp=1024,patch=4,image=32,classes=10,batch=8";
+    const VIT_5M: &str =
+        "vit:layers=6,hidden=256,heads=4,mlp=1024,patch=4,image=32,classes=10,batch=8";
     vec![
         c(GPT_05M, 1, NoShard, true, false, F32),
         c(GPT_05M, 2, FullShard, true, false, F32),
