@@ -90,7 +90,8 @@ fn save(plan: &Plan, dir: &Path, states: &[RankState]) -> (f64, u64) {
                             state: s,
                         })
                         .collect();
-                    write::save_rank(dir, 1, (pos as u32, 0, 1), &units).expect("rank file written")
+                    write::save_rank(dir, 1, (pos as u32, 0, 1), &units, &[])
+                        .expect("rank file written")
                 })
             })
             .collect();

@@ -2,6 +2,7 @@
 //! output slot of its source to an input slot of its target. petgraph's indices
 //! stay inside this module: the public API speaks `NodeId` and `ValueId`.
 
+use crate::buffer::{ModuleBufferId, ModuleBufferSpec};
 use crate::op::Op;
 use crate::param::{ParamId, ParamSpec};
 use crate::types::TensorType;
@@ -91,6 +92,8 @@ pub struct Graph {
     pub name: String,
     g: StableDiGraph<Node, Edge>,
     pub params: Vec<ParamSpec>,
+    /// Module buffers (running statistics), read by `Op::ModuleBuffer`.
+    pub buffers: Vec<ModuleBufferSpec>,
     pub modules: Vec<Module>,
     module_by_path: HashMap<String, ModuleId>,
     /// The graph's results (a forward graph's outputs; a training program's loss).
@@ -174,6 +177,42 @@ impl Graph {
     /// The parameter `id` (panics if it does not exist).
     pub fn param(&self, id: ParamId) -> &ParamSpec {
         &self.params[id.0 as usize]
+    }
+
+    // ---- module buffers ----
+
+    /// Adds module buffer `spec` and the node that reads it, in `module`.
+    pub fn add_buffer(&mut self, spec: ModuleBufferSpec, module: ModuleId) -> ValueId {
+        let ty = spec.ty.clone();
+        let name = spec.name.clone();
+        self.buffers.push(spec);
+        let buffer = ModuleBufferId(self.buffers.len() as u32 - 1);
+        let n = self.add_node_typed(
+            Node {
+                op: Op::ModuleBuffer { buffer },
+                name,
+                module,
+                phase: Phase::Forward,
+                outputs: vec![ty],
+            },
+            &[],
+        );
+        ValueId { node: n, slot: 0 }
+    }
+
+    /// The module buffer `id` (panics if it does not exist).
+    pub fn buffer(&self, id: ModuleBufferId) -> &ModuleBufferSpec {
+        &self.buffers[id.0 as usize]
+    }
+
+    /// The node that writes each written module buffer.
+    pub fn buffer_writes(&self) -> HashMap<ModuleBufferId, NodeId> {
+        self.node_ids()
+            .filter_map(|n| match self.node(n).op {
+                Op::WriteBuffer { buffer } => Some((buffer, n)),
+                _ => None,
+            })
+            .collect()
     }
 
     // ---- nodes ----
@@ -369,6 +408,7 @@ impl Graph {
         name: String,
         modules: Vec<Module>,
         params: Vec<ParamSpec>,
+        buffers: Vec<ModuleBufferSpec>,
         nodes: impl IntoIterator<Item = (NodeId, Node, Vec<ValueId>)>,
         outputs: Vec<ValueId>,
     ) -> Result<Graph, String> {
@@ -392,6 +432,7 @@ impl Graph {
             .map(|(i, m)| (m.path.clone(), ModuleId(i as u32)))
             .collect();
         g.params = params;
+        g.buffers = buffers;
         let nodes: Vec<(NodeId, Node, Vec<ValueId>)> = nodes.into_iter().collect();
         let max = nodes
             .iter()
@@ -724,6 +765,7 @@ impl Graph {
             self.name.clone(),
             self.modules.clone(),
             self.params.clone(),
+            self.buffers.clone(),
             nodes,
             outputs,
         )?;

@@ -6,6 +6,7 @@
 //! knows nothing about sharding, devices or kernels.
 
 pub mod autodiff;
+pub mod buffer;
 mod builder;
 mod display;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod types;
 pub mod validate;
 
 pub use autodiff::build_training_program;
+pub use buffer::{ModuleBufferId, ModuleBufferSpec};
 pub use error::IrError;
 pub use freeze::freeze;
 pub use graph::{Graph, Module, ModuleId, Node, NodeId, Phase, ValueId};

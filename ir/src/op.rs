@@ -7,6 +7,7 @@
 //! elementwise binary ops broadcast as numpy does; `MatMul` multiplies the last
 //! two dimensions and broadcasts the leading (batch) dimensions.
 
+use crate::buffer::ModuleBufferId;
 use crate::param::ParamId;
 use crate::types::{DType, TensorData};
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,21 @@ pub enum Op {
     /// A literal tensor.
     Constant {
         value: TensorData,
+    },
+    /// A module buffer's value at this point of the step (a running
+    /// statistic); its type is its `ModuleBufferSpec`'s. Each rank holds
+    /// the whole buffer, kept from step to step.
+    ModuleBuffer {
+        buffer: ModuleBufferId,
+    },
+
+    // ---- state ----
+    /// Replace module buffer `buffer` with the one input (the buffer's
+    /// type); no outputs. Every other reader of the buffer is an ancestor
+    /// of the input (the validator checks), so each read sees the value
+    /// before the write; a buffer has at most one writer.
+    WriteBuffer {
+        buffer: ModuleBufferId,
     },
 
     // ---- elementwise ----
@@ -442,7 +458,7 @@ impl Op {
     pub fn is_source(&self) -> bool {
         matches!(
             self,
-            Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
+            Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } | Op::ModuleBuffer { .. }
         )
     }
 
@@ -455,6 +471,8 @@ impl Op {
             Op::Input { .. }
                 | Op::Param { .. }
                 | Op::Constant { .. }
+                | Op::ModuleBuffer { .. }
+                | Op::WriteBuffer { .. }
                 | Op::Compare { .. }
                 | Op::Logical { .. }
                 | Op::Not

@@ -2,6 +2,7 @@
 //! ids and inputs; ids are kept on the way back, so plans that refer to nodes
 //! stay valid.
 
+use crate::buffer::ModuleBufferSpec;
 use crate::error::IrError;
 use crate::graph::{Graph, Module, Node, NodeId, ValueId};
 use crate::param::ParamSpec;
@@ -13,6 +14,8 @@ struct GraphRepr {
     name: String,
     modules: Vec<Module>,
     params: Vec<ParamSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    buffers: Vec<ModuleBufferSpec>,
     nodes: Vec<NodeRepr>,
     outputs: Vec<ValueId>,
 }
@@ -39,6 +42,7 @@ impl Serialize for Graph {
             name: self.name.clone(),
             modules: self.modules.clone(),
             params: self.params.clone(),
+            buffers: self.buffers.clone(),
             nodes,
             outputs: self.outputs.clone(),
         }
@@ -53,6 +57,7 @@ impl<'de> Deserialize<'de> for Graph {
             r.name,
             r.modules,
             r.params,
+            r.buffers,
             r.nodes.into_iter().map(|n| (n.id, n.node, n.inputs)),
             r.outputs,
         )

@@ -2,6 +2,7 @@
 //! problem it finds, each naming its node (as cranelift's verifier does),
 //! rather than stopping at the first.
 
+use crate::buffer::ModuleBufferId;
 use crate::error::IrError;
 use crate::graph::{Graph, NodeId, Phase, ValueId};
 use crate::op::Op;
@@ -49,6 +50,7 @@ pub fn validate(graph: &Graph) -> Result<(), Problems> {
     }
     check_input_names(graph, &mut out);
     check_params(graph, &mut out);
+    check_buffers(graph, &mut out);
     for v in &graph.outputs {
         if graph.try_value_type(*v).is_none() {
             out.push(IrError::Invalid(format!("graph output {v} does not exist")));
@@ -134,6 +136,32 @@ fn check_types(
                 )),
             }
         }
+        Op::ModuleBuffer { buffer } => match g.buffers.get(buffer.0 as usize) {
+            Some(spec) => vec![spec.ty.clone()],
+            None => {
+                return Err(format!(
+                    "module buffer {} does not exist ({} buffers)",
+                    buffer.0,
+                    g.buffers.len()
+                ))
+            }
+        },
+        Op::WriteBuffer { buffer } => match g.buffers.get(buffer.0 as usize) {
+            Some(spec) if inputs.len() == 1 && *inputs[0] != spec.ty => {
+                return Err(format!(
+                    "writes {} into module buffer `{}` of type {}",
+                    inputs[0], spec.name, spec.ty
+                ))
+            }
+            Some(_) => crate::ops::infer(op, inputs)?,
+            None => {
+                return Err(format!(
+                    "module buffer {} does not exist ({} buffers)",
+                    buffer.0,
+                    g.buffers.len()
+                ))
+            }
+        },
         Op::Param { param } => match g.params.get(param.0 as usize) {
             Some(spec) => vec![spec.ty.clone()],
             None => {
@@ -190,6 +218,85 @@ fn check_params(g: &Graph, out: &mut Vec<IrError>) {
             out.push(bad(reason));
         }
     }
+}
+
+/// Each module buffer: a valid initial value, at most one writer, and every
+/// reader an ancestor of the writer's input (so a read never sees the
+/// value written in the same step).
+fn check_buffers(g: &Graph, out: &mut Vec<IrError>) {
+    for (i, b) in g.buffers.iter().enumerate() {
+        if b.ty.dtype != DType::F32 {
+            out.push(IrError::Invalid(format!(
+                "module buffer {i} `{}`: type {}, module buffers are f32",
+                b.name, b.ty
+            )));
+        }
+        if matches!(b.init, Init::File { .. }) {
+            out.push(IrError::Invalid(format!(
+                "module buffer {i} `{}`: initial values come with the model, not from a file",
+                b.name
+            )));
+        }
+        if let Err(reason) = check_init(&b.init, &b.ty) {
+            out.push(IrError::Invalid(format!(
+                "module buffer {i} `{}`: {reason}",
+                b.name
+            )));
+        }
+    }
+    let mut writer: HashMap<ModuleBufferId, NodeId> = HashMap::new();
+    let mut readers: HashMap<ModuleBufferId, Vec<NodeId>> = HashMap::new();
+    for n in g.node_ids() {
+        match g.node(n).op {
+            Op::WriteBuffer { buffer } => {
+                if let Some(first) = writer.insert(buffer, n) {
+                    out.push(at(
+                        g,
+                        n,
+                        format!("module buffer {} is also written by {first}", buffer.0),
+                    ));
+                }
+            }
+            Op::ModuleBuffer { buffer } => {
+                let users = g.users(ValueId { node: n, slot: 0 });
+                readers
+                    .entry(buffer)
+                    .or_default()
+                    .extend(users.into_iter().map(|(u, _)| u));
+            }
+            _ => {}
+        }
+    }
+    for (buffer, w) in writer {
+        let ancestors = ancestors(g, w);
+        for r in readers.get(&buffer).into_iter().flatten() {
+            if *r != w && !ancestors.contains(r) {
+                out.push(at(
+                    g,
+                    *r,
+                    format!(
+                        "reads module buffer {} but does not feed its write {w}: \
+                         the read could see the new value",
+                        buffer.0
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// Every node `n` depends on.
+fn ancestors(g: &Graph, n: NodeId) -> HashSet<NodeId> {
+    let mut seen = HashSet::new();
+    let mut stack = vec![n];
+    while let Some(m) = stack.pop() {
+        for v in g.inputs(m) {
+            if seen.insert(v.node) {
+                stack.push(v.node);
+            }
+        }
+    }
+    seen
 }
 
 fn check_init(init: &Init, ty: &TensorType) -> Result<(), String> {

@@ -4,7 +4,7 @@
 
 use crate::ids::{BufferId, UnitId};
 use crate::instr::Stream;
-use fsdpc_ir::{DType, ValueId};
+use fsdpc_ir::{DType, ModuleBufferId, ValueId};
 use serde::{Deserialize, Serialize};
 
 /// What a buffer holds; also the memory breakdown's categories.
@@ -37,6 +37,10 @@ pub enum BufferKind {
     PartialGrads,
     /// Optimizer state for a unit's shard (persistent): one buffer per slot.
     OptimizerState,
+    /// A module buffer (a running statistic, `fsdpc_ir::ModuleBufferSpec`):
+    /// the whole tensor on every rank (persistent), read by the kernels
+    /// of its readers and replaced by its `WriteBuffer`.
+    ModuleBuffer,
     /// Forward activations and backward intermediate values.
     Activation,
     /// Data inputs loaded each step.
@@ -89,6 +93,9 @@ pub struct Buffer {
     /// Instruction index of its `Free`; `None` for persistent buffers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<u32>,
+    /// The module buffer a `ModuleBuffer` buffer holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_buffer: Option<ModuleBufferId>,
     /// The stream whose kernels use a `Workspace` buffer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<Stream>,
@@ -142,6 +149,7 @@ impl Buffer {
             offset: 0,
             start: 0,
             end: None,
+            module_buffer: None,
             stream: None,
             location: Location::Device,
         });
@@ -189,6 +197,7 @@ impl BufferKind {
             BufferKind::ShardParams
                 | BufferKind::ShardGrads
                 | BufferKind::OptimizerState
+                | BufferKind::ModuleBuffer
                 | BufferKind::Loss
                 | BufferKind::GradNorm
                 | BufferKind::LossScale

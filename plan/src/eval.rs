@@ -3,7 +3,10 @@
 //! changes nothing a later step reads. A runtime evaluates held-out data by
 //! running only these instructions, with its evaluation batch loaded and
 //! dropout off, then reading the loss buffer (`Plan::loss`); no gradient is
-//! computed and no state moves.
+//! computed and no state moves: it skips the prefix's `WriteBuffer`s, so
+//! module buffers (running statistics) stay as training left them. (A
+//! training-mode normalisation still normalises with the evaluation
+//! batch's own statistics: the graph is the one the file was exported as.)
 //!
 //! A prefix keeps everything the full list guarantees: every `Wait` names
 //! an event recorded earlier in the list, so the prefix's events are all

@@ -151,6 +151,17 @@ pub enum InstrOp {
         #[serde(default, skip_serializing_if = "is_zero_u32")]
         micro_batch: u32,
     },
+    /// Replace the module buffer `dst` (a `ModuleBuffer` buffer) with `src`,
+    /// the value graph node `node` (a `WriteBuffer`) writes: a copy, same
+    /// dtype and size. Runs on the compute stream after every reader of
+    /// the buffer in micro-batch `micro_batch`; an evaluation skips it.
+    WriteBuffer {
+        node: NodeId,
+        src: Slot,
+        dst: BufferId,
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        micro_batch: u32,
+    },
     /// Gradient accumulation: add `src` into `dst` element by element (same
     /// size and dtype; summed in f32, rounded once to the dtype).
     Accumulate {
@@ -294,7 +305,9 @@ impl InstrOp {
             } => vec![*scale, *found_inf],
             InstrOp::ClipGrads { norm, grads, .. } => vec![*norm, *grads],
             InstrOp::Kernel { inputs, .. } => inputs.iter().map(|s| s.buffer).collect(),
-            InstrOp::TensorAllReduce { src, .. } | InstrOp::TensorChunks { src, .. } => {
+            InstrOp::TensorAllReduce { src, .. }
+            | InstrOp::TensorChunks { src, .. }
+            | InstrOp::WriteBuffer { src, .. } => {
                 vec![src.buffer]
             }
             InstrOp::OptimizerStep {
@@ -329,7 +342,9 @@ impl InstrOp {
             InstrOp::NormAllReduce { buffer, .. } | InstrOp::FoundInfAllReduce { buffer, .. } => {
                 vec![*buffer]
             }
-            InstrOp::GradNormSq { dst, .. } | InstrOp::Accumulate { dst, .. } => vec![*dst],
+            InstrOp::GradNormSq { dst, .. }
+            | InstrOp::Accumulate { dst, .. }
+            | InstrOp::WriteBuffer { dst, .. } => vec![*dst],
             InstrOp::ScaleSeed { dst, .. } => vec![dst.buffer],
             InstrOp::UnscaleGrads {
                 grads, found_inf, ..

@@ -477,6 +477,7 @@ mod tests {
             offset: 0,
             start,
             end: Some(end),
+            module_buffer: None,
             stream: None,
             location: Location::Device,
         }

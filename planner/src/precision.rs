@@ -21,7 +21,10 @@
 //!   `cast_forward_inputs`). Integer inputs (token ids, labels) are not
 //!   touched.
 //! - Constants (the model's fixed tensors, what PyTorch calls buffers) are
-//!   cast to `buffer_dtype` after they are materialised.
+//!   cast to `buffer_dtype` after they are materialised; module buffers
+//!   (running statistics) are stored in their own dtype, read through a
+//!   cast to `buffer_dtype`, and their new value is cast back before it is
+//!   written.
 //! - The loss stays f32: the node computing the loss reads f32 casts of its
 //!   half operands (what autocast does for `cross_entropy` and what
 //!   torchtitan's and nanoGPT's losses do with `.float()`), so the loss and
@@ -203,7 +206,19 @@ fn retype(g: &mut Graph, loss: ValueId, cfg: &FsdpConfig) -> Result<(), fsdpc_ir
                 g.node_mut(n).outputs = vec![ty];
             }
             Op::Input { .. } => cast_source(g, n, pd)?,
-            Op::Constant { .. } => cast_source(g, n, cfg.buffer_dtype)?,
+            Op::Constant { .. } | Op::ModuleBuffer { .. } => cast_source(g, n, cfg.buffer_dtype)?,
+            Op::WriteBuffer { buffer } => {
+                // The buffer keeps its own dtype: the new value is cast
+                // back to it.
+                let to = g.buffer(buffer).ty.dtype;
+                let v = g.inputs(n)[0];
+                if g.value_type(v).dtype != to {
+                    let node = g.node(n);
+                    let (name, module) = (format!("{}.to_{to}", node.name), node.module);
+                    let c = g.add1(Op::Cast { to }, &[v], name, module)?;
+                    g.set_input(n, 0, c);
+                }
+            }
             _ => retype_node(g, n, n == loss.node, pd)?,
         }
     }

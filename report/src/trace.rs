@@ -229,7 +229,7 @@ pub fn instr_class(plan: &Plan, ins: &fsdpc_plan::Instr) -> &'static str {
         | InstrOp::NormAllReduce { .. }
         | InstrOp::FoundInfAllReduce { .. }
         | InstrOp::TensorAllReduce { .. } => "all_reduce",
-        InstrOp::Copy { .. } | InstrOp::Reshard { .. } => "copy",
+        InstrOp::Copy { .. } | InstrOp::Reshard { .. } | InstrOp::WriteBuffer { .. } => "copy",
         InstrOp::Accumulate { .. }
         | InstrOp::OptimizerStep { .. }
         | InstrOp::GradNormSq { .. }
@@ -356,6 +356,14 @@ pub fn slice_name(plan: &Plan, op: &InstrOp) -> String {
         InstrOp::FoundInfAllReduce { .. } => "all_reduce found_inf".to_string(),
         InstrOp::UpdateScale { .. } => "update_scale".to_string(),
         InstrOp::LoadInput { name, .. } => format!("load {name}"),
+        InstrOp::WriteBuffer { node, .. } => {
+            let name = plan
+                .training
+                .graph
+                .try_node(*node)
+                .map_or("?", |n| n.name.as_str());
+            format!("write_buffer {name}")
+        }
         InstrOp::Free { buffer } => format!("free {buffer}"),
         InstrOp::Record { event } => format!("record {event}"),
         InstrOp::Wait { event } => format!("wait {event}"),

@@ -42,9 +42,10 @@ pub fn save_safetensors(tensors: &[ExportTensor<'_>], path: &Path) -> Result<(),
     fsdpc_ir::fs::write_atomic(path, &out).map_err(|e| err(e.to_string()))
 }
 
-/// Writes the trained `params` (as `TrainReport::final_params` gives them) of
-/// `plan` to `path`, each with its shape in the plan's training graph (the
-/// whole parameter's, for one split over a tensor group).
+/// Writes the trained `params` (as `TrainReport::final_params` gives them,
+/// and module buffers as `final_buffers` does) of `plan` to `path`, each
+/// with its shape in the plan's training graph (the whole parameter's, for
+/// one split over a tensor group).
 pub fn save_params(
     plan: &Plan,
     params: &[(String, Vec<f32>)],
@@ -60,13 +61,20 @@ pub fn save_params(
     let shapes: HashMap<&str, &[usize]> = wholes
         .iter()
         .map(|p| (p.name.as_str(), p.ty.shape.dims()))
+        .chain(
+            plan.training
+                .graph
+                .buffers
+                .iter()
+                .map(|b| (b.name.as_str(), b.ty.shape.dims())),
+        )
         .collect();
     let tensors = params
         .iter()
         .map(|(name, data)| {
             let shape = shapes.get(name.as_str()).ok_or_else(|| RuntimeError::Io {
                 path: path.display().to_string(),
-                reason: format!("parameter `{name}` is not in the plan's training graph"),
+                reason: format!("parameter or buffer `{name}` is not in the plan's training graph"),
             })?;
             Ok(ExportTensor { name, shape, data })
         })

@@ -39,7 +39,7 @@ pub fn run(a: ExportArgs) -> Result<(), CliError> {
             .export_safetensors(out)
             .map_err(fsdpc_runtime::RuntimeError::from)?;
         print_out(&format!(
-            "wrote {} ({n} parameters, step {step})\n",
+            "wrote {} ({n} tensors, step {step})\n",
             out.display()
         ))?;
     }
@@ -51,6 +51,12 @@ pub fn run(a: ExportArgs) -> Result<(), CliError> {
                 .param_values(p)
                 .map_err(fsdpc_runtime::RuntimeError::from)?;
             params.insert(p.name.clone(), v);
+        }
+        for b in &ckpt.manifest.buffers {
+            let v = ckpt
+                .buffer_values(&b.name)
+                .map_err(fsdpc_runtime::RuntimeError::from)?;
+            params.insert(b.name.clone(), v);
         }
         let s = fsdpc_frontends::onnx::write_with_params(model, &params, out)?;
         print_out(&format!(

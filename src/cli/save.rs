@@ -6,17 +6,24 @@ use super::{print_out, CliError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// Writes the trained parameters where `--save-onnx`/`--save-safetensors` ask.
+/// Writes the trained parameters where `--save-onnx`/`--save-safetensors` ask,
+/// with rank 0's module buffers (running statistics) beside them.
 pub(super) fn save(
     a: &TrainArgs,
     plan: &fsdpc_plan::Plan,
     params: &[(String, Vec<f32>)],
+    buffers: &[(String, Vec<f32>)],
     hf_config: Option<(serde_json::Value, Vec<PathBuf>)>,
 ) -> Result<(), CliError> {
+    let with_buffers: Vec<(String, Vec<f32>)> = params.iter().chain(buffers).cloned().collect();
+    let buffer_note = match buffers.len() {
+        0 => String::new(),
+        n => format!(", {n} module buffers"),
+    };
     if let Some(out) = &a.save_safetensors {
-        fsdpc_runtime::export::save_params(plan, params, out)?;
+        fsdpc_runtime::export::save_params(plan, &with_buffers, out)?;
         print_out(&format!(
-            "wrote {} ({} parameters)\n",
+            "wrote {} ({} parameters{buffer_note})\n",
             out.display(),
             params.len()
         ))?;
@@ -25,7 +32,7 @@ pub(super) fn save(
         save_hf(plan, params, config, out)?;
     }
     if let Some(out) = &a.save_onnx {
-        let map: HashMap<String, Vec<f32>> = params.iter().cloned().collect();
+        let map: HashMap<String, Vec<f32>> = with_buffers.into_iter().collect();
         let s = fsdpc_frontends::onnx::write_with_params(Path::new(&a.model), &map, out)?;
         let ext = s
             .external_data

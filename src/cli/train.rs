@@ -385,7 +385,13 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
     if let Some(d) = &report.device {
         print_out(&device_summary(&plan, d))?;
     }
-    super::save::save(&a, &plan, &report.final_params, hf_config)?;
+    super::save::save(
+        &a,
+        &plan,
+        &report.final_params,
+        &report.final_buffers,
+        hf_config,
+    )?;
     match (metrics_error, &a.metrics) {
         (Some(source), Some(path)) => Err(CliError::Io {
             path: path.display().to_string(),

@@ -55,7 +55,11 @@ pub(crate) trait Family: Sync {
 fn family(op: &Op) -> &'static dyn Family {
     use Op::*;
     match op {
-        Input { .. } | Param { .. } | Constant { .. } => &source::Source,
+        Input { .. }
+        | Param { .. }
+        | Constant { .. }
+        | ModuleBuffer { .. }
+        | WriteBuffer { .. } => &source::Source,
         Unary { .. } | Binary { .. } | Compare { .. } | Logical { .. } | Not | Where => {
             &elementwise::Elementwise
         }

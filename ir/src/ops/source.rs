@@ -1,6 +1,7 @@
-//! Sources: `Input`, `Param` and `Constant`. They have no inputs; an input's
-//! and a parameter's type is given when it is added to the graph, a
-//! constant's is that of its data.
+//! Sources: `Input`, `Param`, `Constant` and `ModuleBuffer`. They have no
+//! inputs; an input's, a parameter's and a buffer's type is given when it
+//! is added to the graph, a constant's is that of its data. Also the one
+//! sink, `WriteBuffer`: one input, no outputs.
 
 use super::check::arity;
 use super::vjp::not_differentiable;
@@ -13,6 +14,10 @@ pub(crate) struct Source;
 
 impl Family for Source {
     fn infer(&self, op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+        if let Op::WriteBuffer { .. } = op {
+            arity(inputs, 1, "a buffer write")?;
+            return Ok(Vec::new());
+        }
         arity(inputs, 0, "a source")?;
         match op {
             Op::Constant { value } => {
@@ -24,6 +29,9 @@ impl Family for Source {
             }
             Op::Param { .. } => {
                 Err("a parameter's type is its ParamSpec's (Graph::add_param)".into())
+            }
+            Op::ModuleBuffer { .. } => {
+                Err("a module buffer's type is its spec's (Graph::add_buffer)".into())
             }
             _ => Err(misrouted(op, "source")),
         }

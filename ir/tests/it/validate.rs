@@ -98,3 +98,51 @@ fn program_checks_grads_and_loss() {
         "{msgs:#?}"
     );
 }
+
+/// A module buffer: read before its one write, never after it, of its type.
+#[test]
+fn module_buffer_writes_are_checked() {
+    use fsdpc_ir::{BinaryFn, Init, ModuleBufferId, ModuleBufferSpec};
+    let mut g = Graph::new("bn");
+    let r = ModuleId::ROOT;
+    let x = g.add_input("x", f32t(&[3]));
+    let spec = ModuleBufferSpec {
+        name: "bn.running_mean".into(),
+        ty: f32t(&[3]),
+        init: Init::Zeros,
+    };
+    let running = g.add_buffer(spec, r);
+    let new = g
+        .add1(Op::Binary { f: BinaryFn::Add }, &[running, x], "new", r)
+        .unwrap();
+    let buffer = ModuleBufferId(0);
+    g.add(Op::WriteBuffer { buffer }, &[new], "write", r)
+        .unwrap();
+    g.outputs = vec![new];
+    assert_eq!(messages(&g), Vec::<String>::new());
+    // A reader that does not feed the write could see the new value.
+    let late = g
+        .add1(Op::Unary { f: UnaryFn::Neg }, &[running], "late", r)
+        .unwrap();
+    assert!(has(&messages(&g), &["late", "does not feed its write"]));
+    g.remove_node(late.node);
+    // A second writer, and a value of another type.
+    let half = g
+        .add1(
+            Op::Cast {
+                to: fsdpc_ir::DType::Bf16,
+            },
+            &[new],
+            "half",
+            r,
+        )
+        .unwrap();
+    g.add(Op::WriteBuffer { buffer }, &[half], "write2", r)
+        .unwrap();
+    let msgs = messages(&g);
+    assert!(has(&msgs, &["write2", "also written by"]), "{msgs:?}");
+    assert!(
+        has(&msgs, &["write2", "into module buffer `bn.running_mean`"]),
+        "{msgs:?}"
+    );
+}

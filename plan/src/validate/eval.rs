@@ -1,7 +1,8 @@
 //! The evaluation prefix (`Plan::eval`, see `crate::eval`): it ends with
 //! the kernel writing micro-batch 0's loss into the loss slot; it holds
 //! only forward kernels and loads of micro-batch 0, gathers, reshards,
-//! copies, frees and events; it writes no gradient and no state that
+//! copies, frees and events, and module-buffer writes of micro-batch 0,
+//! which an evaluation skips; it writes no gradient and no state that
 //! outlives a step; and a bucketed all-gather's bucket closes inside it.
 
 use crate::*;
@@ -85,6 +86,15 @@ pub(crate) fn check(plan: &Plan, out: &mut Vec<PlanViolation>) {
                     .is_none()
                     .then(|| "a bucketed all-gather whose bucket closes after the prefix".into())
             }
+            InstrOp::WriteBuffer { micro_batch, .. } => {
+                if *micro_batch != 0 {
+                    Some(format!("a buffer write of micro-batch {micro_batch}"))
+                } else {
+                    // Skipped by an evaluation: the running statistics
+                    // stay as training left them.
+                    continue;
+                }
+            }
             InstrOp::LoadInput { .. }
             | InstrOp::AllGather { .. }
             | InstrOp::Reshard { .. }
@@ -122,6 +132,7 @@ fn carries_state(kind: BufferKind) -> bool {
             | BufferKind::StagedGrads
             | BufferKind::OptimizerState
             | BufferKind::StagedState
+            | BufferKind::ModuleBuffer
             | BufferKind::GradNorm
             | BufferKind::LossScale
             | BufferKind::FoundInf

@@ -308,7 +308,9 @@ impl Checker<'_> {
             } if unit.index() >= p.units.len() => {
                 self.bad(Some(i), "unit", u64::from(unit.0));
             }
-            InstrOp::Kernel { micro_batch, .. } | InstrOp::LoadInput { micro_batch, .. }
+            InstrOp::Kernel { micro_batch, .. }
+            | InstrOp::LoadInput { micro_batch, .. }
+            | InstrOp::WriteBuffer { micro_batch, .. }
                 if *micro_batch >= p.config.grad_accum.max(1) =>
             {
                 self.bad(Some(i), "micro-batch", u64::from(*micro_batch));
@@ -316,7 +318,9 @@ impl Checker<'_> {
             InstrOp::Record { event } | InstrOp::Wait { event } if event.0 >= p.events => {
                 self.bad(Some(i), "event", u64::from(event.0));
             }
-            InstrOp::Kernel { node, .. } | InstrOp::LoadInput { node, .. }
+            InstrOp::Kernel { node, .. }
+            | InstrOp::LoadInput { node, .. }
+            | InstrOp::WriteBuffer { node, .. }
                 if !p.training.graph.contains(*node) =>
             {
                 self.bad(Some(i), "node", u64::from(node.0));
@@ -378,6 +382,30 @@ impl Checker<'_> {
                 InstrOp::LoadInput { node, dst, .. } => {
                     let bytes = g.node(*node).outputs.first().map_or(0, |t| t.bytes());
                     self.slot_in_bounds(i, *dst, bytes);
+                }
+                InstrOp::WriteBuffer { node, src, dst, .. } => {
+                    let (bytes, target) = match g.node(*node).op {
+                        fsdpc_ir::Op::WriteBuffer { buffer } => (
+                            g.buffers.get(buffer.0 as usize).map_or(0, |b| b.ty.bytes()),
+                            Some(buffer),
+                        ),
+                        _ => (0, None),
+                    };
+                    self.slot_in_bounds(i, *src, bytes);
+                    let b = self.plan.buffers.get(dst.index());
+                    if target.is_none()
+                        || b.is_none_or(|b| {
+                            b.kind != BufferKind::ModuleBuffer
+                                || b.module_buffer != target
+                                || b.bytes != bytes
+                        })
+                    {
+                        self.push(PlanViolation::WrongBuffer {
+                            instr: i as u32,
+                            buffer: *dst,
+                            expected: format!("the module buffer node {node} writes"),
+                        });
+                    }
                 }
                 _ => {}
             }
@@ -617,6 +645,7 @@ fn read_slots(op: &InstrOp) -> Vec<(BufferId, Option<u64>)> {
         InstrOp::Kernel { inputs, .. } => {
             inputs.iter().map(|s| (s.buffer, Some(s.offset))).collect()
         }
+        InstrOp::WriteBuffer { src, .. } => vec![(src.buffer, Some(src.offset))],
         _ => op.reads().into_iter().map(|b| (b, None)).collect(),
     }
 }

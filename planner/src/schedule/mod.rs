@@ -23,6 +23,11 @@
 //!   persistent `Loss` buffer; every other value into its own `Activation`
 //!   buffer, freed on the compute stream right after its last reader (or
 //!   right after its kernel, if nothing reads it).
+//! - A module buffer (a running statistic) is one persistent
+//!   `ModuleBuffer` buffer, read in place by its readers' kernels; its
+//!   `WriteBuffer` node becomes a `WriteBuffer` instruction on the compute
+//!   stream (after the buffer's readers: they feed it). Every micro-batch
+//!   reads and writes the same buffer, in order.
 //! - Gradient accumulation (`grad_accum` = K > 1): the steps run K times,
 //!   once per micro-batch m, each `LoadInput` and `Kernel` carrying m; every
 //!   value of micro-batch m has its own buffer. Micro-batch 0 writes the
@@ -136,7 +141,7 @@ fn order_steps(graph: &Graph) -> Result<Vec<Step>, PlanError> {
     let mut steps = Vec::with_capacity(order.len());
     for n in order {
         match graph.node(n).op {
-            Op::Param { .. } | Op::Input { .. } => continue,
+            Op::Param { .. } | Op::Input { .. } | Op::ModuleBuffer { .. } => continue,
             Op::Constant { .. } => {
                 if graph.users(ValueId { node: n, slot: 0 }).is_empty() && placed.insert(n) {
                     steps.push(Step::Kernel(n));
@@ -201,6 +206,8 @@ struct Lowering<'a> {
     grad_target: Vec<Option<BufferId>>,
     reduced: Vec<(UnitId, EventId)>,
     value_slot: HashMap<(u32, ValueId), Slot>,
+    /// Per module buffer: its persistent `ModuleBuffer` buffer.
+    module_buffers: Vec<BufferId>,
     loss_slot: Option<Slot>,
     buffers: Vec<Buffer>,
     instrs: Vec<Instr>,
@@ -264,6 +271,7 @@ impl<'a> Lowering<'a> {
             grad_target: vec![None; n_units],
             reduced: Vec::new(),
             value_slot: HashMap::default(),
+            module_buffers: Vec::new(),
             loss_slot: None,
             buffers: Vec::new(),
             instrs: Vec::new(),
@@ -346,6 +354,17 @@ impl<'a> Lowering<'a> {
                 );
                 self.opt_state[u].push(b);
             }
+        }
+        for (i, spec) in self.graph.buffers.iter().enumerate() {
+            let b = Buffer::add(
+                &mut self.buffers,
+                BufferKind::ModuleBuffer,
+                spec.ty.dtype,
+                spec.ty.bytes(),
+            );
+            b.module_buffer = Some(fsdpc_ir::ModuleBufferId(i as u32));
+            let id = b.id;
+            self.module_buffers.push(id);
         }
         let loss = self.input.program.loss;
         let ty = self.graph.value_type(loss).clone();
@@ -440,6 +459,12 @@ impl<'a> Lowering<'a> {
                 group: Group::Tensor,
                 micro_batch: self.m,
             },
+            (Op::WriteBuffer { buffer }, [src], []) => InstrOp::WriteBuffer {
+                node: n,
+                src: *src,
+                dst: self.module_buffer(*buffer)?,
+                micro_batch: self.m,
+            },
             _ => InstrOp::Kernel {
                 node: n,
                 kernel: op.name(),
@@ -476,14 +501,30 @@ impl<'a> Lowering<'a> {
     }
 
     fn input_slot(&self, v: ValueId) -> Result<Slot, PlanError> {
-        if let Op::Param { param } = self.graph.node(v.node).op {
-            return self.param_slot(param.0 as usize);
+        match self.graph.node(v.node).op {
+            Op::Param { param } => return self.param_slot(param.0 as usize),
+            Op::ModuleBuffer { buffer } => {
+                return Ok(Slot {
+                    buffer: self.module_buffer(buffer)?,
+                    offset: 0,
+                })
+            }
+            _ => {}
         }
         self.value_slot
             .get(&(self.m, v))
             .copied()
             .ok_or_else(|| PlanError::Program {
                 reason: format!("value {v} is read before it is computed"),
+            })
+    }
+
+    fn module_buffer(&self, b: fsdpc_ir::ModuleBufferId) -> Result<BufferId, PlanError> {
+        self.module_buffers
+            .get(b.0 as usize)
+            .copied()
+            .ok_or_else(|| PlanError::Program {
+                reason: format!("module buffer {} does not exist", b.0),
             })
     }
 

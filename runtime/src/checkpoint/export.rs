@@ -29,10 +29,10 @@ impl Checkpoint {
             .collect())
     }
 
-    /// Writes every parameter (f32, original names and shapes) to the
-    /// safetensors file `out`, streaming, atomically (`fsdpc_ir::fs`: a
+    /// Writes every parameter and module buffer (f32, original names and
+    /// shapes) to the safetensors file `out`, streaming, atomically (`fsdpc_ir::fs`: a
     /// temporary file next to it, synced and renamed over `out` once
-    /// complete, the directory synced). Returns the parameter count.
+    /// complete, the directory synced). Returns the tensor count.
     pub fn export_safetensors(&self, out: &Path) -> Result<usize, CheckpointError> {
         let header = self.header(out)?;
         write_atomic_with(out, |tmp| self.write_body(tmp, &header)).map_err(|e| match e {
@@ -71,6 +71,14 @@ impl Checkpoint {
             );
             at = end;
         }
+        for b in &self.manifest.buffers {
+            let end = at + b.shape.iter().product::<usize>() as u64 * 4;
+            entries.insert(
+                b.name.clone(),
+                serde_json::json!({"dtype": "F32", "shape": b.shape, "data_offsets": [at, end]}),
+            );
+            at = end;
+        }
         let mut json = serde_json::to_vec(&entries).map_err(|e| CheckpointError::io(out, e))?;
         while json.len() % 8 != 0 {
             json.push(b' ');
@@ -92,6 +100,12 @@ impl Checkpoint {
             buf.resize((p.whole_numel() * 4) as usize, 0);
             self.read_param(&p.name, 0, Part::Params, &mut buf)?;
             w.write_all(&buf).map_err(io)?;
+            n += 1;
+        }
+        for b in &self.manifest.buffers {
+            for v in self.buffer_values(&b.name)? {
+                w.write_all(&v.to_le_bytes()).map_err(io)?;
+            }
             n += 1;
         }
         w.into_inner().map_err(|e| io(e.into_error()))?;

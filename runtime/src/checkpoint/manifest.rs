@@ -50,6 +50,19 @@ pub struct Manifest {
     pub units: Vec<UnitLayout>,
     /// One file per shard position.
     pub files: Vec<FileEntry>,
+    /// The module buffers (running statistics), rank 0's values, each the
+    /// tensor `buffer_tensor(name)` of file 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<BufferLayout>,
+}
+
+/// A module buffer in a checkpoint: its name and shape (f32).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferLayout {
+    /// Its PyTorch name (`layer1.0.bn1.running_mean`).
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
 }
 
 /// The data position. Every sample is a pure function of (seed, step,
@@ -180,6 +193,16 @@ impl Manifest {
             state_slots: plan.training.optimizer.state_slots(),
             units: layout(plan),
             files,
+            buffers: plan
+                .training
+                .graph
+                .buffers
+                .iter()
+                .map(|b| BufferLayout {
+                    name: b.name.clone(),
+                    shape: b.ty.shape.dims().to_vec(),
+                })
+                .collect(),
         }
     }
 
@@ -227,6 +250,11 @@ pub fn file_index(pos: u32, tensor: u32, t: u32) -> usize {
 /// The tensor holding unit `u`'s parameter shard.
 pub fn params_tensor(u: usize) -> String {
     format!("unit{u}.params")
+}
+
+/// The tensor of file 0 holding module buffer `name`.
+pub fn buffer_tensor(name: &str) -> String {
+    format!("buffer.{name}")
 }
 
 /// The tensor holding unit `u`'s optimizer state slot `k`.

@@ -332,6 +332,35 @@ impl Checkpoint {
         ))
     }
 
+    /// Rank 0's values of module buffer `name` (f32), as saved in file 0.
+    pub fn buffer_values(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
+        let fname = manifest::rank_file(0);
+        let layout = self
+            .manifest
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| self.format(MANIFEST, &format!("it holds no module buffer `{name}`")))?;
+        let numel: usize = layout.shape.iter().product();
+        let tensor = manifest::buffer_tensor(name);
+        let (Some(map), Some(tensors)) = (self.files.first(), self.tensors.first()) else {
+            return Err(self.format(&fname, "missing"));
+        };
+        let range = tensors
+            .get(&tensor)
+            .filter(|r| r.len() == numel * 4)
+            .ok_or_else(|| {
+                self.format(
+                    &fname,
+                    &format!("tensor {tensor} is missing or not {numel} f32 values"),
+                )
+            })?;
+        Ok(map[range.clone()]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
     /// The bytes of unit `u`'s `part` in file `file`
     /// (`manifest::file_index`), which must hold `len` bytes.
     fn tensor(

@@ -27,12 +27,14 @@ pub struct UnitBytes<'a> {
 
 /// Writes the file of shard position `pos` and tensor position `tensor`
 /// (of `t`) for the checkpoint after `step` completed steps into `dir`,
-/// and returns its manifest entry.
+/// and returns its manifest entry. `buffers` (name, f32 bytes): the module
+/// buffers, given by the rank writing file 0 only.
 pub fn save_rank(
     dir: &Path,
     step: u64,
     (pos, tensor, t): (u32, u32, u32),
     units: &[UnitBytes<'_>],
+    buffers: &[(&str, &[u8])],
 ) -> Result<FileEntry, CheckpointError> {
     let sdir = manifest::step_dir(dir, step);
     std::fs::create_dir_all(&sdir).map_err(|e| CheckpointError::io(&sdir, e))?;
@@ -55,6 +57,12 @@ pub fn save_rank(
                 .map_err(|e| fmt(format!("tensor {name}: {e}")))?;
             views.push((name, view));
         }
+    }
+    for (name, bytes) in buffers {
+        let name = manifest::buffer_tensor(name);
+        let view = TensorView::new(Dtype::F32, vec![bytes.len() / 4], bytes)
+            .map_err(|e| fmt(format!("tensor {name}: {e}")))?;
+        views.push((name, view));
     }
     // Streamed from the rank's buffers to a temporary file (the crate
     // writes through a 1 MiB buffer): no copy of the state in memory.

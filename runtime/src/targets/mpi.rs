@@ -201,6 +201,7 @@ pub fn train_rank(
         measured_peak_bytes: out.measured,
         debug_peak_bytes: out.debug_peak,
         timelines: out.timeline.take().into_iter().collect(),
+        final_buffers: std::mem::take(&mut out.buffers),
         ..log.into_report(elapsed, n, final_params)
     })
 }

@@ -278,6 +278,10 @@ fn execute(
         skipped_steps,
         evals,
         final_params,
+        final_buffers: outs
+            .first_mut()
+            .map(|o| std::mem::take(&mut o.buffers))
+            .unwrap_or_default(),
         measured_peak_bytes: outs.iter().filter_map(|o| o.measured).max(),
         planned_peak_bytes: plan.memory.rank_bytes,
         debug_peak_bytes: outs.iter().filter_map(|o| o.debug_peak).max(),

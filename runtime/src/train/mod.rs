@@ -221,6 +221,10 @@ pub struct TrainReport {
     /// Full parameters by original name, in unit and layout order (empty
     /// unless `TrainOptions::keep_params`).
     pub final_params: Vec<(String, Vec<f32>)>,
+    /// Rank 0's module buffers (running statistics) by name after the last
+    /// step: what PyTorch's rank-0 state dict holds (empty unless
+    /// `TrainOptions::keep_params`, or on a process rank other than 0).
+    pub final_buffers: Vec<(String, Vec<f32>)>,
     /// The largest heap a rank held during the steps (max over ranks),
     /// measured by the counting allocator (`account`): the arena, kernel
     /// workspaces and anything else a rank's threads allocated. `None`
@@ -404,6 +408,7 @@ impl StepLog {
             skipped_steps: self.skipped_steps,
             evals: self.evals,
             final_params,
+            final_buffers: Vec::new(),
             measured_peak_bytes: None,
             planned_peak_bytes: self.planned,
             debug_peak_bytes: None,

@@ -56,6 +56,7 @@ pub(crate) fn assemble_shards(
         .into_iter()
         .map(|shards| RankOut {
             shards,
+            buffers: Vec::new(),
             measured: None,
             debug_peak: None,
             timeline: None,

@@ -27,6 +27,9 @@ pub(crate) enum Msg {
 /// peaks.
 pub(crate) struct RankOut {
     pub(crate) shards: Vec<Vec<f32>>,
+    /// Rank 0's module buffers by name (empty on other ranks, or unless
+    /// the parameters are kept).
+    pub(crate) buffers: Vec<(String, Vec<f32>)>,
     pub(crate) measured: Option<u64>,
     pub(crate) debug_peak: Option<u64>,
     pub(crate) timeline: Option<RankTimeline>,
@@ -115,6 +118,7 @@ impl RankCtx<'_> {
             Some(c) => self.load(c, &mem)?,
             None => self.init_shards(&mem)?,
         }
+        self.init_module_buffers(&mem)?;
         env.init_loss_scale(&mem)?;
         if self.opts.trace_steps > 0 {
             // Reserved here, on this untagged thread, before the window:
@@ -143,6 +147,11 @@ impl RankCtx<'_> {
             self.opts.keep_params && (first_group || matches!(self.saver, Saver::Process(_)));
         Ok(RankOut {
             shards: if keep { self.shards(&mem)? } else { Vec::new() },
+            buffers: if self.opts.keep_params && self.rank == 0 {
+                self.module_buffers(&mem)?
+            } else {
+                Vec::new()
+            },
             measured,
             debug_peak,
             timeline: env.take_trace(),
@@ -410,7 +419,83 @@ impl RankCtx<'_> {
             g.tensor_position(self.rank) as u32,
             g.t(),
         );
-        checkpoint::write::save_rank(dir, done, at, &units)
+        // Rank 0's module buffers go into file 0 (PyTorch saves rank 0's).
+        let mut buffers = Vec::new();
+        if self.rank == 0 {
+            for (b, name) in self.module_buffer_list() {
+                // SAFETY: between steps no stream runs.
+                let bytes = unsafe { mem.view(mem.whole(b)) }.map_err(io)?;
+                buffers.push((name, bytes));
+            }
+        }
+        checkpoint::write::save_rank(dir, done, at, &units, &buffers)
+    }
+
+    /// Each `ModuleBuffer` buffer of the plan and its module buffer's name.
+    fn module_buffer_list(&self) -> Vec<(BufferId, &str)> {
+        let plan = self.prep.plan;
+        plan.buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::ModuleBuffer)
+            .filter_map(|b| {
+                let spec = plan
+                    .training
+                    .graph
+                    .buffers
+                    .get(b.module_buffer?.0 as usize)?;
+                Some((b.id, spec.name.as_str()))
+            })
+            .collect()
+    }
+
+    /// Sets every module buffer: from the checkpoint resumed from (rank
+    /// 0's saved values, on every rank, as loading PyTorch's full state
+    /// dict does), or its initial values.
+    fn init_module_buffers(&self, mem: &Memory) -> Result<(), RuntimeError> {
+        let plan = self.prep.plan;
+        for (b, name) in self.module_buffer_list() {
+            let values = match self.resume {
+                Some(c) => c.buffer_values(name)?,
+                None => {
+                    let spec = plan
+                        .training
+                        .graph
+                        .buffers
+                        .iter()
+                        .find(|s| s.name == name)
+                        .ok_or_else(|| RuntimeError::plan(format!("no module buffer `{name}`")))?;
+                    spec.initial_values(self.opts.seed)
+                        .map_err(|e| RuntimeError::plan(format!("module buffer `{name}`: {e}")))?
+                }
+            };
+            // SAFETY: before the first step no stream runs.
+            let bytes = unsafe { mem.view_mut(mem.whole(b))? };
+            if bytes.len() != values.len() * 4 {
+                return Err(RuntimeError::plan(format!(
+                    "module buffer `{name}`: {} bytes planned for {} values",
+                    bytes.len(),
+                    values.len()
+                )));
+            }
+            for (dst, v) in bytes.chunks_exact_mut(4).zip(values) {
+                dst.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// This rank's module buffers by name (f32 values).
+    fn module_buffers(&self, mem: &Memory) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+        let mut out = Vec::new();
+        for (b, name) in self.module_buffer_list() {
+            // SAFETY: after the last step no stream runs.
+            let vals = unsafe { mem.view(mem.whole(b))? }
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            out.push((name.to_string(), vals));
+        }
+        Ok(out)
     }
 
     /// Fills the shards and optimizer state from a checkpoint.

@@ -124,6 +124,12 @@ pub enum Step<'p> {
         /// The micro-batch it computes on.
         micro: u32,
     },
+    /// `dst = src`: a module buffer's new value (`InstrOp::WriteBuffer`);
+    /// an evaluation skips it.
+    WriteBuffer {
+        src: Region,
+        dst: Region,
+    },
     /// `dst = src`, between host and device (`InstrOp::Copy`).
     Copy {
         src: BufferId,
@@ -443,6 +449,30 @@ fn step<'p>(
                 *micro = *micro_batch;
             }
             k
+        }
+        InstrOp::WriteBuffer { node, src, dst, .. } => {
+            let spec = match graph.try_node(*node).map(|n| &n.op) {
+                Some(fsdpc_ir::Op::WriteBuffer { buffer }) => graph.buffers.get(buffer.0 as usize),
+                _ => None,
+            }
+            .ok_or_else(|| err(i, format!("node {node} writes no module buffer")))?;
+            let d = buffer(plan, i, *dst)?;
+            let b = &plan.buffers[d.index()];
+            if b.kind != BufferKind::ModuleBuffer || b.dtype != spec.ty.dtype {
+                return Err(err(
+                    i,
+                    format!("buffer {d} is not module buffer `{}`", spec.name),
+                ));
+            }
+            let bytes = spec.ty.bytes();
+            let dst = Slot {
+                buffer: d,
+                offset: 0,
+            };
+            Step::WriteBuffer {
+                src: region(plan, *src, bytes).map_err(|e| err(i, e))?,
+                dst: region(plan, dst, bytes).map_err(|e| err(i, e))?,
+            }
         }
         InstrOp::Accumulate { src, dst, .. } => {
             let (s, d) = (buffer(plan, i, *src)?, buffer(plan, i, *dst)?);

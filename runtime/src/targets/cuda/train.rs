@@ -339,6 +339,52 @@ mod imp {
         Ok(())
     }
 
+    /// Sets every module buffer (running statistics) to its initial values.
+    fn init_module_buffers(plan: &Plan, rank: &GpuRank, seed: u64) -> Result<(), RuntimeError> {
+        for (b, spec) in module_buffers(plan) {
+            let values = spec
+                .initial_values(seed)
+                .map_err(|e| RuntimeError::plan(format!("module buffer `{}`: {e}", spec.name)))?;
+            rank.upload(b.id, 0, bytemuck::cast_slice(&values))?;
+        }
+        Ok(())
+    }
+
+    /// Each `ModuleBuffer` buffer of the plan with its module buffer.
+    fn module_buffers(
+        plan: &Plan,
+    ) -> impl Iterator<Item = (&fsdpc_plan::Buffer, &fsdpc_ir::ModuleBufferSpec)> {
+        plan.buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::ModuleBuffer)
+            .filter_map(|b| {
+                Some((
+                    b,
+                    plan.training
+                        .graph
+                        .buffers
+                        .get(b.module_buffer?.0 as usize)?,
+                ))
+            })
+    }
+
+    /// This rank's module buffers by name, read back.
+    fn read_module_buffers(
+        plan: &Plan,
+        rank: &GpuRank,
+    ) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+        module_buffers(plan)
+            .map(|(b, spec)| {
+                let v = rank
+                    .download(b.id, 0, b.bytes as usize)?
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                Ok((spec.name.clone(), v))
+            })
+            .collect()
+    }
+
     /// Every unit's fp32 shard, read back.
     fn shards(plan: &Plan, rank: &GpuRank) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let mut out = Vec::new();
@@ -409,6 +455,7 @@ mod imp {
             g.tensor_position(rank) as u32,
         );
         init_shards(plan, &gpu, pos, opts.seed)?;
+        init_module_buffers(plan, &gpu, opts.seed)?;
         let setup_used = gpu.dev.used_bytes()?.saturating_sub(baseline);
         let mut log = StepLog::new(plan, world, eval.as_ref().map_or(0, |e| e.1));
         let mut step_times = Vec::new();
@@ -469,6 +516,11 @@ mod imp {
         } else {
             Vec::new()
         };
+        let final_buffers = if opts.keep_params && rank == 0 {
+            read_module_buffers(plan, &gpu)?
+        } else {
+            Vec::new()
+        };
         let memory = MemoryReport {
             baseline_used: baseline,
             setup_used,
@@ -493,6 +545,7 @@ mod imp {
                 overlap,
                 step_times,
             })),
+            final_buffers,
             ..log.into_report(elapsed, world, final_params)
         })
     }

@@ -104,6 +104,13 @@ enum Work {
         /// (`Unit::undecayed`), stepped by launches of their own.
         undecayed: Vec<std::ops::Range<u64>>,
     },
+    /// A module buffer's new value, copied in on the compute stream;
+    /// skipped by an evaluation (`InstrOp::WriteBuffer`).
+    WriteBuffer {
+        src: u64,
+        dst: u64,
+        bytes: u64,
+    },
     Record(usize),
     Wait(usize),
 }

@@ -160,6 +160,16 @@ impl GpuRank<'_> {
         let si = self.prep.plan.instructions[i].stream.index();
         match &self.work[i] {
             Work::Nothing => Ok(()),
+            Work::WriteBuffer { .. } if matches!(pass, Pass::Eval(_)) => Ok(()),
+            Work::WriteBuffer { src, dst, bytes } => {
+                // SAFETY: two checked plan regions of `bytes` (the value and
+                // the module buffer, distinct buffers); ordered on the stream.
+                unsafe {
+                    result::memcpy_dtod_async(*dst, *src, *bytes as usize, stream.cu_stream())
+                }
+                .map_err(CudaError::from)?;
+                Ok(())
+            }
             Work::Record(e) => Ok(self.events[*e].record(stream).map_err(CudaError::from)?),
             Work::Wait(e) => Ok(stream.wait(&self.events[*e]).map_err(CudaError::from)?),
             Work::Device(items) => {

@@ -216,6 +216,16 @@ pub(super) fn lower_step(
                 "not implemented on the cuda backend".into(),
             ))
         }
+        Step::WriteBuffer { src, dst } => {
+            return Ok((
+                Work::WriteBuffer {
+                    src: cx.l.region(cx.prep, src),
+                    dst: cx.l.region(cx.prep, dst),
+                    bytes: src.len as u64,
+                },
+                0,
+            ))
+        }
         Step::WireGather { .. } | Step::WireReduceScatter { .. } => {
             return Err(cx.unsupported(
                 "quantized collective",
