@@ -930,11 +930,20 @@ fn cuda_train(
         seed: 3,
         ..TrainOptions::default()
     };
+    cuda_train_with(plan, &opts, nccl)
+}
+
+/// A GPU run of `plan` with `opts`; `None` (saying why) without a GPU.
+fn cuda_train_with(
+    plan: &fsdpc_plan::Plan,
+    opts: &TrainOptions,
+    nccl: NcclMode,
+) -> Option<fsdpc_runtime::TrainReport> {
     let cfg = CudaConfig {
         nccl,
         ..CudaConfig::default()
     };
-    match train_cuda(plan, &opts, None, &cfg, &mut |_| {}) {
+    match train_cuda(plan, opts, None, &cfg, &mut |_| {}) {
         Ok(r) => Some(r),
         Err(fsdpc_runtime::RuntimeError::Cuda(
             e @ (CudaError::NoDevice { .. } | CudaError::LibraryMissing { .. }),

@@ -11,6 +11,7 @@ mod common;
 mod support;
 
 mod auto;
+mod batch_norm;
 mod checkpoint;
 mod checkpoint_select;
 mod cli;

@@ -1,6 +1,7 @@
 //! MPI process ranks (`mpirun -np N fsdpc train --target mpi`): a plan for
 //! another world, killed and silent ranks, checkpoints resumed across
-//! targets and saved parameters, against the thread ranks bit for bit.
+//! targets and saved parameters (running statistics too), against the
+//! thread ranks bit for bit.
 //! (Their losses against the thread ranks, case by case, are the
 //! conformance suite's: tests/it/conformance.rs.) Needs `mpirun`
 //! (openmpi-bin) and the `mpi` feature: `cargo test --features mpi --test
@@ -472,5 +473,52 @@ fn mpi_tensor_parallel_checkpoints_resume_on_thread_ranks() {
         bits(&full),
         bits(&parts),
         "threads {full:?}, MPI then threads {parts:?}"
+    );
+}
+
+/// The training-mode ResNet export (running statistics as module buffers):
+/// on 2 MPI processes its saved parameters and rank 0's running
+/// statistics, and the checkpoint's export of both, equal the thread
+/// ranks' bit for bit.
+#[test]
+fn mpi_running_statistics_equal_the_thread_runs() {
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/vision/resnet_torchscript_train.onnx"
+    );
+    let t = tempfile::tempdir().expect("a temporary directory");
+    let p = t.path();
+    let run = |mpi: bool, out: &Path, extra: &[&std::ffi::OsStr]| {
+        let mut cmd = if mpi {
+            let mut c = mpirun(2);
+            c.args(["train", model, "--target", "mpi"]);
+            c
+        } else {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_fsdpc"));
+            c.args(["train", model, "--ranks", "2"]);
+            c
+        };
+        cmd.args(["--dim", "batch=1", "--steps", "2", "--lr", "1e-3"])
+            .arg("--save-safetensors")
+            .arg(out)
+            .args(extra);
+        ok(cmd)
+    };
+    let threads = p.join("threads.safetensors");
+    run(false, &threads, &[]);
+    let (mpi, d) = (p.join("mpi.safetensors"), p.join("ck"));
+    run(true, &mpi, &os(&ckpt(&d, 2)));
+    let want = tensors(&threads);
+    let stats = want.iter().filter(|t| t.0.contains("running_")).count();
+    assert_eq!(stats, 12, "6 normalisations' running means and variances");
+    assert_eq!(tensors(&mpi), want, "--save-safetensors on MPI ranks");
+    let exported = p.join("export.safetensors");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fsdpc"));
+    cmd.arg("export").arg(&d).arg("-o").arg(&exported);
+    ok(cmd);
+    assert_eq!(
+        tensors(&exported),
+        want,
+        "fsdpc export of an MPI checkpoint"
     );
 }

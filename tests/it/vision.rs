@@ -13,10 +13,10 @@
 //!   within `LOSS_RTOL`, wrapped by module kind (`BasicBlock`, `ViTLayer`),
 //!   in arena mode, holding no more memory than planned and within 2% of it.
 //!
-//! Training-mode batch normalisation is refused with an error naming the
-//! node: the TorchScript exporter's (`TrainingMode.TRAINING`), and the
-//! dynamo exporter's, which it writes in inference mode although the
-//! module ran in training mode.
+//! Training-mode batch normalisation (the TorchScript exporter's
+//! `TrainingMode.TRAINING`) is checked in `batch_norm.rs`; the dynamo
+//! exporter's, which it writes in inference mode although the module ran
+//! in training mode, is refused with an error naming the node.
 
 use fsdpc_frontends::LoadOptions;
 use fsdpc_plan::{ModelInfo, Plan, WrapPolicy};
@@ -53,21 +53,25 @@ const FOLDED_BY_EXPORTER: &[(&str, u64)] =
 
 /// What `scripts/export_vision_fixtures.py` records beside each fixture.
 #[derive(Debug, Deserialize)]
-struct Record {
-    name: String,
-    file: String,
-    model: String,
+pub(crate) struct Record {
+    pub(crate) name: String,
+    pub(crate) file: String,
+    pub(crate) model: String,
     exporter: String,
-    mode: String,
-    batch: usize,
+    pub(crate) mode: String,
+    pub(crate) batch: usize,
     nodes: usize,
     torch_params: u64,
     inputs: BTreeMap<String, Input>,
-    torch_loss: f64,
-    ort_loss: f64,
+    pub(crate) torch_loss: f64,
+    pub(crate) ort_loss: f64,
     /// ONNX Runtime's loss equals PyTorch's (false where the exporter
     /// changed what the model computes).
     ort_agrees: bool,
+    /// Training-mode ResNets: PyTorch's own training on the recorded batch
+    /// (see `batch_norm.rs`).
+    #[serde(default)]
+    pub(crate) torch_training: Vec<crate::batch_norm::Reference>,
     /// The directory the record was read from.
     #[serde(skip)]
     dir: PathBuf,
@@ -79,15 +83,15 @@ struct Input {
     data: Vec<f64>,
 }
 
-fn dir() -> PathBuf {
+pub(crate) fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision")
 }
 
-fn record(name: &str) -> Record {
+pub(crate) fn record(name: &str) -> Record {
     record_in(&dir(), name)
 }
 
-fn record_in(dir: &std::path::Path, name: &str) -> Record {
+pub(crate) fn record_in(dir: &std::path::Path, name: &str) -> Record {
     let path = dir.join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
@@ -125,10 +129,22 @@ fn wrap(rec: &Record) -> WrapPolicy {
 /// Imports `rec` with its batch split over `world` ranks and plans it,
 /// one unit per block.
 fn compile(rec: &Record, world: u32) -> Result<(Plan, u64), String> {
-    let dims: HashMap<String, usize> = [("batch".to_string(), rec.batch / world as usize)].into();
+    compile_with(rec, world, 1, fsdpc_ir::Optimizer::adamw(LR))
+}
+
+/// `compile` with `optimizer`, the batch split over `world` ranks and
+/// `accum` micro-batches of each.
+pub(crate) fn compile_with(
+    rec: &Record,
+    world: u32,
+    accum: u32,
+    optimizer: fsdpc_ir::Optimizer,
+) -> Result<(Plan, u64), String> {
+    let per_rank = rec.batch / (world * accum) as usize;
+    let dims: HashMap<String, usize> = [("batch".to_string(), per_rank)].into();
     let opts = LoadOptions {
         dims,
-        optimizer: fsdpc_ir::Optimizer::adamw(LR),
+        optimizer,
         ..LoadOptions::default()
     };
     let path = rec.dir.join(&rec.file);
@@ -147,6 +163,7 @@ fn compile(rec: &Record, world: u32) -> Result<(Plan, u64), String> {
     };
     let mut cfg = FsdpConfig::default();
     cfg.settings.wrap = wrap(rec);
+    cfg.settings.grad_accum = accum;
     let plan = fsdpc_planner::compile(m.program, info, &cluster, &cfg)
         .map_err(|e| format!("plan: {e}"))?;
     if let Err(v) = plan.validate() {
@@ -156,7 +173,7 @@ fn compile(rec: &Record, world: u32) -> Result<(Plan, u64), String> {
 }
 
 /// The recorded images and labels as a data source.
-fn data(rec: &Record) -> GivenData {
+pub(crate) fn data(rec: &Record) -> GivenData {
     let tensors = rec.inputs.iter().map(|(name, t)| {
         let host = if name == "labels" {
             let v: Vec<i64> = t.data.iter().map(|&x| x as i64).collect();
@@ -182,7 +199,7 @@ fn train(rec: &Record, plan: &Plan) -> Result<TrainReport, String> {
 }
 
 /// Measured against planned bytes of the busiest rank.
-fn memory(rec: &Record, plan: &Plan, r: &TrainReport) -> (u64, u64) {
+pub(crate) fn memory(rec: &Record, plan: &Plan, r: &TrainReport) -> (u64, u64) {
     let planned = plan.memory.rank_bytes;
     let measured = r
         .measured_peak_bytes
@@ -304,19 +321,16 @@ fixtures!(
     vit_dynamo_train,
 );
 
-/// The fixtures that need training-mode batch normalisation, and the op
-/// the error names: the TorchScript exporter's training-mode
-/// `BatchNormalization`, and the dynamo exporter's inference-mode one
-/// (folded into the convolution, or not with `optimize=False`) for a
-/// module that ran in training mode.
+/// The fixtures the dynamo exporter wrote with inference-mode
+/// normalisation for a module that ran in training mode (folded into the
+/// convolution, or not with `optimize=False`), and the op the error names.
 const REFUSED: &[(&str, &str)] = &[
-    ("resnet_torchscript_train", "(BatchNormalization)"),
     ("resnet_dynamo_train", "(Conv)"),
     ("resnet_dynamo_train_noopt", "(BatchNormalization)"),
 ];
 
 #[test]
-fn training_mode_batch_norm_is_refused_naming_the_node() {
+fn inference_mode_export_of_a_training_module_is_refused_naming_the_node() {
     for (name, op) in REFUSED {
         let rec = record(name);
         assert_eq!(rec.mode, "train", "{name}");
@@ -343,6 +357,7 @@ fn every_committed_fixture_has_a_test() {
     let mut listed: Vec<String> = FIXTURES
         .iter()
         .chain(REFUSED.iter().map(|r| &r.0))
+        .chain(crate::batch_norm::FIXTURES)
         .map(|s| s.to_string())
         .collect();
     listed.sort();
@@ -406,8 +421,21 @@ fn exports_outside_the_repository() {
         })
         .collect();
     names.sort();
-    let records: Vec<Record> = names.iter().map(|n| record_in(&dir, n)).collect();
+    let (trained, records): (Vec<Record>, Vec<Record>) = names
+        .iter()
+        .map(|n| record_in(&dir, n))
+        .partition(|r| !r.torch_training.is_empty());
     println!("{}", table(&records));
+    // Training-mode exports: against PyTorch's own training.
+    for rec in &trained {
+        for (w, loss, stats) in crate::batch_norm::against_pytorch(rec) {
+            println!(
+                "{}: {w} rank(s), losses within {loss:.1e} (relative) and rank 0's running \
+                 statistics within {stats:.1e} of PyTorch's",
+                rec.name
+            );
+        }
+    }
 }
 
 /// A trained normalised ResNet written back (`--save-onnx`): the file

@@ -86,6 +86,13 @@ pub(crate) struct Importer {
     pub bound: HashMap<String, HostTensor>,
     /// Tensor sequences by ONNX value name (see [`Sequence`]).
     pub seqs: HashMap<String, Sequence>,
+    /// The file comes from PyTorch's exporter (`producer_name`): a
+    /// training-mode normalisation keeps PyTorch's unbiased running
+    /// variance, not the ONNX operator's biased one.
+    pub from_pytorch: bool,
+    /// A forward import (evaluation, the conformance tests): running
+    /// statistics are values like any other, not module buffers.
+    pub forward_only: bool,
 }
 
 /// One node being converted.

@@ -85,6 +85,8 @@ pub fn import_forward(path: &Path, opts: &ForwardOptions) -> Result<OnnxForward,
     }
     let name = graph_name(graph, path);
     let mut imp = importer(&name, opset, &src);
+    imp.from_pytorch = model.producer_name == "pytorch";
+    imp.forward_only = true;
     imp.bound = bound_inputs(graph, &opts.input_values, path)?;
     initializers::initializers(&mut imp, graph, &src)?;
     typed_inputs(&mut imp, graph, &opts.input_values);

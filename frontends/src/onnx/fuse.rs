@@ -237,10 +237,12 @@ fn replace(g: &mut Graph, softmax: NodeId, a: &Attn) -> bool {
     true
 }
 
-/// Removes nodes that no output depends on, except parameters and inputs.
+/// Removes nodes that neither an output nor a module buffer's write depends
+/// on, except parameters, inputs and buffers.
 pub(crate) fn remove_dead(g: &mut Graph) {
     let mut live: HashSet<NodeId> = HashSet::new();
     let mut stack: Vec<NodeId> = g.outputs.iter().map(|v| v.node).collect();
+    stack.extend(g.buffer_writes().into_values());
     while let Some(n) = stack.pop() {
         if live.insert(n) {
             stack.extend(g.inputs(n).iter().map(|v| v.node));
@@ -249,7 +251,11 @@ pub(crate) fn remove_dead(g: &mut Graph) {
     let dead: Vec<NodeId> = g
         .node_ids()
         .filter(|n| {
-            !live.contains(n) && !matches!(g.node(*n).op, Op::Param { .. } | Op::Input { .. })
+            !live.contains(n)
+                && !matches!(
+                    g.node(*n).op,
+                    Op::Param { .. } | Op::Input { .. } | Op::ModuleBuffer { .. }
+                )
         })
         .collect();
     for n in dead {

@@ -133,6 +133,7 @@ fn import_model(
         graph.name.clone()
     };
     let mut imp = importer(&name, opset, src);
+    imp.from_pytorch = model.producer_name == "pytorch";
     initializers::initializers(&mut imp, graph, src)?;
     types::inputs(&mut imp, graph, &opts.dims, path)?;
     nodes(&mut imp, graph, path)?;
@@ -227,6 +228,8 @@ fn importer(name: &str, opset: i64, src: &Source<'_>) -> Importer {
         decode: Box::new(decode),
         bound: HashMap::new(),
         seqs: HashMap::new(),
+        from_pytorch: false,
+        forward_only: false,
     }
 }
 

@@ -228,3 +228,51 @@ fn gathered_gradients_are_deterministic() {
         assert_eq!(a[0].bytes(), b[0].bytes(), "{}", op.name());
     }
 }
+
+/// The training-mode ResNet export (`resnet_torchscript_train`) trains on
+/// the GPU as on one CPU rank: its losses, parameters and running
+/// statistics (module buffers, written by the step's `WriteBuffer`s).
+#[test]
+fn training_mode_batch_norm_trains_as_on_the_cpu() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vision/resnet_torchscript_train.onnx");
+    let opts = fsdpc_frontends::LoadOptions {
+        dims: [("batch".to_string(), 2)].into(),
+        optimizer: fsdpc_ir::Optimizer::Sgd {
+            lr: 0.05,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        ..fsdpc_frontends::LoadOptions::default()
+    };
+    let m = fsdpc_frontends::load(&path.display().to_string(), &opts).expect("imports");
+    let info = fsdpc_plan::ModelInfo {
+        tokens_per_rank_step: m.tokens_per_rank_step(),
+        params: m.program.graph.param_numel(),
+        name: m.name,
+    };
+    let cluster = fsdpc_planner::preset("cpu-local", 1, 1).expect("preset");
+    let plan = fsdpc_planner::compile(
+        m.program,
+        info,
+        &cluster,
+        &fsdpc_planner::FsdpConfig::default(),
+    )
+    .expect("plans");
+    super::compare_training(&plan, 3, super::NcclMode::Auto, 1e-4, 1e-3);
+    let keep = fsdpc_runtime::TrainOptions {
+        steps: 3,
+        seed: 3,
+        keep_params: true,
+        ..fsdpc_runtime::TrainOptions::default()
+    };
+    let Some(g) = super::cuda_train_with(&plan, &keep, super::NcclMode::Auto) else {
+        return;
+    };
+    let c = fsdpc_runtime::train(&plan, &keep, &mut |_| {}).expect("trains on the CPU");
+    assert_eq!(g.final_buffers.len(), 12, "running means and variances");
+    for ((n, a), (m, b)) in g.final_buffers.iter().zip(&c.final_buffers) {
+        assert_eq!(n, m);
+        super::close(a, b, 1e-4, n);
+    }
+}

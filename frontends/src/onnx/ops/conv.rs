@@ -2,13 +2,15 @@
 //! (opsets 11–22), MaxPool (12–22, without its Indices output), AveragePool
 //! (11–22, `dilations` from 19) over `[n, c, h, w]` images and `[n, c, l]`
 //! sequences (as images of one row), GlobalAveragePool and GlobalMaxPool
-//! (1–22), and BatchNormalization (9–15) in inference mode. `auto_pad` (`SAME_UPPER`, `SAME_LOWER`, `VALID`) becomes explicit
-//! padding. Inference-mode batch normalisation is the per-channel affine
-//! map `x · scale / sqrt(var + eps) + (B - mean · scale / sqrt(var + eps))`
-//! whose running statistics are buffers (constants, `initializers`);
-//! training mode, which updates them, is refused naming the node, as is a
-//! normalisation the dynamo exporter wrote in inference mode although the
-//! module ran it in training mode (its metadata says so).
+//! (1–22), and BatchNormalization (9–15). `auto_pad` (`SAME_UPPER`,
+//! `SAME_LOWER`, `VALID`) becomes explicit padding. Inference-mode batch
+//! normalisation is the per-channel affine map
+//! `x · scale / sqrt(var + eps) + (B - mean · scale / sqrt(var + eps))`
+//! whose running statistics are constants (`initializers`); training mode normalises with the batch's
+//! statistics and makes its running statistics module buffers, updated
+//! every forward (`batch_norm_training`). A normalisation the dynamo
+//! exporter wrote in inference mode although the module ran it in training
+//! mode (its metadata says so) is refused naming the node.
 
 use super::Convert;
 use crate::onnx::context::{NodeCx, Val};
@@ -170,9 +172,9 @@ fn refuse_frozen_training_norm(cx: &NodeCx<'_>) -> Result<(), String> {
         return Err(format!(
             "the exporter wrote in inference mode{} a batch normalisation the module ran in \
              training mode (batch statistics): training this file would normalise with its \
-             running statistics instead. Training-mode batch normalisation is not supported \
-             yet; export the model in eval mode (`model.eval()`) to train it with frozen \
-             statistics",
+             running statistics instead. Export it with the TorchScript exporter \
+             (`dynamo=False, training=torch.onnx.TrainingMode.TRAINING`) to train its batch \
+             statistics, or in eval mode (`model.eval()`) to train it with frozen statistics",
             if cx.node.op_type == "Conv" {
                 ", folded into this convolution,"
             } else {
@@ -282,23 +284,11 @@ pub(crate) fn batch_norm_trains(node: &onnx_protobuf::NodeProto, opset: i64) -> 
 fn batch_norm(cx: &mut NodeCx<'_>) -> Result<(), String> {
     refuse_frozen_training_norm(cx)?;
     if batch_norm_trains(cx.node, cx.opset()) {
-        return Err(
-            "training mode (batch statistics, running statistics updated every step) \
-                    is not supported yet; export the model in eval mode (`model.eval()`) to \
-                    train it with frozen statistics"
-                .into(),
-        );
+        return batch_norm_training(cx);
     }
     let tx = cx.ty(0)?;
     let rank = tx.shape.rank();
-    let c = match tx.shape.dims() {
-        [_, c, ..] => *c,
-        _ => {
-            return Err(format!(
-                "BatchNormalization needs an [n, c, ...] input, got {tx}"
-            ))
-        }
-    };
+    let c = channels(&tx)?;
     let eps = cx.attr_f("epsilon", 1e-5)?;
     let mut per_channel = Vec::new();
     for (i, what) in [(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")] {
@@ -331,4 +321,207 @@ fn batch_norm(cx: &mut NodeCx<'_>) -> Result<(), String> {
     let y = cx.add(Op::Binary { f: BinaryFn::Add }, &[y, shift], "batch_norm")?;
     cx.set(0, Val::Ir(y));
     Ok(())
+}
+
+/// The channel count of a BatchNormalization input `[n, c, ...]`.
+fn channels(tx: &fsdpc_ir::TensorType) -> Result<usize, String> {
+    match tx.shape.dims() {
+        [_, c, ..] => Ok(*c),
+        _ => Err(format!(
+            "BatchNormalization needs an [n, c, ...] input, got {tx}"
+        )),
+    }
+}
+
+/// Training mode, as PyTorch's `BatchNorm2d.train()`: `x` normalised with
+/// the statistics of this rank's micro-batch over every axis but the
+/// channel's (the variance biased), then the running statistics, module
+/// buffers named after their initializers, replaced by
+/// `running · momentum + batch · (1 − momentum)` (ONNX's momentum is one
+/// minus PyTorch's). The variance's batch value is the biased one, as the
+/// ONNX operator says, except in a file PyTorch exported: there it is
+/// unbiased (`· n / (n − 1)`, n values per channel), as the module keeps
+/// it. A forward import outputs the new statistics as plain values.
+fn batch_norm_training(cx: &mut NodeCx<'_>) -> Result<(), String> {
+    let tx = cx.ty(0)?;
+    let rank = tx.shape.rank();
+    let c = channels(&tx)?;
+    let n: usize = tx
+        .shape
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != 1)
+        .map(|(_, d)| d)
+        .product();
+    if n < 2 {
+        return Err(format!(
+            "training mode needs more than one value per channel to normalise, got input {tx}"
+        ));
+    }
+    if cx.node.output.iter().skip(1).len() > 2 {
+        return Err(
+            "training mode has at most three outputs (y, running mean, running var)".into(),
+        );
+    }
+    let eps = cx.attr_f("epsilon", 1e-5)?;
+    let momentum = cx.attr_f("momentum", 0.9)?;
+    if !(0.0..=1.0).contains(&momentum) {
+        return Err(format!("momentum {momentum} must lie in [0, 1]"));
+    }
+    for (i, what) in [(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")] {
+        let t = cx.ty(i)?;
+        if t.shape.dims() != [c] {
+            return Err(format!(
+                "{what} (input {i}) must have shape [{c}] (x's channels), got {t}"
+            ));
+        }
+    }
+    let scale = cx.ir_like(1, &tx)?;
+    let bias = cx.ir_like(2, &tx)?;
+    let x = cx.ir(0)?;
+    let axes: Vec<usize> = std::iter::once(0).chain(2..rank).collect();
+    let reduce = |axes: &[usize]| Op::Reduce {
+        f: ReduceFn::Mean,
+        axes: axes.to_vec(),
+        keepdims: true,
+    };
+    let mean = cx.add(reduce(&axes), &[x], "batch_mean")?;
+    let d = cx.add(Op::Binary { f: BinaryFn::Sub }, &[x, mean], "centred")?;
+    let sq = cx.add(Op::Binary { f: BinaryFn::Mul }, &[d, d], "centred_sq")?;
+    let var = cx.add(reduce(&axes), &[sq], "batch_var")?;
+    let e = cx.constant(&HostTensor::floats(tx.dtype, vec![], vec![eps]))?;
+    let var_eps = cx.add(Op::Binary { f: BinaryFn::Add }, &[var, e], "var_eps")?;
+    let inv = cx.add(Op::Unary { f: UnaryFn::Rsqrt }, &[var_eps], "inv_std")?;
+    let xhat = cx.add(Op::Binary { f: BinaryFn::Mul }, &[d, inv], "normalised")?;
+    let mut column = vec![c];
+    column.resize(rank - 1, 1);
+    let a = cx.add(
+        Op::Reshape {
+            shape: column.clone(),
+        },
+        &[scale],
+        "scale_column",
+    )?;
+    let b = cx.add(Op::Reshape { shape: column }, &[bias], "bias_column")?;
+    let y = cx.add(Op::Binary { f: BinaryFn::Mul }, &[xhat, a], "scaled")?;
+    let y = cx.add(Op::Binary { f: BinaryFn::Add }, &[y, b], "batch_norm")?;
+    cx.set(0, Val::Ir(y));
+    let unbias = if cx.imp.from_pytorch {
+        n as f64 / (n as f64 - 1.0)
+    } else {
+        1.0
+    };
+    for (i, batch, factor, what) in [
+        (3, mean, 1.0, "running_mean"),
+        (4, var, unbias, "running_var"),
+    ] {
+        let update = running_update(cx, i, batch, c, momentum, factor, what)?;
+        if cx.wants(i - 2) {
+            cx.set(i - 2, Val::Ir(update));
+        }
+    }
+    Ok(())
+}
+
+/// The running statistic of input `i` (an initializer) as a module buffer,
+/// its new value `running · momentum + batch · factor · (1 − momentum)`
+/// written back into it; returns the new value.
+fn running_update(
+    cx: &mut NodeCx<'_>,
+    i: usize,
+    batch: ValueId,
+    c: usize,
+    momentum: f64,
+    factor: f64,
+    what: &str,
+) -> Result<ValueId, String> {
+    let name = cx.node.input[i].clone();
+    if cx.imp.forward_only {
+        let running = cx.ir(i)?;
+        let dtype = cx.imp.g.value_type(running).dtype;
+        return blend(cx, running, batch, c, dtype, (momentum, factor), what);
+    }
+    // Kept in f32 whatever the file's type (the write-back converts back).
+    let data = match cx.val(i)? {
+        Val::Const(t) if t.dtype.is_float() => t.cast(fsdpc_ir::DType::F32).to_data(),
+        Val::Const(t) => t.to_data(),
+        Val::Ir(_) => {
+            return Err(format!(
+                "training mode needs its {} (input {i}, `{name}`) to be an initializer: \
+                 it is a module buffer updated every step",
+                if i == 3 { "input_mean" } else { "input_var" }
+            ))
+        }
+    };
+    if !data.ty.dtype.is_float() {
+        return Err(format!(
+            "{what} `{name}` must be floating point, got {}",
+            data.ty
+        ));
+    }
+    if cx.imp.g.buffers.iter().any(|b| b.name == name) {
+        return Err(format!(
+            "{what} `{name}` is also updated by another training-mode BatchNormalization; \
+             a running statistic belongs to one normalisation"
+        ));
+    }
+    let module = crate::onnx::names::param_module(&mut cx.imp.g, &name);
+    let spec = fsdpc_ir::ModuleBufferSpec {
+        name: name.clone(),
+        ty: data.ty.clone(),
+        init: fsdpc_ir::Init::Data { data },
+    };
+    let dtype = spec.ty.dtype;
+    let id = fsdpc_ir::ModuleBufferId(cx.imp.g.buffers.len() as u32);
+    let running = cx.imp.g.add_buffer(spec, module);
+    let new = blend(cx, running, batch, c, dtype, (momentum, factor), what)?;
+    let label = format!("{}/{what}_write", cx.label());
+    cx.imp
+        .g
+        .add(Op::WriteBuffer { buffer: id }, &[new], label, cx.module)
+        .map_err(|e| e.to_string())?;
+    Ok(new)
+}
+
+/// `running · momentum + batch · factor · (1 − momentum)`, `batch` (`[1, c,
+/// 1, ...]`) reshaped to `[c]` and cast to `dtype`, `running`'s.
+fn blend(
+    cx: &mut NodeCx<'_>,
+    running: ValueId,
+    batch: ValueId,
+    c: usize,
+    dtype: fsdpc_ir::DType,
+    (momentum, factor): (f64, f64),
+    what: &str,
+) -> Result<ValueId, String> {
+    let mut batch = cx.add(
+        Op::Reshape { shape: vec![c] },
+        &[batch],
+        &format!("{what}_batch"),
+    )?;
+    if cx.imp.g.value_type(batch).dtype != dtype {
+        batch = cx.add(Op::Cast { to: dtype }, &[batch], &format!("{what}_cast"))?;
+    }
+    let keep = cx.constant(&HostTensor::floats(dtype, vec![], vec![momentum]))?;
+    let take = cx.constant(&HostTensor::floats(
+        dtype,
+        vec![],
+        vec![(1.0 - momentum) * factor],
+    ))?;
+    let old = cx.add(
+        Op::Binary { f: BinaryFn::Mul },
+        &[running, keep],
+        &format!("{what}_kept"),
+    )?;
+    let new = cx.add(
+        Op::Binary { f: BinaryFn::Mul },
+        &[batch, take],
+        &format!("{what}_taken"),
+    )?;
+    cx.add(
+        Op::Binary { f: BinaryFn::Add },
+        &[old, new],
+        &format!("{what}_new"),
+    )
 }

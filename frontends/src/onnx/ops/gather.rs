@@ -234,6 +234,8 @@ mod tests {
             decode: Box::new(|_| Err("no tensors here".into())),
             bound: HashMap::new(),
             seqs: HashMap::new(),
+            from_pytorch: false,
+            forward_only: false,
         }
     }
 

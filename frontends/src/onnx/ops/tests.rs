@@ -24,6 +24,8 @@ fn importer(opset: i64) -> Importer {
         decode: Box::new(|_| Err("no tensors here".into())),
         bound: HashMap::new(),
         seqs: HashMap::new(),
+        from_pytorch: false,
+        forward_only: false,
     }
 }
 

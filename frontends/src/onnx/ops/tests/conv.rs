@@ -166,7 +166,7 @@ fn unsupported_and_inconsistent_nodes_say_what_is_wrong() {
 }
 
 #[test]
-fn batch_norm_is_an_affine_map_in_inference_mode_only() {
+fn batch_norm_is_an_affine_map_in_inference_mode_and_trains_on_buffers() {
     let mut t = T::new(15);
     t.input("x", DType::F32, &[2, 3, 4, 4]);
     for p in ["s", "b", "m", "v"] {
@@ -179,6 +179,8 @@ fn batch_norm_is_an_affine_map_in_inference_mode_only() {
         vec![],
     );
     assert_eq!(t.ir("y"), "binary.add f32[2, 3, 4, 4]");
+    // Training mode: running statistics that are not initializers cannot
+    // be module buffers.
     let e = t
         .run(
             "BatchNormalization",
@@ -188,9 +190,35 @@ fn batch_norm_is_an_affine_map_in_inference_mode_only() {
         )
         .unwrap_err();
     assert!(
-        e.contains("training mode") && e.contains("model.eval()"),
+        e.contains("training mode needs its input_mean (input 3, `m`) to be an initializer"),
         "{e}"
     );
+    // Initializers (constants here) become two module buffers, each with
+    // one writer.
+    let mut t = T::new(15);
+    t.input("x", DType::F32, &[2, 3, 4, 4]);
+    for p in ["s", "b"] {
+        t.input(p, DType::F32, &[3]);
+    }
+    t.konst(
+        "m",
+        crate::onnx::tensor::HostTensor::floats(DType::F32, vec![3], vec![0.0; 3]),
+    );
+    t.konst(
+        "v",
+        crate::onnx::tensor::HostTensor::floats(DType::F32, vec![3], vec![1.0; 3]),
+    );
+    t.ok(
+        "BatchNormalization",
+        &["x", "s", "b", "m", "v"],
+        &["y", "rm", "rv"],
+        vec![a_i("training_mode", 1)],
+    );
+    assert_eq!(t.ir("y"), "binary.add f32[2, 3, 4, 4]");
+    let g = &t.imp.g;
+    let names: Vec<&str> = g.buffers.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["m", "v"]);
+    assert_eq!(g.buffer_writes().len(), 2);
     // Before opset 14 the running-statistics outputs mean training.
     let mut t = T::new(9);
     t.input("x", DType::F32, &[2, 3, 4, 4]);
@@ -205,7 +233,7 @@ fn batch_norm_is_an_affine_map_in_inference_mode_only() {
             vec![],
         )
         .unwrap_err();
-    assert!(e.contains("training mode"), "{e}");
+    assert!(e.contains("training mode needs its input_mean"), "{e}");
     t.input("bad", DType::F32, &[4]);
     let e = t
         .run(
