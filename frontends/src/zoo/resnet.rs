@@ -11,15 +11,18 @@
 //! `BasicBlock`, `Bottleneck`, `Conv2d`, `BatchNorm2d`, `Linear`), so
 //! `--wrap kind:Bottleneck` or `--wrap blocks` make one unit per block.
 //!
-//! Normalisation: fsdpc has no training-mode batch normalisation (batch
-//! statistics and running-statistics buffers), so every `BatchNorm2d` is
-//! the frozen, inference-mode normalisation torchvision's detection models
-//! use (`torchvision.ops.FrozenBatchNorm2d`): `y = x * scale + (bias -
+//! Normalisation (`bn=`): `train` (the default) is `BatchNorm2d` in
+//! training mode, as torchvision trains it: each rank's micro-batch
+//! normalised with its own statistics over images and positions, the
+//! running mean (Zeros) and variance (Ones) module buffers updated every
+//! forward with momentum 0.1, the variance unbiased; `frozen` is the
+//! inference-mode normalisation torchvision's detection models use
+//! (`torchvision.ops.FrozenBatchNorm2d`): `y = x * scale + (bias -
 //! running_mean * scale)` with `scale = weight / sqrt(running_var + eps)`,
-//! eps 1e-5. `weight` (Ones) and `bias` (Zeros) are trainable parameters;
-//! the running mean (0) and variance (1) are constants of the graph, not
-//! parameters. So the trainable parameters are torchvision's
-//! `model.parameters()`, with its counts (`resnet50`: 25,557,032).
+//! the running mean (0) and variance (1) constants of the graph. eps 1e-5
+//! in both; `weight` (Ones) and `bias` (Zeros) are trainable parameters.
+//! So the trainable parameters are torchvision's `model.parameters()`,
+//! with its counts (`resnet50`: 25,557,032).
 //!
 //! Initialisation as torchvision: convolution weights Kaiming-normal in
 //! fan-out mode (std sqrt(2 / (out_channels * kh * kw))), `fc` PyTorch's
@@ -41,6 +44,9 @@ use fsdpc_ir::{
 
 /// Epsilon of torchvision's `BatchNorm2d` and `FrozenBatchNorm2d`.
 const BN_EPS: f64 = 1e-5;
+/// PyTorch's `BatchNorm2d` momentum: the batch statistic's share of the
+/// running one's update.
+const BN_MOMENTUM: f64 = 0.1;
 
 /// The depths torchvision defines, and each one's blocks per stage.
 const DEPTHS: &[(&str, [usize; 4])] = &[
@@ -64,10 +70,21 @@ pub struct ResNetConfig {
     pub batch: usize,
     /// Channels of the stem and the first stage (torchvision: 64).
     pub width: usize,
+    /// How every `BatchNorm2d` normalises.
+    pub norm: Norm,
+}
+
+/// How a ResNet's `BatchNorm2d`s normalise (`bn=`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// Training mode: batch statistics, running statistics module buffers.
+    Train,
+    /// `FrozenBatchNorm2d`: the running statistics constants.
+    Frozen,
 }
 
 /// The keys a `resnet` spec accepts.
-pub(crate) const KEYS: &[&str] = &["depth", "classes", "image", "batch", "width"];
+pub(crate) const KEYS: &[&str] = &["depth", "classes", "image", "batch", "width", "bn"];
 
 /// One residual block: where it is and what it maps.
 struct BlockPlan {
@@ -75,6 +92,7 @@ struct BlockPlan {
     in_ch: usize,
     planes: usize,
     stride: usize,
+    norm: Norm,
 }
 
 impl ResNetConfig {
@@ -86,6 +104,7 @@ impl ResNetConfig {
             image: 224,
             batch: 1,
             width: 64,
+            norm: Norm::Train,
         }
     }
 
@@ -102,6 +121,10 @@ impl ResNetConfig {
         let image = spec.size("image")?;
         let batch = spec.size("batch")?;
         let width = spec.size("width")?;
+        let norm = spec.choice("bn", &["train", "frozen"])?.map(|v| match v {
+            "frozen" => Norm::Frozen,
+            _ => Norm::Train,
+        });
         spec.finish(KEYS)?;
         let need = "depth (18, 34, 50, 101 or 152)";
         Ok(ResNetConfig {
@@ -110,6 +133,7 @@ impl ResNetConfig {
             image: image.or(base.map(|b| b.image)).unwrap_or(224),
             batch: batch.or(base.map(|b| b.batch)).unwrap_or(1),
             width: width.or(base.map(|b| b.width)).unwrap_or(64),
+            norm: norm.or(base.map(|b| b.norm)).unwrap_or(Norm::Train),
         })
     }
 
@@ -149,6 +173,7 @@ impl ResNetConfig {
                     in_ch,
                     planes,
                     stride: if s > 0 && i == 0 { 2 } else { 1 },
+                    norm: self.norm,
                 });
                 in_ch = planes * self.expansion();
             }
@@ -188,7 +213,7 @@ pub(crate) fn build(name: &str, cfg: &ResNetConfig) -> Result<ZooModel, Frontend
     let labels =
         b.g.add_input("labels", TensorType::new(DType::I64, [cfg.batch]));
     let mut x = conv(&mut b, pixels, "conv1", (3, cfg.width), 7, 2)?;
-    x = batch_norm(&mut b, x, "bn1", cfg.width)?;
+    x = batch_norm(&mut b, x, "bn1", cfg.width, cfg.norm)?;
     x = relu(&mut b, root, "relu", x)?;
     let pool = Window2d {
         stride: [2, 2],
@@ -253,10 +278,10 @@ fn basic_block(b: &mut Builder, x: ValueId, blk: &BlockPlan) -> Result<ValueId, 
         3,
         blk.stride,
     )?;
-    let y = batch_norm(b, y, &format!("{path}.bn1"), p)?;
+    let y = batch_norm(b, y, &format!("{path}.bn1"), p, blk.norm)?;
     let y = relu(b, m, "relu_1", y)?;
     let y = conv(b, y, &format!("{path}.conv2"), (p, p), 3, 1)?;
-    let y = batch_norm(b, y, &format!("{path}.bn2"), p)?;
+    let y = batch_norm(b, y, &format!("{path}.bn2"), p, blk.norm)?;
     residual(b, m, x, y, blk, p)
 }
 
@@ -267,13 +292,13 @@ fn bottleneck(b: &mut Builder, x: ValueId, blk: &BlockPlan) -> Result<ValueId, I
     let m = b.module(path, "Bottleneck");
     let p = blk.planes;
     let y = conv(b, x, &format!("{path}.conv1"), (blk.in_ch, p), 1, 1)?;
-    let y = batch_norm(b, y, &format!("{path}.bn1"), p)?;
+    let y = batch_norm(b, y, &format!("{path}.bn1"), p, blk.norm)?;
     let y = relu(b, m, "relu_1", y)?;
     let y = conv(b, y, &format!("{path}.conv2"), (p, p), 3, blk.stride)?;
-    let y = batch_norm(b, y, &format!("{path}.bn2"), p)?;
+    let y = batch_norm(b, y, &format!("{path}.bn2"), p, blk.norm)?;
     let y = relu(b, m, "relu_2", y)?;
     let y = conv(b, y, &format!("{path}.conv3"), (p, 4 * p), 1, 1)?;
-    let y = batch_norm(b, y, &format!("{path}.bn3"), 4 * p)?;
+    let y = batch_norm(b, y, &format!("{path}.bn3"), 4 * p, blk.norm)?;
     residual(b, m, x, y, blk, 4 * p)
 }
 
@@ -299,7 +324,7 @@ fn residual(
             1,
             blk.stride,
         )?;
-        batch_norm(b, d, &format!("{path}.1"), out_ch)?
+        batch_norm(b, d, &format!("{path}.1"), out_ch, blk.norm)?
     } else {
         x
     };
@@ -331,13 +356,22 @@ fn relu(b: &mut Builder, m: ModuleId, leaf: &str, x: ValueId) -> Result<ValueId,
     b.op(m, leaf, Op::Unary { f: UnaryFn::Relu }, &[x])
 }
 
-/// A frozen `BatchNorm2d` of `ch` channels at `path` over `x: [n, ch, h, w]`
-/// (see the module header): trainable `weight` and `bias`, constant
-/// running statistics.
-fn batch_norm(b: &mut Builder, x: ValueId, path: &str, ch: usize) -> Result<ValueId, IrError> {
+/// A `BatchNorm2d` of `ch` channels at `path` over `x: [n, ch, h, w]`
+/// (see the module header): trainable `weight` and `bias`; running
+/// statistics module buffers (`Norm::Train`) or constants (`Frozen`).
+fn batch_norm(
+    b: &mut Builder,
+    x: ValueId,
+    path: &str,
+    ch: usize,
+    norm: Norm,
+) -> Result<ValueId, IrError> {
     let m = b.module(path, "BatchNorm2d");
     let weight = b.param(m, "weight", &[ch], Init::Ones);
     let bias = b.param(m, "bias", &[ch], Init::Zeros);
+    if norm == Norm::Train {
+        return batch_norm_train(b, m, x, ch, (weight, bias));
+    }
     let mean = channel_constant(b, m, "running_mean", ch, 0.0)?;
     let var = channel_constant(b, m, "running_var", ch, 1.0)?;
     let eps = Op::Constant {
@@ -353,6 +387,97 @@ fn batch_norm(b: &mut Builder, x: ValueId, path: &str, ch: usize) -> Result<Valu
     let shift = b.op(m, "shift_nchw", reshape(&[ch, 1, 1]), &[shift])?;
     let y = b.op(m, "mul_scale", binary(BinaryFn::Mul), &[x, scale])?;
     b.op(m, "add_shift", binary(BinaryFn::Add), &[y, shift])
+}
+
+/// Training mode: `(x - mean) / sqrt(var + eps) * weight + bias` with the
+/// micro-batch's per-channel mean and biased variance, and the running
+/// statistics replaced by `0.9 running + 0.1 batch` (the variance's batch
+/// value unbiased, `n / (n - 1)` with n values per channel), as
+/// `torch.nn.BatchNorm2d` does.
+fn batch_norm_train(
+    b: &mut Builder,
+    m: ModuleId,
+    x: ValueId,
+    ch: usize,
+    (weight, bias): (ValueId, ValueId),
+) -> Result<ValueId, IrError> {
+    let dims = b.g.value_type(x).shape.dims().to_vec();
+    let n: usize = dims
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1)
+        .map(|(_, d)| d)
+        .product();
+    if n < 2 {
+        return Err(IrError::Invalid(format!(
+            "`{}` normalises in training mode over one value per channel (input {dims:?}); \
+             PyTorch refuses that too: give a larger batch or image, or `bn=frozen`",
+            b.g.module_info(m).path
+        )));
+    }
+    let mean_op = || Op::Reduce {
+        f: ReduceFn::Mean,
+        axes: vec![0, 2, 3],
+        keepdims: true,
+    };
+    let mean = b.op(m, "batch_mean", mean_op(), &[x])?;
+    let d = b.op(m, "centred", binary(BinaryFn::Sub), &[x, mean])?;
+    let sq = b.op(m, "centred_sq", binary(BinaryFn::Mul), &[d, d])?;
+    let var = b.op(m, "batch_var", mean_op(), &[sq])?;
+    let eps = Op::Constant {
+        value: TensorData::scalar(DType::F32, BN_EPS),
+    };
+    let eps = b.op(m, "eps", eps, &[])?;
+    let var_eps = b.op(m, "var_eps", binary(BinaryFn::Add), &[var, eps])?;
+    let inv_std = b.op(m, "rsqrt", Op::Unary { f: UnaryFn::Rsqrt }, &[var_eps])?;
+    let xhat = b.op(m, "normalised", binary(BinaryFn::Mul), &[d, inv_std])?;
+    let w = b.op(m, "weight_nchw", reshape(&[ch, 1, 1]), &[weight])?;
+    let s = b.op(m, "bias_nchw", reshape(&[ch, 1, 1]), &[bias])?;
+    let y = b.op(m, "mul_weight", binary(BinaryFn::Mul), &[xhat, w])?;
+    let y = b.op(m, "add_bias", binary(BinaryFn::Add), &[y, s])?;
+    let unbias = n as f64 / (n as f64 - 1.0);
+    for (leaf, batch, init, factor) in [
+        ("running_mean", mean, Init::Zeros, 1.0),
+        ("running_var", var, Init::Ones, unbias),
+    ] {
+        let spec = fsdpc_ir::ModuleBufferSpec {
+            name: b.name_in(m, leaf),
+            ty: TensorType::new(DType::F32, [ch]),
+            init,
+        };
+        let buffer = fsdpc_ir::ModuleBufferId(b.g.buffers.len() as u32);
+        let running = b.g.add_buffer(spec, m);
+        let keep = scalar(b, m, &format!("{leaf}_keep"), 1.0 - BN_MOMENTUM)?;
+        let take = scalar(b, m, &format!("{leaf}_take"), BN_MOMENTUM * factor)?;
+        let batch = b.op(m, &format!("{leaf}_batch"), reshape(&[ch]), &[batch])?;
+        let kept = b.op(
+            m,
+            &format!("{leaf}_kept"),
+            binary(BinaryFn::Mul),
+            &[running, keep],
+        )?;
+        let taken = b.op(
+            m,
+            &format!("{leaf}_taken"),
+            binary(BinaryFn::Mul),
+            &[batch, take],
+        )?;
+        let new = b.op(
+            m,
+            &format!("{leaf}_new"),
+            binary(BinaryFn::Add),
+            &[kept, taken],
+        )?;
+        let name = b.name_in(m, &format!("{leaf}_write"));
+        b.g.add(Op::WriteBuffer { buffer }, &[new], name, m)?;
+    }
+    Ok(y)
+}
+
+/// The f32 scalar constant `value`.
+fn scalar(b: &mut Builder, m: ModuleId, leaf: &str, value: f64) -> Result<ValueId, IrError> {
+    let value = TensorData::scalar(DType::F32, value);
+    b.op(m, leaf, Op::Constant { value }, &[])
 }
 
 /// The f32 constant `[ch]` with every element `value`.

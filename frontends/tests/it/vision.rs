@@ -146,6 +146,18 @@ fn resnet_carries_torchvisions_names_and_shapes() {
         .iter()
         .all(|p| !p.name.starts_with("layer1.0.downsample")));
     assert_eq!(param_shape(&m.graph, "fc.weight"), [1000, 512]);
+    // Training-mode normalisation by default: torchvision's buffers (its
+    // `named_buffers()` less `num_batches_tracked`), each written once.
+    let buffers: Vec<&str> = m.graph.buffers.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(buffers.len(), 40, "20 normalisations' means and variances");
+    assert!(
+        buffers.contains(&"layer2.0.downsample.1.running_var"),
+        "{buffers:?}"
+    );
+    assert_eq!(m.graph.buffer_writes().len(), 40);
+    let frozen = zoo::build("resnet18:bn=frozen").unwrap_or_else(|e| panic!("{e}"));
+    assert!(frozen.graph.buffers.is_empty());
+    assert_eq!(frozen.graph.param_numel(), m.graph.param_numel());
 }
 
 #[test]
@@ -256,6 +268,15 @@ fn bad_vision_specs_are_rejected_with_a_reason() {
         "depth must be one of 18, 34, 50, 101, 152",
     );
     check_bad_spec("resnet:classes=10", "missing `depth=`");
+    check_bad_spec("resnet18:bn=sync", "bn must be one of train, frozen");
+    // One value per channel to normalise: refused, as PyTorch refuses it.
+    let e = zoo::build("resnet18:image=32").expect_err("1x1 maps of one image");
+    assert!(
+        e.to_string()
+            .contains("`layer4.0.bn1` normalises in training mode over one value"),
+        "{e}"
+    );
+    zoo::build("resnet18:image=32,bn=frozen").unwrap_or_else(|e| panic!("{e}"));
     check_bad_spec("resnet50:heads=2", "unknown key `heads`");
     check_bad_spec("resnet:depth=18,width=0", "width must be between 1 and");
     check_bad_spec(
