@@ -69,7 +69,7 @@ fn cases() -> Vec<Case> {
     const GPT_23M: &str = "gpt:layers=6,hidden=512,heads=8,seq=128,vocab=8192,batch=2";
     const MLP_05M: &str = "mlp:layers=2,in=512,hidden=512,classes=10,batch=64";
     const MLP_50M: &str = "mlp:layers=3,in=4096,hidden=4096,classes=10,batch=16";
-    const RESNET18: &str = "resnet:depth=18,image=32,classes=10,batch=16";
+    const RESNET18: &str = "resnet:depth=18,image=32,classes=10,batch=16,bn=frozen";
     const VIT_5M: &str =
         "vit:layers=6,hidden=256,heads=4,mlp=1024,patch=4,image=32,classes=10,batch=8";
     vec![

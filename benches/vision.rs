@@ -7,8 +7,9 @@
 //!    GFLOP/s (the IR's FLOP rule over the median time) and as a fraction of
 //!    the matrix library's rate on a 512 x 512 x 512 product, the peak it
 //!    reaches here on one thread.
-//! 2. `resnet18:image=32,classes=10` (torchvision's ResNet-18 with its batch
-//!    normalisation in inference mode) trained with AdamW on 2 thread ranks,
+//! 2. `resnet18:image=32,classes=10` (torchvision's ResNet-18, its batch
+//!    normalisation in training mode: each rank's batch statistics, running
+//!    statistics updated) trained with AdamW on 2 thread ranks,
 //!    one matrix-product thread each, 32 images per rank, full_shard with one
 //!    unit per `BasicBlock`: images per second (median step), planned
 //!    against measured peak bytes per rank; then the same model with
@@ -263,7 +264,7 @@ fn train(steps: u64) {
         ),
         Err(e) => println!("\nPyTorch FSDP2 row skipped: cannot run `{python}`: {e}"),
     }
-    println!("\nBoth trainers draw a fresh batch of random images and labels every step, outside the timed part, and start from different random weights: their losses show they train the same kind of problem, not that they agree (tests/it/vision.rs checks fsdpc's losses against ONNX Runtime on exports).");
+    println!("\nBoth trainers draw a fresh batch of random images and labels every step, outside the timed part, and start from different random weights: their losses show they train the same kind of problem, not that they agree (tests/it/vision.rs and tests/it/batch_norm.rs check fsdpc's losses against ONNX Runtime and PyTorch on exports).");
 }
 
 fn main() {

@@ -2,9 +2,8 @@
 (10 classes) on 32x32 images, trained with `fully_shard` on each
 `BasicBlock` and the root over CPU ranks (gloo), one thread per rank.
 
-Batch normalisation runs in inference mode (running statistics frozen at
-their initial values; weight and bias trained), which is what fsdpc's
-`resnet18` computes. AdamW (lr 1e-3, weight decay 0.01); a fresh batch of
+Batch normalisation runs in training mode (each rank's batch statistics,
+running statistics updated), as fsdpc's `resnet18` computes it. AdamW (lr 1e-3, weight decay 0.01); a fresh batch of
 random images and labels every step, drawn before the step's timer starts. Prints one JSON line: images per second over the
 timed steps (the median step), the median step time and the losses.
 
@@ -38,9 +37,6 @@ def run(rank, a, port, out):
             fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
     model.train()
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.eval()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(1 + rank)
     times, losses = [], []
