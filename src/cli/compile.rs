@@ -81,29 +81,32 @@ pub struct CompileArgs {
 /// `--verbose`.
 const AUTO_BEST: usize = 5;
 
+/// What `compile` produced: the plan and, with `--auto`, the search.
+pub struct Compiled {
+    pub plan: Plan,
+    pub search: Option<AutoSearch>,
+}
+
+/// The `--auto` search: the table `compile --auto` prints, and the same as
+/// JSON (`--json`).
+pub struct AutoSearch {
+    pub text: String,
+    pub json: serde_json::Value,
+}
+
 pub fn run(a: CompileArgs) -> Result<(), CliError> {
-    if is_json(&a.model) {
-        let path = Path::new(&a.model);
-        if sniff(path, &read_file(path)?)? == JsonKind::Plan {
-            return Err(CliError::Usage(format!(
-                "{}: already a plan (fsdpc inspect or fsdpc train it); compile takes a model",
-                a.model
-            )));
+    let Compiled { plan, search } = compile(&a)?;
+    if let Some(search) = search {
+        if a.json {
+            print_out(&format!("{:#}\n", search.json))?;
+        } else if a.output.as_os_str() == "-" {
+            // The plan itself goes to standard output: the table to
+            // standard error.
+            eprint!("{}", search.text);
+        } else {
+            print_out(&search.text)?;
         }
     }
-    let plan = if a.auto {
-        auto_plan(&a)?
-    } else {
-        plan_model(
-            &a.model,
-            a.world,
-            &a.cluster,
-            &a.plan,
-            &a.import,
-            target_capabilities(&a.target)?,
-            None,
-        )?
-    };
     let json = plan.to_json_pretty()?;
     if a.output.as_os_str() == "-" {
         print_out(&format!("{json}\n"))?;
@@ -121,6 +124,37 @@ pub fn run(a: CompileArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// Plans `a.model` as the flags say (searching with `--auto`), without
+/// writing anything.
+pub fn compile(a: &CompileArgs) -> Result<Compiled, CliError> {
+    if is_json(&a.model) {
+        let path = Path::new(&a.model);
+        if sniff(path, &read_file(path)?)? == JsonKind::Plan {
+            return Err(CliError::Usage(format!(
+                "{}: already a plan (fsdpc inspect or fsdpc train it); compile takes a model",
+                a.model
+            )));
+        }
+    }
+    if a.auto {
+        let (plan, search) = auto_plan(a)?;
+        return Ok(Compiled {
+            plan,
+            search: Some(search),
+        });
+    }
+    let plan = plan_model(
+        &a.model,
+        a.world,
+        &a.cluster,
+        &a.plan,
+        &a.import,
+        target_capabilities(&a.target)?,
+        None,
+    )?;
+    Ok(Compiled { plan, search: None })
 }
 
 /// Loads `model` and plans it for `world` ranks on `cluster` (a preset or
@@ -210,9 +244,9 @@ fn prepare(
     Ok((model.program, info, cluster, cfg))
 }
 
-/// `compile --auto`: searches the space the flags leave open, prints the
-/// candidate table and returns the chosen plan.
-fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
+/// `compile --auto`: searches the space the flags leave open; returns the
+/// chosen plan and the candidate table.
+fn auto_plan(a: &CompileArgs) -> Result<(Plan, AutoSearch), CliError> {
     use fsdpc_planner::auto::Fixed;
     let given = |name: &str| a.plan.given().iter().any(|g| g == name);
     for refused in ["--no-fit-check"] {
@@ -327,47 +361,36 @@ fn auto_plan(a: &CompileArgs) -> Result<Plan, CliError> {
             "the fastest of the space".to_string()
         }
     ));
-    if a.json {
-        let mesh_json: Vec<_> = mesh
-            .rows
-            .iter()
-            .map(|row| match &row.outcome {
-                Ok(b) => serde_json::json!({
-                    "tensor_parallel": row.degree,
-                    "config": b.config,
-                    "step_time_s": b.step_time_s,
-                    "tokens_per_s_per_rank": b.tokens_per_s_per_rank,
-                    "peak_bytes": b.peak_bytes,
-                    "chosen": row.degree == mesh.degree,
-                }),
-                Err(e) => serde_json::json!({
-                    "tensor_parallel": row.degree,
-                    "error": e,
-                }),
-            })
-            .collect();
-        let chosen = result
-            .weighed
-            .iter()
-            .find(|w| matches!(w.verdict, fsdpc_planner::auto::Verdict::Chosen))
-            .map(|w| w.candidate.index);
-        let json = serde_json::json!({
-            "record": r,
-            "tensor_parallel": mesh_json,
-            "chosen": chosen,
-            "candidates": result.candidates_json(),
-        });
-        print_out(&format!("{json:#}\n"))?;
-        return Ok(mesh.result.plan);
-    }
-    // The plan itself may go to standard output: the table then goes to
-    // standard error.
-    if a.output.as_os_str() == "-" {
-        eprint!("{text}");
-    } else {
-        print_out(&text)?;
-    }
-    Ok(mesh.result.plan)
+    let mesh_json: Vec<_> = mesh
+        .rows
+        .iter()
+        .map(|row| match &row.outcome {
+            Ok(b) => serde_json::json!({
+                "tensor_parallel": row.degree,
+                "config": b.config,
+                "step_time_s": b.step_time_s,
+                "tokens_per_s_per_rank": b.tokens_per_s_per_rank,
+                "peak_bytes": b.peak_bytes,
+                "chosen": row.degree == mesh.degree,
+            }),
+            Err(e) => serde_json::json!({
+                "tensor_parallel": row.degree,
+                "error": e,
+            }),
+        })
+        .collect();
+    let chosen = result
+        .weighed
+        .iter()
+        .find(|w| matches!(w.verdict, fsdpc_planner::auto::Verdict::Chosen))
+        .map(|w| w.candidate.index);
+    let json = serde_json::json!({
+        "record": r,
+        "tensor_parallel": mesh_json,
+        "chosen": chosen,
+        "candidates": result.candidates_json(),
+    });
+    Ok((mesh.result.plan, AutoSearch { text, json }))
 }
 
 /// The tensor-parallel degrees the search compared: each one's fastest

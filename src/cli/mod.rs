@@ -9,7 +9,8 @@
 mod calibrate;
 pub use calibrate::utc;
 mod compare;
-mod compile;
+pub(crate) mod compile;
+pub mod embed;
 mod error;
 mod export;
 mod given;

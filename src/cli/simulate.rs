@@ -47,7 +47,7 @@ pub fn run(a: SimulateArgs) -> Result<(), CliError> {
 /// The simulation as text; `rank_bytes` is the plan's peak per rank (the
 /// figure `compile` and `train` print), beside the arena's live peak the
 /// capacity is checked against.
-fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
+pub(crate) fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
