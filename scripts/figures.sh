@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The order of docs/figures.md: planning first, then runs on this machine.
-all=(plan strategies offload rewrites tensor auto gpu_published memory train vision lowp checkpoint hf_load predict)
+all=(plan strategies offload rewrites tensor auto gpu_published memory train vision lowp checkpoint hf_load predict python)
 
 if [ $# -gt 0 ]; then
     for b in "$@"; do
@@ -29,6 +29,12 @@ fi
 export FSDPC_FIGURES="$PWD/docs/figures"
 mkdir -p "$FSDPC_FIGURES"
 for b in "${benches[@]}"; do
+    if [ "$b" = python ]; then
+        # The Python package's figures are not a cargo bench.
+        echo "=== bash scripts/python-figures.sh"
+        bash scripts/python-figures.sh
+        continue
+    fi
     echo "=== cargo bench --bench $b"
     cargo bench --bench "$b"
 done

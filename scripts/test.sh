@@ -52,6 +52,21 @@ cargo test --features cuda -p fsdpc-runtime --lib targets::cuda::
 cargo test --features cuda -p fsdpc-runtime --test it -- cuda_ptx:: cuda_emulate::
 cargo test --features cuda --test it -- cuda:: targets:: conformance:: cli::cuda_backend
 
+# The Python package (python/): the wheel built with maturin (the dev
+# profile, whose dependencies are the test build's; `pip install ./python`
+# builds release),
+# installed into its own venv beside torch (PyPI's wheel, run on the CPU)
+# and the exporter's packages, and its tests (python/tests/: the API, and
+# plans applied to FSDP2 on 2 gloo processes) under pytest. Without torch
+# the torch tests would skip; FSDPC_REQUIRE_TORCH makes them fail instead.
+py_venv=target/py-venv
+if [ ! -x "$py_venv/bin/python" ]; then python3 -m venv "$py_venv"; fi
+"$py_venv/bin/pip" install -q "maturin>=1.7,<2" pytest "torch==2.15.*" onnx onnxscript
+rm -rf target/wheels
+"$py_venv/bin/maturin" build -m python/Cargo.toml -o target/wheels
+"$py_venv/bin/pip" install -q --force-reinstall --no-deps target/wheels/fsdpc-*.whl
+FSDPC_REQUIRE_TORCH=1 "$py_venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+
 # Fuzz the ONNX import for a minute, seeded with the committed corpus
 # (fuzz/corpus/onnx; frontends/tests/it/fuzz_corpus.rs replays it in every
 # `cargo test`). cargo-fuzz needs nightly flags: RUSTC_BOOTSTRAP=1 allows them

@@ -51,6 +51,7 @@ fn every_source_file_starts_with_its_purpose() {
         "benches",
         "examples",
         "fuzz",
+        "python",
     ] {
         rust_files(&root().join(dir), &mut files);
     }
@@ -198,6 +199,13 @@ fn the_crate_arrows_point_one_way() {
             assert!(!text.contains(banned), "{} names {banned}", f.display());
         }
     }
+    let python = dependencies("python/Cargo.toml");
+    assert!(
+        python
+            .iter()
+            .all(|d| ["fsdpc", "pyo3", "serde_json"].contains(&d.as_str())),
+        "the Python module depends on the fsdpc facade only: {python:?}"
+    );
     for (krate, banned) in [
         ("ir/Cargo.toml", "fsdpc-"),
         ("planner/Cargo.toml", "fsdpc-runtime"),
@@ -224,6 +232,7 @@ fn each_crate_has_one_integration_test_binary() {
         "planner",
         "report",
         "runtime",
+        "python",
     ] {
         let dir = root().join(krate).join("tests");
         let Ok(entries) = std::fs::read_dir(&dir) else {
