@@ -250,7 +250,10 @@ def apply(
             mesh=mesh,
             reshard_after_forward=reshard,
             mp_policy=mp_policy,
-            offload_policy=CPUOffloadPolicy() if u.offloaded else OffloadPolicy(),
+            # Pinned host memory needs a GPU; a CPU mesh offloads unpinned.
+            offload_policy=(
+                CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if u.offloaded else OffloadPolicy()
+            ),
         )
         applied[u.id] = AppliedUnit(
             path=paths[u.id],

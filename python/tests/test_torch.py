@@ -149,3 +149,20 @@ def test_fsdp2_trains_as_the_unwrapped_module(tmp_path, ranks, flags):
     if "strategy=hybrid_shard" in flags:
         # Sharded over pairs, replicated across them: a (2, 2) mesh.
         assert r["mesh"] == [2, 2]
+
+
+def test_precision_and_offload_reach_fully_shard():
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+         os.path.join(HERE, "fsdp2_policies.py")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    assert r["param_dtype"] == "torch.bfloat16" and r["reduce_dtype"] == "torch.float32"
+    assert r["output_dtype"] == "torch.bfloat16"
+    # The f32 master parameters keep f32 gradients, as the plan's shards do.
+    assert r["grad_dtype"] == "torch.float32"
+    assert all(r["offloaded"])
+    assert any(n.startswith("buffer_dtype bf16") for n in r["notes"])
