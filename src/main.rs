@@ -1,18 +1,14 @@
 //! The `fsdpc` binary.
 
-use clap::Parser;
-
 /// Counts every heap byte per rank, so `fsdpc train` reports the measured
 /// peak next to the planned one.
 #[global_allocator]
 static ALLOC: fsdpc_runtime::account::CountingAlloc = fsdpc_runtime::account::CountingAlloc;
 
 fn main() {
-    let cli = fsdpc::cli::Cli::parse();
-    if let Err(e) = fsdpc::cli::run(cli) {
-        if !e.is_quiet() {
-            eprintln!("error: {e}");
-        }
-        std::process::exit(e.exit_code());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let status = fsdpc::cli::embed::main(&args);
+    if status != 0 {
+        std::process::exit(status);
     }
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _fsdpc
@@ -126,7 +127,6 @@ class Plan:
 
     def __init__(self, native: "_fsdpc.NativePlan", search: Optional[AutoSearch] = None):
         self._native = native
-        self._doc: Optional[Dict[str, Any]] = None
         #: With `fsdpc.auto`: the search that chose this plan.
         self.search = search
         #: With `fsdpc.from_torch`: the prefix the exported parameter names
@@ -144,17 +144,9 @@ class Plan:
 
     @classmethod
     def load(cls, path: PathLike) -> "Plan":
-        """Reads a plan file (`fsdpc compile -o FILE`)."""
-        path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise _fsdpc.FsdpcError(f"{path}: {e.strerror}") from None
-        try:
-            return cls.from_json(text)
-        except _fsdpc.FsdpcError as e:
-            raise _fsdpc.FsdpcError(f"{path}: {e}") from None
+        """Reads a plan file (`fsdpc compile -o FILE`), as `fsdpc inspect`
+        does: an IR model or other JSON is an error saying what it is."""
+        return cls(_fsdpc.NativePlan.load(os.fspath(path)))
 
     def to_json(self) -> str:
         """The plan as `fsdpc compile` writes it."""
@@ -167,12 +159,10 @@ class Plan:
 
     # -- what was decided ---------------------------------------------------
 
-    @property
+    @cached_property
     def doc(self) -> Dict[str, Any]:
         """The whole plan as a dict (its JSON, parsed once)."""
-        if self._doc is None:
-            self._doc = json.loads(self._native.to_json())
-        return self._doc
+        return json.loads(self._native.to_json())
 
     @property
     def model(self) -> str:
@@ -192,8 +182,8 @@ class Plan:
         precision, ...), as the plan records them."""
         return dict(self.doc["config"])
 
-    @property
-    def units(self) -> List[Unit]:
+    @cached_property
+    def units(self) -> Tuple[Unit, ...]:
         """The FSDP units, root first, in forward order of their modules."""
         config = self.doc["config"]
         default = _reshard(config.get("reshard_after_forward", "full"))
@@ -219,19 +209,19 @@ class Plan:
                     offloaded=u["id"] in offloaded,
                 )
             )
-        return out
+        return tuple(out)
 
     @property
     def memory(self) -> Memory:
-        s = self.summary_json()
+        m = self.doc["memory"]
         return Memory(
-            rank_bytes=int(s["rank_bytes"]),
-            peak_bytes=int(s["peak_bytes_per_rank"]),
-            peak_at=int(s["peak_at"]),
-            arena_bytes=int(s["arena_bytes"]),
-            heap_bytes=int(s["heap_bytes"]),
-            capacity_bytes=int(s["capacity_bytes"]),
-            breakdown={k: int(v) for k, v in s["breakdown"]},
+            rank_bytes=int(m["rank_bytes"]),
+            peak_bytes=int(m["peak_bytes"]),
+            peak_at=int(m["peak_at"]),
+            arena_bytes=int(m["arena_bytes"]),
+            heap_bytes=int(m["heap_bytes"]),
+            capacity_bytes=int(self.doc["cluster"]["memory_bytes"]),
+            breakdown={k: int(v) for k, v in m["breakdown"]},
         )
 
     @property

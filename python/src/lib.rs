@@ -40,6 +40,15 @@ struct NativePlan {
 
 #[pymethods]
 impl NativePlan {
+    /// Reads a plan file as `fsdpc inspect` does: parsed, validated, and a
+    /// model or other JSON named as what it is.
+    #[staticmethod]
+    fn load(py: Python<'_>, path: PathBuf) -> PyResult<NativePlan> {
+        py.detach(|| embed::load_plan(&path))
+            .map(|plan| NativePlan { plan })
+            .map_err(error)
+    }
+
     /// Parses and validates a plan's JSON.
     #[staticmethod]
     fn from_json(py: Python<'_>, text: String) -> PyResult<NativePlan> {

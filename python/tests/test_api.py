@@ -87,6 +87,14 @@ def test_plans_save_load_and_round_trip(tmp_path):
         Plan.load(bad)
     with pytest.raises(TypeError):
         Plan.from_json(b"{}")
+    # A model where a plan belongs, and a plan where a model belongs, are
+    # named as what they are (the command line's reading of the file).
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(mini().doc["training"]))
+    with pytest.raises(FsdpcError, match="an fsdpc IR model, not a plan"):
+        Plan.load(model)
+    with pytest.raises(FsdpcError, match="already a plan"):
+        fsdpc.compile(path, world=2)
 
 
 def test_a_saved_plan_trains_from_the_command_line(tmp_path, fsdpc_command):

@@ -99,15 +99,21 @@ def test_prefetch_lists_follow_the_schedule():
     assert all(v == [] for v in fsdpc.torch.prefetch_lists(none)[0].values())
 
 
-def run_fsdp2(tmp_path, *flags, ranks=2):
-    out = tmp_path / "run.json"
+def torchrun(script, *args, ranks):
+    """`script` from this directory on `ranks` gloo processes; its run."""
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-         os.path.join(HERE, "fsdp2_worker.py"), str(out), *flags],
+         os.path.join(HERE, script), *args],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+def run_fsdp2(tmp_path, *flags, ranks=2):
+    out = tmp_path / "run.json"
+    torchrun("fsdp2_worker.py", str(out), *flags, ranks=ranks)
     return json.loads(out.read_text())
 
 
@@ -152,13 +158,7 @@ def test_fsdp2_trains_as_the_unwrapped_module(tmp_path, ranks, flags):
 
 
 def test_precision_and_offload_reach_fully_shard():
-    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         os.path.join(HERE, "fsdp2_policies.py")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
+    run = torchrun("fsdp2_policies.py", ranks=1)
     r = json.loads(run.stdout.strip().splitlines()[-1])
     assert r["param_dtype"] == "torch.bfloat16" and r["reduce_dtype"] == "torch.float32"
     assert r["output_dtype"] == "torch.bfloat16"

@@ -455,6 +455,19 @@ pub(crate) fn target_capabilities(name: &str) -> Result<Capabilities, CliError> 
     })
 }
 
+/// The cluster `name` (a preset or a cluster file) at `plan`'s world and
+/// ranks per node; the plan's own without a name (`simulate`, `report`).
+pub(crate) fn plan_cluster(plan: &Plan, name: Option<&str>) -> Result<Cluster, CliError> {
+    match name {
+        None => Ok(plan.cluster.clone()),
+        Some(name) => resolve_cluster(
+            name,
+            Some(plan.cluster.world),
+            Some(plan.cluster.ranks_per_node),
+        ),
+    }
+}
+
 /// The cluster `name` names: a preset (at the preset's own ranks per node
 /// unless given) or a cluster file (its own ranks per node unless given);
 /// `world` defaults to the file's nodes.

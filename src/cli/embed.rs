@@ -3,20 +3,25 @@
 //! takes what the command line takes and fails with the same one-line
 //! errors.
 
-use super::compile::resolve_cluster;
 pub use super::compile::{AutoSearch, Compiled};
 use super::{Cli, CliError, Command};
 use clap::{ArgAction, CommandFactory, Parser};
 use fsdpc_plan::Plan;
 use fsdpc_planner::simulate::Simulation;
+use std::ffi::OsString;
 use std::path::Path;
 
 /// Parses `args` (without the program name) as `fsdpc ARGS...` would. A
 /// flag that does not parse is a usage error: clap's message, its first
 /// line and its tip.
 pub fn parse(args: &[String]) -> Result<Cli, CliError> {
-    Cli::try_parse_from(std::iter::once("fsdpc".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| CliError::Usage(clap_message(&e)))
+    try_parse(args).map_err(|e| CliError::Usage(clap_message(&e)))
+}
+
+fn try_parse<T: Into<OsString> + Clone>(args: &[T]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(
+        std::iter::once(OsString::from("fsdpc")).chain(args.iter().cloned().map(Into::into)),
+    )
 }
 
 /// clap's error without its styling, usage block and `--help` hint.
@@ -49,26 +54,16 @@ pub fn compile(args: &[String]) -> Result<Compiled, CliError> {
     }
 }
 
-/// The cluster `name` (a preset or a cluster file) at `plan`'s world and
-/// ranks per node; the plan's own without a name.
-fn cluster_for(plan: &Plan, name: Option<&str>) -> Result<fsdpc_plan::Cluster, CliError> {
-    match name {
-        None => Ok(plan.cluster.clone()),
-        Some(name) => resolve_cluster(
-            name,
-            Some(plan.cluster.world),
-            Some(plan.cluster.ranks_per_node),
-        ),
-    }
+/// `fsdpc inspect`'s reading of a plan file: parsed and validated, and an
+/// IR model or other JSON named as what it is.
+pub fn load_plan(path: &Path) -> Result<Plan, CliError> {
+    super::inspect::load_plan(path)
 }
 
 /// `fsdpc simulate`: the simulated step of `plan` on `cluster` (the plan's
 /// own by default), and the text the command prints.
 pub fn simulate(plan: &Plan, cluster: Option<&str>) -> Result<(Simulation, String), CliError> {
-    let cluster = cluster_for(plan, cluster)?;
-    let sim = fsdpc_planner::simulate::run(plan, &cluster);
-    let text = super::simulate::render(&sim, cluster.memory_bytes, plan.memory.rank_bytes);
-    Ok((sim, text))
+    super::simulate::simulated(plan, cluster)
 }
 
 /// `fsdpc report`: the HTML page of `plan`, simulated on `cluster`, with
@@ -78,20 +73,7 @@ pub fn report(
     cluster: Option<&str>,
     measured: Option<&Path>,
 ) -> Result<String, CliError> {
-    let cluster = cluster_for(plan, cluster)?;
-    let trace = match measured {
-        None => None,
-        Some(path) => {
-            let text = super::read_file(path)?;
-            Some(serde_json::from_str(&text).map_err(|e| {
-                CliError::Usage(format!("{} is not a trace (not JSON: {e})", path.display()))
-            })?)
-        }
-    };
-    fsdpc_report::html::render(plan, &cluster, trace.as_ref()).map_err(|e| {
-        let prefix = measured.map_or(String::new(), |p| format!("{}: ", p.display()));
-        CliError::Usage(format!("{prefix}{e}"))
-    })
+    super::report::html(plan, cluster, measured)
 }
 
 /// How a flag takes its value.
@@ -147,18 +129,17 @@ pub fn flags(command: &str) -> Option<Vec<Flag>> {
     )
 }
 
-/// Runs `fsdpc ARGS...` as the binary does, printing what it prints;
-/// returns the exit status.
-pub fn main(args: &[String]) -> i32 {
-    let cli =
-        match Cli::try_parse_from(std::iter::once("fsdpc".to_string()).chain(args.iter().cloned()))
-        {
-            Ok(cli) => cli,
-            Err(e) => {
-                let _ = e.print();
-                return e.exit_code();
-            }
-        };
+/// Runs `fsdpc ARGS...`, printing what the command prints; returns the
+/// exit status. The binary is this function.
+pub fn main<T: Into<OsString> + Clone>(args: &[T]) -> i32 {
+    let cli = match try_parse(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap's own message (or --help, --version) and status.
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
     match super::run(cli) {
         Ok(()) => 0,
         Err(e) => {

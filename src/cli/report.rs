@@ -2,13 +2,14 @@
 //! the plan's self-contained HTML report (`fsdpc_planner::report`), with a
 //! `fsdpc train --trace` file of it drawn beside the prediction.
 
-use super::compile::resolve_cluster;
+use super::compile::plan_cluster;
 use super::inspect::load_plan;
 use super::{print_out, read_file, CliError};
 use clap::Args;
 use fsdpc_plan::readable::human_bytes;
+use fsdpc_plan::Plan;
 use fsdpc_report::html::render;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -31,30 +32,7 @@ pub struct ReportArgs {
 
 pub fn run(a: ReportArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
-    let cluster = match &a.cluster {
-        None => plan.cluster.clone(),
-        Some(name) => resolve_cluster(
-            name,
-            Some(plan.cluster.world),
-            Some(plan.cluster.ranks_per_node),
-        )?,
-    };
-    let measured = match &a.measured {
-        None => None,
-        Some(path) => {
-            let text = read_file(path)?;
-            Some(serde_json::from_str(&text).map_err(|e| {
-                CliError::Usage(format!("{} is not a trace (not JSON: {e})", path.display()))
-            })?)
-        }
-    };
-    let html = render(&plan, &cluster, measured.as_ref()).map_err(|e| {
-        let trace = a
-            .measured
-            .as_ref()
-            .map_or(String::new(), |p| format!("{}: ", p.display()));
-        CliError::Usage(format!("{trace}{e}"))
-    })?;
+    let html = html(&plan, a.cluster.as_deref(), a.measured.as_deref())?;
     match &a.output {
         None => print_out(&html),
         Some(path) => {
@@ -69,4 +47,27 @@ pub fn run(a: ReportArgs) -> Result<(), CliError> {
             ))
         }
     }
+}
+
+/// The HTML page of `plan` simulated on `cluster` (the plan's own by
+/// default), with the measured trace at `measured` beside the prediction.
+pub(crate) fn html(
+    plan: &Plan,
+    cluster: Option<&str>,
+    measured: Option<&Path>,
+) -> Result<String, CliError> {
+    let cluster = plan_cluster(plan, cluster)?;
+    let trace = match measured {
+        None => None,
+        Some(path) => {
+            let text = read_file(path)?;
+            Some(serde_json::from_str(&text).map_err(|e| {
+                CliError::Usage(format!("{} is not a trace (not JSON: {e})", path.display()))
+            })?)
+        }
+    };
+    render(plan, &cluster, trace.as_ref()).map_err(|e| {
+        let prefix = measured.map_or(String::new(), |p| format!("{}: ", p.display()));
+        CliError::Usage(format!("{prefix}{e}"))
+    })
 }

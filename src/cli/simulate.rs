@@ -2,7 +2,7 @@
 //! cluster or on another one (same world and ranks per node, other speeds);
 //! `fsdpc cluster PRESET [-o FILE]`: a preset as a cluster file to edit.
 
-use super::compile::resolve_cluster;
+use super::compile::plan_cluster;
 use super::inspect::load_plan;
 use super::{print_out, CliError};
 use clap::Args;
@@ -27,27 +27,31 @@ pub struct SimulateArgs {
 
 pub fn run(a: SimulateArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
-    let cluster = match &a.cluster {
-        None => plan.cluster.clone(),
-        Some(name) => resolve_cluster(
-            name,
-            Some(plan.cluster.world),
-            Some(plan.cluster.ranks_per_node),
-        )?,
-    };
-    let sim = simulate(&plan, &cluster);
+    let (sim, text) = simulated(&plan, a.cluster.as_deref())?;
     if a.json {
         let text = serde_json::to_string_pretty(&sim)
             .map_err(|e| CliError::Usage(format!("cannot print the simulation: {e}")))?;
         return print_out(&format!("{text}\n"));
     }
-    print_out(&render(&sim, cluster.memory_bytes, plan.memory.rank_bytes))
+    print_out(&text)
+}
+
+/// `plan`'s step simulated on `cluster` (the plan's own by default), and
+/// the text `simulate` prints of it.
+pub(crate) fn simulated(
+    plan: &fsdpc_plan::Plan,
+    cluster: Option<&str>,
+) -> Result<(Simulation, String), CliError> {
+    let cluster = plan_cluster(plan, cluster)?;
+    let sim = simulate(plan, &cluster);
+    let text = render(&sim, cluster.memory_bytes, plan.memory.rank_bytes);
+    Ok((sim, text))
 }
 
 /// The simulation as text; `rank_bytes` is the plan's peak per rank (the
 /// figure `compile` and `train` print), beside the arena's live peak the
 /// capacity is checked against.
-pub(crate) fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
+fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
