@@ -83,10 +83,16 @@ def fsdp2(out: list) -> None:
         check=True, capture_output=True, env=env,
     )
     r = json.load(open(result))
+    sys.path.insert(0, TESTS)
+    from tiny import Tiny
+
+    tiny = Tiny()
+    params = list(tiny.parameters())
     out.append("### A plan applied to PyTorch FSDP2 against the unwrapped module")
     out.append("")
     out.append(
-        "The tests' tiny model (3 blocks, 23 parameters) planned with `from_torch(..., world=2, "
+        f"The tests' tiny model ({len(tiny.blocks)} blocks, {len(params)} parameter tensors, "
+        f"{sum(p.numel() for p in params):,} elements) planned with `from_torch(..., world=2, "
         "activation_checkpointing=True, optimizer=\"sgd\", lr=0.1)`, applied with "
         "`fsdpc.torch.apply` on 2 gloo processes, each training on its half of a batch of 4; "
         "beside it the unwrapped module on the whole batch (python/tests/fsdp2_worker.py)."

@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
+try:
+    import torch
+except ImportError:
+    raise ImportError("fsdpc.torch needs torch: pip install 'fsdpc[torch]'") from None
 import torch.distributed as dist
 from torch import nn
 

@@ -1,6 +1,7 @@
-"""docs/python.md's examples run: every `python` block in order in one
-namespace, and each `python torchrun` block as a script on 2 gloo
-processes (those need torch)."""
+"""The documentation's Python examples run: every `python` block of
+docs/python.md in order in one namespace, each `python torchrun` block as
+a script on 2 gloo processes (those need torch), and the `python` blocks
+of README.md and python/README.md."""
 
 import os
 import re
@@ -13,8 +14,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 PAGE = os.path.join(ROOT, "docs", "python.md")
 
 
-def blocks(tag):
-    text = open(PAGE, encoding="utf-8").read()
+def blocks(tag, page=PAGE):
+    text = open(page, encoding="utf-8").read()
     return re.findall(r"^```" + re.escape(tag) + r"\n(.*?)^```$", text, flags=re.S | re.M)
 
 
@@ -48,3 +49,12 @@ def test_the_torchrun_example_runs(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "('blocks.0', True, True, ['blocks.1'])" in run.stdout
+
+
+@pytest.mark.parametrize("page", ["README.md", os.path.join("python", "README.md")])
+def test_the_readmes_python_blocks_run(page, tmp_path, monkeypatch):
+    found = blocks("python", os.path.join(ROOT, page))
+    assert found, f"{page} has no python block"
+    monkeypatch.chdir(tmp_path)
+    for code in found:
+        exec(compile(code, page, "exec"), {})
