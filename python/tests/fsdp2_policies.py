@@ -31,4 +31,5 @@ print(json.dumps({
     "grad_dtype": str(next(model.parameters()).grad.dtype),
     "notes": applied.notes,
 }))
+dist.barrier()
 dist.destroy_process_group()

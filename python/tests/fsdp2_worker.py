@@ -102,6 +102,9 @@ def main():
                 },
                 f,
             )
+    # Every rank done before any tears gloo down (a rank leaving early
+    # can abort the other's exit).
+    dist.barrier()
     dist.destroy_process_group()
 
 
