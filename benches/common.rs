@@ -16,6 +16,11 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+#[allow(dead_code)]
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
 /// The configuration the at-scale benches plan with: bf16 parameters and
 /// reductions, every unit recomputed, no fit check (so a row that does
 /// not fit is still planned and shown as such).

@@ -23,8 +23,6 @@ use fsdpc_ir::DType;
 use fsdpc_plan::{CheckpointPolicy, Cluster, Strategy};
 use fsdpc_planner::FsdpConfig;
 
-const GIB: f64 = (1u64 << 30) as f64;
-
 /// torchtitan's Llama 3 and Llama 2 runs on 64 A100-80GB with FSDP2
 /// (`docs/performance.md` of pytorch/torchtitan).
 const TITAN_A100: &str = "torchtitan docs/performance.md (64 A100-80GB, FSDP2)";
@@ -209,7 +207,7 @@ fn main() {
                     r.mfu.map_or("-".to_string(), |m| format!("{:.1}%", m * 100.0)),
                     e.mfu * 100.0,
                     r.memory_gib.map_or("-".to_string(), |m| format!("{m:.1} GiB")),
-                    format!("{:.1} GiB", p.memory.peak_bytes as f64 / GIB),
+                    format!("{:.1} GiB", common::gib(p.memory.arena_bytes)),
                     if p.memory.device_peak_bytes() <= cluster.memory_bytes {
                         "yes"
                     } else {
@@ -236,9 +234,10 @@ fn main() {
          them, collectives at link rate), where torchtitan runs PyTorch with its caching allocator, \
          FlashAttention and fused AdamW. An eager row runs each normalisation, activation and rotary \
          embedding as several kernels; a compile row has torch.compile fuse them, as fsdpc's IR does, \
-         and is the closer comparison (fsdpc predicts both alike); the A100 page names no torch.compile, so its rows are taken as torchtitan's default, eager. The H100 rows keep the 700 W SXM's \
-         rates for Grand Teton's 500 W HBM2e GPUs. `mem pub` is torchtitan's reserved peak of its \
-         caching allocator; `arena` is fsdpc's planned arena peak, the same pool without the memory \
-         outside it (context, NCCL, cuBLAS), which the fit check adds."
+         and is the closer comparison (fsdpc predicts both alike); the A100 page names no \
+         torch.compile, so its rows are taken as torchtitan's default, eager. The H100 rows keep the \
+         700 W SXM's rates for Grand Teton's 500 W HBM2e GPUs. `mem pub` is torchtitan's reserved \
+         peak of its caching allocator; `arena` is the arena fsdpc's plan allocates, the same pool \
+         without the memory outside it (context, NCCL, cuBLAS), which the fit check adds."
     );
 }

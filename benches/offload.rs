@@ -16,10 +16,6 @@ use fsdpc_ir::DType;
 use fsdpc_plan::{BufferKind, CheckpointPolicy, Location};
 use fsdpc_planner::FsdpConfig;
 
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
-}
-
 fn row(name: &str, cfg: &FsdpConfig) {
     let plain = common::compile("gpt3-175b", "a100-80g-roce", 128, 8, cfg);
     let offload = FsdpConfig {
@@ -46,12 +42,12 @@ fn row(name: &str, cfg: &FsdpConfig) {
     println!(
         "  {:<16} {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>7.2} s {:>7.2} s",
         name,
-        gib(p.memory.peak_bytes),
-        gib(o.memory.peak_bytes),
-        gib(o.memory.host_peak_bytes),
-        gib(state),
-        gib(o.copied_bytes(Location::Device)),
-        gib(o.copied_bytes(Location::Host)),
+        common::gib(p.memory.peak_bytes),
+        common::gib(o.memory.peak_bytes),
+        common::gib(o.memory.host_peak_bytes),
+        common::gib(state),
+        common::gib(o.copied_bytes(Location::Device)),
+        common::gib(o.copied_bytes(Location::Host)),
         p.estimates.step_time_s,
         o.estimates.step_time_s,
     );

@@ -28,10 +28,6 @@ fn compile_with(model: &str, world: u32, cfg: &FsdpConfig) -> Result<Plan, Strin
     common::compile(model, "a100-80g-roce", world, 8, cfg)
 }
 
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
-}
-
 /// Best and median of `times` (seconds).
 fn best_median(times: &mut [f64]) -> (f64, f64) {
     times.sort_by(f64::total_cmp);
@@ -84,8 +80,8 @@ fn checkpoint_selection() {
             "gpt3-175b world 128 full_shard, --activation-checkpointing {policy}: {} of {} units checkpointed, peak {:.2} GiB per rank (activations {:.2} GiB at the peak), step {:.2} s simulated",
             p.config.checkpointed_units.len(),
             p.units.len(),
-            gib(p.memory.rank_bytes),
-            gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
+            common::gib(p.memory.rank_bytes),
+            common::gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
             p.estimates.step_time_s
         );
     }
@@ -130,10 +126,10 @@ fn mixed_precision() {
                 .sum();
             println!(
                 "gpt3-175b world {world} full_shard {name}: peak {:.2} GiB per rank, all-gathered {:.1} GiB per step (each rank sends {:.1} GiB), reduce-scatter sends {:.1} GiB, step {:.2} s simulated",
-                gib(p.memory.rank_bytes),
-                gib(gathered),
-                gib(sent(|op| matches!(op, InstrOp::AllGather { .. }))),
-                gib(sent(|op| matches!(op, InstrOp::ReduceScatter { .. }))),
+                common::gib(p.memory.rank_bytes),
+                common::gib(gathered),
+                common::gib(sent(|op| matches!(op, InstrOp::AllGather { .. }))),
+                common::gib(sent(|op| matches!(op, InstrOp::ReduceScatter { .. }))),
                 p.estimates.step_time_s,
             );
         }
@@ -169,9 +165,9 @@ fn main() {
     );
     println!(
         "gpt3-175b world 512 full_shard: peak {:.2} GiB per rank (the arena's live peak and {:.2} GiB outside it on a GPU) of {:.0} GiB: {}",
-        gib(plan.memory.device_peak_bytes()),
-        gib(plan.memory.outside_arena_bytes()),
-        gib(plan.cluster.memory_bytes),
+        common::gib(plan.memory.device_peak_bytes()),
+        common::gib(plan.memory.outside_arena_bytes()),
+        common::gib(plan.cluster.memory_bytes),
         if plan.memory.device_peak_bytes() <= plan.cluster.memory_bytes {
             "fits"
         } else {
@@ -189,19 +185,19 @@ fn main() {
     let p128 = compile("gpt3-175b", 128, Strategy::FullShard, false).expect("world 128 full_shard");
     println!(
         "gpt3-175b world 128 full_shard: peak {:.2} GiB per rank (arena {:.2} GiB, capacity {:.0} GiB), step {:.2} s simulated, MFU {:.1}%",
-        gib(p128.memory.rank_bytes),
-        gib(p128.memory.arena_bytes),
-        gib(p128.cluster.memory_bytes),
+        common::gib(p128.memory.rank_bytes),
+        common::gib(p128.memory.arena_bytes),
+        common::gib(p128.cluster.memory_bytes),
         p128.estimates.step_time_s,
         p128.estimates.mfu * 100.0
     );
     for (kind, bytes) in &p128.memory.breakdown {
-        println!("  {kind:?}: {:.2} GiB", gib(*bytes));
+        println!("  {kind:?}: {:.2} GiB", common::gib(*bytes));
     }
     match compile("gpt3-175b", 128, Strategy::NoShard, true) {
         Ok(p) => println!(
             "gpt3-175b world 128 no_shard fits: peak {:.1} GiB",
-            gib(p.memory.rank_bytes)
+            common::gib(p.memory.rank_bytes)
         ),
         Err(e) => println!("gpt3-175b world 128 no_shard does not fit 80 GB: {e}"),
     }
@@ -216,8 +212,8 @@ fn main() {
         match compile_with("gpt3-175b", world, &cfg) {
             Ok(p) => println!(
                 "gpt3-175b world {world} full_shard + activation checkpointing: peak {:.2} GiB per rank (fits 80 GiB), activations {:.2} GiB, step {:.2} s simulated",
-                gib(p.memory.rank_bytes),
-                gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
+                common::gib(p.memory.rank_bytes),
+                common::gib(p.memory.breakdown.iter().filter(|(k, _)| *k == BufferKind::Activation).map(|(_, b)| *b).sum()),
                 p.estimates.step_time_s
             ),
             Err(e) => println!("gpt3-175b world {world} with activation checkpointing: {e}"),

@@ -16,10 +16,6 @@ use fsdpc_plan::{CheckpointPolicy, Plan, ReshardAfterForward, Strategy};
 use fsdpc_planner::cost::traffic;
 use fsdpc_planner::FsdpConfig;
 
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
-}
-
 /// The settings compared: a name and the configuration.
 fn settings(dtype: DType) -> Vec<(&'static str, FsdpConfig)> {
     let base = FsdpConfig {
@@ -101,12 +97,12 @@ fn table(world: u32, dtype: DType) {
                     "  {:<22} {:>4} {:>7.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB {:>8.2} GiB",
                     name,
                     p.config.shard_factor,
-                    gib(p.memory.rank_bytes),
-                    gib(a.memory.rank_bytes),
-                    gib(ag),
-                    gib(rs),
-                    gib(ar),
-                    gib(inter),
+                    common::gib(p.memory.rank_bytes),
+                    common::gib(a.memory.rank_bytes),
+                    common::gib(ag),
+                    common::gib(rs),
+                    common::gib(ar),
+                    common::gib(inter),
                 );
                 peaks.push((name, p.memory.rank_bytes, a.memory.rank_bytes));
             }
@@ -121,10 +117,10 @@ fn table(world: u32, dtype: DType) {
     ) {
         println!(
             "  reshard_after_forward saves {:.2} GiB per rank ({:.2} GiB with AC) against keeping parameters to backward; resharding to 8 ranks saves {:.2} GiB ({:.2} GiB with AC)",
-            gib(keep.0.saturating_sub(full.0)),
-            gib(keep.1.saturating_sub(full.1)),
-            gib(keep.0.saturating_sub(hpz.0)),
-            gib(keep.1.saturating_sub(hpz.1)),
+            common::gib(keep.0.saturating_sub(full.0)),
+            common::gib(keep.1.saturating_sub(full.1)),
+            common::gib(keep.0.saturating_sub(hpz.0)),
+            common::gib(keep.1.saturating_sub(hpz.1)),
         );
     }
 }

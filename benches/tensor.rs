@@ -18,10 +18,6 @@ use fsdpc_ir::DType;
 use fsdpc_plan::Strategy;
 use fsdpc_planner::FsdpConfig;
 
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
-}
-
 fn config(strategy: Strategy, t: u32, sequence: bool) -> FsdpConfig {
     let mut c = common::bf16_recomputed();
     c.settings.strategy = strategy;
@@ -74,14 +70,14 @@ fn table(model: &str, preset: &str, world: u32) {
                     name,
                     e.step_time_s,
                     tokens,
-                    gib(p.memory.device_peak_bytes()),
+                    common::gib(p.memory.device_peak_bytes()),
                     if p.memory.device_peak_bytes() <= p.cluster.memory_bytes {
                         "yes"
                     } else {
                         "no"
                     },
-                    gib(tensor),
-                    gib(across),
+                    common::gib(tensor),
+                    common::gib(across),
                     e.exposed_comm_s,
                 );
             }
@@ -133,7 +129,7 @@ fn auto(model: &str, preset: &str, world: u32) {
                         b.config,
                         b.step_time_s,
                         b.tokens_per_s_per_rank,
-                        gib(b.peak_bytes),
+                        common::gib(b.peak_bytes),
                         if row.degree == choice.degree {
                             "  chosen"
                         } else {
