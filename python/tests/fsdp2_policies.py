@@ -4,14 +4,13 @@ bf16 plan with CPU offload applied to the tiny model; prints what
 produced, as JSON."""
 
 import json
-import os
-import sys
 
 import torch
 import torch.distributed as dist
 
 import fsdpc
 import fsdpc.torch
+from gloo_exit import finish
 from tiny import Tiny
 
 dist.init_process_group("gloo")
@@ -33,13 +32,4 @@ print(json.dumps({
     "grad_dtype": str(next(model.parameters()).grad.dtype),
     "notes": applied.notes,
 }))
-dist.barrier()
-dist.destroy_process_group()
-# torch keeps the gloo group alive past destroy_process_group (DTensor's
-# sharding cache holds the mesh), and its worker threads may still be
-# releasing a collective's tensors when the interpreter finalises, which
-# aborts the process ("terminate called without an active exception").
-# Nothing is left to run: leave without finalising.
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+finish()

@@ -7,7 +7,6 @@ largest difference as JSON to argv[1]. argv[2:] are `KEY=VALUE` flags for
 
 import copy
 import json
-import os
 import sys
 
 import torch
@@ -15,6 +14,7 @@ import torch.distributed as dist
 
 import fsdpc
 import fsdpc.torch
+from gloo_exit import finish
 from tiny import Tiny, cross_entropy
 
 STEPS = 5
@@ -103,18 +103,7 @@ def main():
                 },
                 f,
             )
-    # Every rank done before any tears gloo down (a rank leaving early
-    # can abort the other's exit).
-    dist.barrier()
-    dist.destroy_process_group()
-    # torch keeps the gloo group alive past destroy_process_group (DTensor's
-    # sharding cache holds the mesh), and its worker threads may still be
-    # releasing a collective's tensors when the interpreter finalises, which
-    # aborts the process ("terminate called without an active exception").
-    # Nothing is left to run: leave without finalising.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish()
 
 
 if __name__ == "__main__":
