@@ -423,6 +423,9 @@ pub fn estimate(plan: &Plan) -> Estimates {
 pub struct Simulation {
     /// The cluster's name (a preset or a cluster file's `name`).
     pub cluster: String,
+    /// Whose kernels the operators were priced as (`fsdpc`,
+    /// `pytorch-eager`).
+    pub kernels: &'static str,
     pub world: u32,
     pub step_time_s: f64,
     pub exposed_comm_s: f64,
@@ -474,6 +477,7 @@ pub fn run(plan: &Plan, cluster: &Cluster) -> Simulation {
         .collect();
     Simulation {
         cluster: cluster.name.clone(),
+        kernels: cluster.kernels.name(),
         world: plan.cluster.world,
         step_time_s: e.step_time_s,
         exposed_comm_s: e.exposed_comm_s,

@@ -6,6 +6,7 @@ use super::compile::plan_cluster;
 use super::inspect::load_plan;
 use super::{print_out, CliError};
 use clap::Args;
+use fsdpc_plan::cluster::Kernels;
 use fsdpc_plan::readable::human_bytes;
 use fsdpc_planner::simulate::{run as simulate, Simulation};
 use std::fmt::Write;
@@ -20,14 +21,36 @@ pub struct SimulateArgs {
     /// node are kept.
     #[arg(long, value_name = "FILE|PRESET")]
     pub cluster: Option<String>,
+    /// Price the operators as these kernels run them: `fsdpc` (its
+    /// runtimes') or `pytorch-eager` (PyTorch eager's views and composite
+    /// kernels, to predict a PyTorch run of the same model); default: the
+    /// cluster's `kernels`, fsdpc's unless it names another.
+    #[arg(long, value_enum, value_name = "KERNELS")]
+    pub kernels: Option<KernelsArg>,
     /// Print the figures as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
+/// `--kernels`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum KernelsArg {
+    Fsdpc,
+    PytorchEager,
+}
+
+impl From<KernelsArg> for Kernels {
+    fn from(k: KernelsArg) -> Kernels {
+        match k {
+            KernelsArg::Fsdpc => Kernels::Fsdpc,
+            KernelsArg::PytorchEager => Kernels::PytorchEager,
+        }
+    }
+}
+
 pub fn run(a: SimulateArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
-    let (sim, text) = simulated(&plan, a.cluster.as_deref())?;
+    let (sim, text) = simulated_with(&plan, a.cluster.as_deref(), a.kernels.map(Kernels::from))?;
     if a.json {
         let text = serde_json::to_string_pretty(&sim)
             .map_err(|e| CliError::Usage(format!("cannot print the simulation: {e}")))?;
@@ -42,7 +65,19 @@ pub(crate) fn simulated(
     plan: &fsdpc_plan::Plan,
     cluster: Option<&str>,
 ) -> Result<(Simulation, String), CliError> {
-    let cluster = plan_cluster(plan, cluster)?;
+    simulated_with(plan, cluster, None)
+}
+
+/// `simulated`, its operators priced as `kernels` run them when given.
+fn simulated_with(
+    plan: &fsdpc_plan::Plan,
+    cluster: Option<&str>,
+    kernels: Option<Kernels>,
+) -> Result<(Simulation, String), CliError> {
+    let mut cluster = plan_cluster(plan, cluster)?;
+    if let Some(k) = kernels {
+        cluster.kernels = k;
+    }
     let sim = simulate(plan, &cluster);
     let text = render(&sim, cluster.memory_bytes, plan.memory.rank_bytes);
     Ok((sim, text))
@@ -55,8 +90,16 @@ fn render(s: &Simulation, capacity: u64, rank_bytes: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "simulated on {} (world {}): step {:.6} s, exposed communication {:.6} s",
-        s.cluster, s.world, s.step_time_s, s.exposed_comm_s
+        "simulated on {} (world {}{}): step {:.6} s, exposed communication {:.6} s",
+        s.cluster,
+        s.world,
+        if s.kernels == "fsdpc" {
+            String::new()
+        } else {
+            format!(", {} kernels", s.kernels)
+        },
+        s.step_time_s,
+        s.exposed_comm_s
     );
     let _ = writeln!(
         out,

@@ -21,6 +21,7 @@ mod cost_model;
 mod cuda;
 mod data;
 mod docs;
+mod eager_kernels;
 mod equivalence;
 mod eval;
 mod examples;

@@ -5,7 +5,7 @@
 //! write them.
 
 use super::hardware::unmeasured_as_1;
-use super::{check_shape, Cluster, ClusterError, Hardware};
+use super::{check_shape, Cluster, ClusterError, Hardware, Kernels};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -31,6 +31,8 @@ struct ClusterFile {
     hardware: Hardware,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     sources: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Kernels::is_fsdpc")]
+    kernels: Kernels,
 }
 
 impl Cluster {
@@ -77,6 +79,7 @@ impl Cluster {
             hardware: f.hardware,
             description: f.description,
             sources: f.sources,
+            kernels: f.kernels,
         };
         cluster.check()?;
         check_shape(world, rpn)?;
@@ -94,6 +97,7 @@ impl Cluster {
             memory_bytes_per_rank: self.memory_bytes,
             hardware: self.hardware.clone(),
             sources: self.sources.clone(),
+            kernels: self.kernels,
         };
         // A map of plain numbers and strings always serialises.
         let text = serde_json::to_string_pretty(&f).unwrap_or_default();

@@ -45,6 +45,41 @@ pub struct Cluster {
     /// `"matmul_efficiency": "fsdpc calibrate on host x"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sources: BTreeMap<String, String>,
+    /// Whose kernels the cost model prices the program's operators as
+    /// (fsdpc's own by default).
+    #[serde(default, skip_serializing_if = "Kernels::is_fsdpc")]
+    pub kernels: Kernels,
+}
+
+/// Whose kernels run a program's operators, for the cost model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kernels {
+    /// fsdpc's runtimes: one kernel per operator, each writing its output
+    /// to a buffer of its own (a reshape or a transpose is a copy).
+    #[default]
+    Fsdpc,
+    /// PyTorch eager, to predict a published or a user's PyTorch run of
+    /// the same program: shape operators are views where PyTorch makes
+    /// them views, and the operators PyTorch runs as a composite of
+    /// several kernels (RMSNorm before its fused kernel, cross-entropy as
+    /// log-softmax and NLL) are priced as those kernels
+    /// (the planner's `cost/eager.rs`).
+    PytorchEager,
+}
+
+impl Kernels {
+    pub fn is_fsdpc(&self) -> bool {
+        *self == Kernels::Fsdpc
+    }
+
+    /// The name cluster files and `--kernels` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Fsdpc => "fsdpc",
+            Kernels::PytorchEager => "pytorch-eager",
+        }
+    }
 }
 
 /// A cluster that cannot exist or a cluster file that does not check.

@@ -219,13 +219,19 @@ pub(super) fn is_half(d: fsdpc_ir::DType) -> bool {
 }
 
 /// Time of the kernel of graph node `node`: the per-kernel overhead plus
-/// its roofline (see the module header).
+/// its roofline (see the module header), or what PyTorch eager's kernels
+/// for it take on a cluster that prices them (`eager`).
 pub fn node_kernel_time(
     graph: &Graph,
     node: fsdpc_ir::NodeId,
     cluster: &Cluster,
     dtype: fsdpc_ir::DType,
 ) -> f64 {
+    if cluster.kernels == fsdpc_plan::cluster::Kernels::PytorchEager {
+        if let Some(t) = super::eager::eager_kernel_time(graph, node, cluster) {
+            return t;
+        }
+    }
     let hw = &cluster.hardware;
     let flops = node_flops(graph, node);
     let bytes = node_bytes(graph, node);

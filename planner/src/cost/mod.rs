@@ -10,6 +10,7 @@
 //! kernels' bandwidth (`wire::codec_bytes`). Seconds and bytes throughout.
 
 mod collective;
+pub mod eager;
 mod kernel;
 
 pub use collective::*;

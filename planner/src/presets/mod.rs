@@ -100,6 +100,7 @@ pub fn preset(
         hardware,
         description: String::new(),
         sources: Default::default(),
+        kernels: Default::default(),
     })
 }
 

@@ -11,6 +11,7 @@ fn base() -> Cluster {
         hardware: Default::default(),
         description: "8x H200-SXM-141GB per node, NVLink4 inside".into(),
         sources: Default::default(),
+        kernels: Default::default(),
     };
     let h = &mut c.hardware;
     h.peak_flops_f32 = 67e12;
