@@ -20,7 +20,9 @@
 mod common;
 
 use fsdpc_ir::DType;
+use fsdpc_plan::cluster::Kernels;
 use fsdpc_plan::{CheckpointPolicy, Cluster, Strategy};
+use fsdpc_planner::simulate::estimate_on;
 use fsdpc_planner::FsdpConfig;
 
 /// torchtitan's Llama 3 and Llama 2 runs on 64 A100-80GB with FSDP2
@@ -30,6 +32,11 @@ const TITAN_A100: &str = "torchtitan docs/performance.md (64 A100-80GB, FSDP2)";
 /// TB/s, 500 W; `benchmarks/llama3_h100_202412_torchtitan.md`).
 const TITAN_H100: &str =
     "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Grand Teton H100)";
+
+/// torchtitan's Llama 3.1 405B run on 128 H100 with FSDP2 and tensor
+/// parallelism (`docs/performance.md` of pytorch/torchtitan, its "Llama
+/// 3.1 performance numbers").
+const TITAN_405B: &str = "torchtitan docs/performance.md (128 H100, FSDP2 16 x TP 8)";
 
 /// How a row recomputes, as its source names it.
 #[derive(Copy, Clone)]
@@ -86,6 +93,11 @@ struct Row {
     source: &'static str,
     /// The cluster: a preset, or how the source's GPUs differ from it.
     cluster: fn(u32) -> Cluster,
+    /// The tensor-parallel degree (1: FSDP alone).
+    tp: u32,
+    /// Whether the source bounds its GPUs' peak between two datasheet
+    /// figures (`PEAK_BOUNDS`) rather than naming one.
+    peak_bounded: bool,
 }
 
 /// The A100-80GB preset (RoCE between nodes: torchtitan does not say
@@ -95,12 +107,37 @@ fn a100(world: u32) -> Cluster {
 }
 
 /// The H100 preset with Grand Teton's GPUs as the source states them: 96
-/// GB of HBM2e at 2.4 TB/s. Their peak FLOP/s lies between the SXM's and
-/// the NVL's (the source does not know it); the SXM's is kept.
+/// GB of HBM2e at 2.4 TB/s (the preset's measured HBM fraction kept), at
+/// the default 500 W power limit, their peak "between SXM and NVL" which
+/// the source does not know: the rows are simulated at both datasheet
+/// peaks (`PEAK_BOUNDS`), and predicted at the middle. The 405B page's
+/// GPUs are the same ("HBM2e based lower TDP SXM H100 (95GB)", peak
+/// "between SXM and NVL").
 fn grand_teton(world: u32) -> Cluster {
     let mut c = fsdpc_planner::preset("h100-80g-ib", world, world.min(8)).expect("preset");
     c.memory_bytes = 96 << 30;
-    c.hardware.mem_bw = 2.4e12;
+    c.hardware.mem_bw *= 2.4e12 / H100_SXM_HBM;
+    c
+}
+
+/// The H100 SXM's datasheet HBM3 bandwidth, bytes/s.
+const H100_SXM_HBM: f64 = 3.35e12;
+
+/// Datasheet dense bf16 peaks, TFLOP/s: the H100 NVL (400 W) and the
+/// H100 SXM (700 W), which bound Grand Teton's 500 W GPUs as torchtitan
+/// states them.
+const PEAK_BOUNDS: (f64, f64) = (835.0, 989.0);
+
+/// `c` with its products and attention at `peak` TFLOP/s instead of the
+/// SXM's 989 (the measured rates scaled as the peak is: the same fraction
+/// of it).
+fn at_peak(c: &Cluster, peak: f64) -> Cluster {
+    let mut c = c.clone();
+    let r = peak / PEAK_BOUNDS.1;
+    c.hardware.peak_flops_bf16 *= r;
+    for rate in c.hardware.kernel_flops.values_mut() {
+        *rate *= r;
+    }
     c
 }
 
@@ -117,6 +154,8 @@ fn rows() -> Vec<Row> {
         memory_gib: None,
         source: TITAN_A100,
         cluster: a100,
+        tp: 1,
+        peak_bounded: false,
     };
     let h = |gpus, compiled, tps, memory| Row {
         model: "llama3.1-8b",
@@ -130,6 +169,8 @@ fn rows() -> Vec<Row> {
         memory_gib: Some(memory),
         source: TITAN_H100,
         cluster: grand_teton,
+        tp: 1,
+        peak_bounded: true,
     };
     vec![
         a("llama3-8b", 1, 8192, Ac::Layer, 2904.0, 0.568),
@@ -146,6 +187,24 @@ fn rows() -> Vec<Row> {
         h(8, true, 6667.0, 77.0),
         h(128, false, 5605.0, 67.0),
         h(128, true, 6514.0, 62.0),
+        // The 2-D run: FSDP 16 x TP 8 (`tensor_parallel_degree = 8` in
+        // its `train_configs/llama3_405b.toml`, sequence 8192, eager),
+        // MFU against the SXM's peak (the page's footnote).
+        Row {
+            model: "llama3.1-405b",
+            gpus: 128,
+            batch: 2,
+            seq: 8192,
+            ac: Ac::Full,
+            tps: 109.0,
+            mfu: Some(0.290),
+            compiled: false,
+            memory_gib: None,
+            source: TITAN_405B,
+            cluster: grand_teton,
+            tp: 8,
+            peak_bounded: true,
+        },
     ]
 }
 
@@ -153,10 +212,10 @@ fn main() {
     common::figures(
         "gpu_published",
         "predictions against published GPU runs",
-        "Published training runs (model, GPUs, FSDP, batch, sequence, bf16 mixed precision, recomputation as their sources state them), planned and simulated by fsdpc on the GPU presets: predicted tokens/s per GPU and MFU beside the published ones, with the error. Nothing is fitted to these runs. The presets hold products, attention and memory bandwidth as measured on an H200 (Hopper rows) or as published for the A100 (see docs/clusters.md), and links at their datasheet rates.",
+        "Published training runs (model, GPUs, FSDP, batch, sequence, bf16 mixed precision, recomputation as their sources state them), planned and simulated by fsdpc on the GPU presets: predicted tokens/s per GPU and MFU beside the published ones, with the error. Nothing is fitted to these runs. The presets hold products, attention and memory bandwidth as measured on an H200 (Hopper rows) or as published for the A100 (see docs/clusters.md), and links at their datasheet rates. An eager row is priced as PyTorch eager runs its kernels (`--kernels pytorch-eager`), a compiled one as fsdpc's.",
     );
     println!(
-        "{:<12} {:>5} {:>6} {:>6} {:<19} {:<7} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>5}  source",
+        "{:<13} {:>5} {:>6} {:>6} {:<19} {:<7} {:>10} {:>10} {:>8} {:>13} {:>10} {:>8} {:>8} {:>9} {:>9} {:>5}  source",
         "model",
         "GPUs",
         "batch",
@@ -166,6 +225,8 @@ fn main() {
         "published",
         "predicted",
         "error",
+        "peak bounds",
+        "fsdpc krn",
         "MFU pub",
         "MFU pred",
         "mem pub",
@@ -173,51 +234,120 @@ fn main() {
         "fits"
     );
     let mut errors = Vec::new();
+    let mut unscored = Vec::new();
     for r in rows() {
-        let cluster = (r.cluster)(r.gpus);
+        let mut cluster = (r.cluster)(r.gpus);
+        // torch.compile fuses the element-wise kernels as fsdpc's IR
+        // does; eager PyTorch runs its own (`fsdpc_planner::cost::eager`).
+        cluster.kernels = if r.compiled {
+            Kernels::Fsdpc
+        } else {
+            Kernels::PytorchEager
+        };
+        let (lo, hi) = PEAK_BOUNDS;
+        let sxm_peak = cluster.hardware.peak_flops_bf16;
+        if r.peak_bounded {
+            cluster = at_peak(&cluster, (lo + hi) / 2.0);
+        }
         let cfg = FsdpConfig {
             settings: fsdpc_plan::Settings {
                 strategy: Strategy::FullShard,
                 param_dtype: DType::Bf16,
                 reduce_dtype: DType::F32,
                 activation_checkpointing: r.ac.policy(),
+                tensor_parallel: r.tp,
                 ..fsdpc_plan::Settings::default()
             },
             check_fits: false,
             ..FsdpConfig::default()
         };
         let spec = format!("{}:batch={},seq={}", r.model, r.batch, r.seq);
-        match common::compile_for(&spec, &cluster, &cfg) {
-            Ok(p) => {
-                let e = &p.estimates;
-                let tps = p.model.tokens_per_rank_step as f64 / e.step_time_s;
-                let err = tps / r.tps - 1.0;
-                errors.push(err.abs());
-                println!(
-                    "{:<12} {:>5} {:>6} {:>6} {:<19} {:<7} {:>10.0} {:>10.0} {:>+6.1}% {:>8} {:>7.1}% {:>9} {:>9} {:>5}  {}",
-                    r.model,
-                    r.gpus,
-                    r.batch,
-                    r.seq,
-                    r.ac.name(),
-                    if r.compiled { "compile" } else { "eager" },
-                    r.tps,
-                    tps,
-                    err * 100.0,
-                    r.mfu.map_or("-".to_string(), |m| format!("{:.1}%", m * 100.0)),
-                    e.mfu * 100.0,
-                    r.memory_gib.map_or("-".to_string(), |m| format!("{m:.1} GiB")),
-                    format!("{:.1} GiB", common::gib(p.memory.arena_bytes)),
-                    if p.memory.device_peak_bytes() <= cluster.memory_bytes {
-                        "yes"
-                    } else {
-                        "no"
-                    },
-                    r.source
-                );
+        let p = match common::compile_for(&spec, &cluster, &cfg) {
+            Ok(p) => p,
+            Err(e) => {
+                println!("{:<12} {:>5} does not plan: {e}", r.model, r.gpus);
+                continue;
             }
-            Err(e) => println!("{:<12} {:>5} does not plan: {e}", r.model, r.gpus),
+        };
+        let e = &p.estimates;
+        // The T members of a tensor group compute on the same samples:
+        // tokens per GPU as torchtitan counts them (its tokens/s divides
+        // by the degrees other than data parallelism).
+        let tokens = p.model.tokens_per_rank_step as f64 / f64::from(r.tp);
+        let tps = tokens / e.step_time_s;
+        let tps_on = |c: &Cluster| tokens / estimate_on(&p, c).step_time_s;
+        let bounds = if r.peak_bounded {
+            let c = (r.cluster)(r.gpus);
+            let c = Cluster {
+                kernels: cluster.kernels,
+                ..c
+            };
+            format!(
+                "{:.0}-{:.0}",
+                tps_on(&at_peak(&c, lo)),
+                tps_on(&at_peak(&c, hi))
+            )
+        } else {
+            "-".to_string()
+        };
+        let fused = if r.compiled {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.0}",
+                tps_on(&Cluster {
+                    kernels: Kernels::Fsdpc,
+                    ..cluster.clone()
+                })
+            )
+        };
+        let err = tps / r.tps - 1.0;
+        // torchtitan's tensor parallelism shards the sequence between the
+        // regions (its `SequenceParallel` norms); a plan whose regions
+        // could not leave into row chunks runs something else, and is
+        // printed but not scored.
+        let unchunked = p
+            .config
+            .tensor
+            .as_ref()
+            .and_then(|t| t.sequence.as_ref())
+            .is_some_and(|q| q.scattered == 0);
+        if unchunked {
+            unscored.push(format!(
+                "{} on {} GPUs: fsdpc's sequence parallelism cuts a tensor on its first axis longer than 1, here the batch ({}), which T = {} does not divide, so its regions leave through all-reduces and its norms run on the whole sequence, where torchtitan shards the sequence",
+                r.model, r.gpus, r.batch, r.tp
+            ));
+        } else {
+            errors.push(err.abs());
         }
+        // MFU against the datasheet peak of the preset (the SXM's for the
+        // H100 rows, as torchtitan counts it).
+        let mfu = e.model_flops_per_rank_step / e.step_time_s / sxm_peak;
+        println!(
+            "{:<13} {:>5} {:>6} {:>6} {:<19} {:<7} {:>10.0} {:>10.0} {:>+6.1}%{} {:>13} {:>10} {:>8} {:>7.1}% {:>9} {:>9} {:>5}  {}",
+            r.model,
+            r.gpus,
+            r.batch,
+            r.seq,
+            r.ac.name(),
+            if r.compiled { "compile" } else { "eager" },
+            r.tps,
+            tps,
+            err * 100.0,
+            if unchunked { "*" } else { " " },
+            bounds,
+            fused,
+            r.mfu.map_or("-".to_string(), |m| format!("{:.1}%", m * 100.0)),
+            mfu * 100.0,
+            r.memory_gib.map_or("-".to_string(), |m| format!("{m:.1} GiB")),
+            format!("{:.1} GiB", common::gib(p.memory.arena_bytes)),
+            if p.memory.device_peak_bytes() <= cluster.memory_bytes {
+                "yes"
+            } else {
+                "no"
+            },
+            r.source
+        );
     }
     errors.sort_by(f64::total_cmp);
     if let (Some(median), Some(worst)) = (errors.get(errors.len() / 2), errors.last()) {
@@ -228,16 +358,27 @@ fn main() {
             worst * 100.0
         );
     }
+    for u in &unscored {
+        println!("* not scored: {u}.");
+    }
     println!(
         "\nWhat fsdpc's plan does differently in every row: its own schedule on the preset's rates \
-         (products and attention as measured or published, memory-bound kernels fused as fsdpc's IR has \
-         them, collectives at link rate), where torchtitan runs PyTorch with its caching allocator, \
-         FlashAttention and fused AdamW. An eager row runs each normalisation, activation and rotary \
-         embedding as several kernels; a compile row has torch.compile fuse them, as fsdpc's IR does, \
-         and is the closer comparison (fsdpc predicts both alike); the A100 page names no \
-         torch.compile, so its rows are taken as torchtitan's default, eager. The H100 rows keep the \
-         700 W SXM's rates for Grand Teton's 500 W HBM2e GPUs. `mem pub` is torchtitan's reserved \
-         peak of its caching allocator; `arena` is the arena fsdpc's plan allocates, the same pool \
-         without the memory outside it (context, NCCL, cuBLAS), which the fit check adds."
+         (products and attention as measured or published, collectives at link rate), where torchtitan \
+         runs PyTorch with its caching allocator, FlashAttention and fused AdamW. An eager row is priced \
+         as PyTorch eager runs the kernels (`fsdpc simulate --kernels pytorch-eager`: shape operators as \
+         views, RMSNorm as ATen's composite of 8 kernels forward and 17 backward, cross-entropy as \
+         log-softmax and NLL); `fsdpc krn` is the same plan priced as fsdpc's kernels. A compile row \
+         has torch.compile fuse the element-wise kernels, priced as fsdpc's. The A100 page names no \
+         torch.compile and its configuration's default is `compile = false`, so its rows are eager. \
+         The H100 rows are Grand Teton's 500 W HBM2e GPUs, whose peak torchtitan puts between the \
+         H100 NVL's and the SXM's (835 and 989 TFLOP/s): `peak bounds` is the prediction at each, \
+         `predicted` at the middle. What is not modelled: the graph is the transformers layout \
+         (rotary embedding by halves, grouped heads repeated), not torchtitan's own model code, and \
+         NCCL runs at link rate. `MFU pub` is torchtitan's count (6 FLOPs per parameter, embedding included, \
+         and attention's 12 L H Q T per token with nothing masked); `MFU pred` is fsdpc's model FLOPs \
+         (the products the graph computes, causal attention's unmasked half), lower for the same tokens. \
+         `mem pub` is torchtitan's reserved peak of its caching allocator; \
+         `arena` is the arena fsdpc's plan allocates, the same pool without the memory outside it \
+         (context, NCCL, cuBLAS), which the fit check adds."
     );
 }
