@@ -68,6 +68,8 @@ class Simulation:
     """The simulated step (`fsdpc simulate`) on one cluster."""
 
     cluster: str
+    #: Whose kernels priced the operators: "fsdpc" or "pytorch-eager".
+    kernels: str
     world: int
     step_time_s: float
     exposed_comm_s: float
@@ -239,15 +241,21 @@ class Plan:
         """`fsdpc inspect --json`."""
         return json.loads(self._native.summary_json())
 
-    def simulate(self, cluster: Optional[str] = None) -> Simulation:
+    def simulate(self, cluster: Optional[str] = None, kernels: Optional[str] = None) -> Simulation:
         """The step simulated on `cluster` (a preset or a cluster file; the
-        plan's own by default), at the plan's world and ranks per node."""
+        plan's own by default), at the plan's world and ranks per node, its
+        operators priced as `kernels` run them: "fsdpc" (its runtimes') or
+        "pytorch-eager" (`fsdpc simulate --kernels`; the cluster's by
+        default)."""
         if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
             raise TypeError(f"simulate(): cluster is a preset name or a file, not {type(cluster).__name__}")
-        data, text = self._native.simulate(None if cluster is None else os.fspath(cluster))
+        if kernels is not None and not isinstance(kernels, str):
+            raise TypeError(f"simulate(): kernels is 'fsdpc' or 'pytorch-eager', not {type(kernels).__name__}")
+        data, text = self._native.simulate(None if cluster is None else os.fspath(cluster), kernels)
         d = json.loads(data)
         return Simulation(
             cluster=d["cluster"],
+            kernels=d["kernels"],
             world=d["world"],
             step_time_s=d["step_time_s"],
             exposed_comm_s=d["exposed_comm_s"],

@@ -74,11 +74,17 @@ impl NativePlan {
             .map_err(|e| FsdpcError::new_err(e.to_string()))
     }
 
-    /// `fsdpc simulate [--cluster C]`: (the simulation as JSON, its text).
-    #[pyo3(signature = (cluster=None))]
-    fn simulate(&self, py: Python<'_>, cluster: Option<String>) -> PyResult<(String, String)> {
+    /// `fsdpc simulate [--cluster C] [--kernels K]`: (the simulation as
+    /// JSON, its text).
+    #[pyo3(signature = (cluster=None, kernels=None))]
+    fn simulate(
+        &self,
+        py: Python<'_>,
+        cluster: Option<String>,
+        kernels: Option<String>,
+    ) -> PyResult<(String, String)> {
         let (sim, text) = py
-            .detach(|| embed::simulate(&self.plan, cluster.as_deref()))
+            .detach(|| embed::simulate(&self.plan, cluster.as_deref(), kernels.as_deref()))
             .map_err(error)?;
         let json = serde_json::to_string(&sim).map_err(|e| FsdpcError::new_err(e.to_string()))?;
         Ok((json, text))

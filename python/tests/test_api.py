@@ -121,6 +121,25 @@ def test_simulate_on_the_plans_cluster_and_on_another():
         plan.simulate("no-such-cluster")
 
 
+def test_simulate_prices_pytorch_eager_kernels():
+    plan = fsdpc.compile(
+        "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=512,seq=32,batch=2",
+        world=2,
+        cluster="h100-80g-ib",
+    )
+    fused = plan.simulate()
+    eager = plan.simulate(kernels="pytorch-eager")
+    assert (fused.kernels, eager.kernels) == ("fsdpc", "pytorch-eager")
+    assert eager.step_time_s != fused.step_time_s
+    assert "pytorch-eager kernels" in str(eager)
+    # The same figures as the command's.
+    assert eager.data == plan.simulate("h100-80g-ib", kernels="pytorch-eager").data
+    with pytest.raises(FsdpcError, match="fsdpc, pytorch-eager"):
+        plan.simulate(kernels="eager")
+    with pytest.raises(TypeError, match="kernels"):
+        plan.simulate(kernels=1)
+
+
 def test_report_writes_the_html_page(tmp_path):
     out = mini().report(tmp_path / "r.html")
     text = open(out).read()

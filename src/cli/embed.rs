@@ -60,10 +60,23 @@ pub fn load_plan(path: &Path) -> Result<Plan, CliError> {
     super::inspect::load_plan(path)
 }
 
-/// `fsdpc simulate`: the simulated step of `plan` on `cluster` (the plan's
-/// own by default), and the text the command prints.
-pub fn simulate(plan: &Plan, cluster: Option<&str>) -> Result<(Simulation, String), CliError> {
-    super::simulate::simulated(plan, cluster)
+/// `fsdpc simulate [--kernels K]`: the simulated step of `plan` on
+/// `cluster` (the plan's own by default), its operators priced as
+/// `kernels` (`fsdpc`, `pytorch-eager`; the cluster's by default), and the
+/// text the command prints.
+pub fn simulate(
+    plan: &Plan,
+    cluster: Option<&str>,
+    kernels: Option<&str>,
+) -> Result<(Simulation, String), CliError> {
+    let kernels = kernels
+        .map(|k| {
+            <super::simulate::KernelsArg as clap::ValueEnum>::from_str(k, false).map_err(|_| {
+                CliError::Usage(format!("kernels `{k}` is not one of: fsdpc, pytorch-eager"))
+            })
+        })
+        .transpose()?;
+    super::simulate::simulated(plan, cluster, kernels.map(Into::into))
 }
 
 /// `fsdpc report`: the HTML page of `plan`, simulated on `cluster`, with

@@ -50,7 +50,7 @@ impl From<KernelsArg> for Kernels {
 
 pub fn run(a: SimulateArgs) -> Result<(), CliError> {
     let plan = load_plan(&a.plan)?;
-    let (sim, text) = simulated_with(&plan, a.cluster.as_deref(), a.kernels.map(Kernels::from))?;
+    let (sim, text) = simulated(&plan, a.cluster.as_deref(), a.kernels.map(Kernels::from))?;
     if a.json {
         let text = serde_json::to_string_pretty(&sim)
             .map_err(|e| CliError::Usage(format!("cannot print the simulation: {e}")))?;
@@ -59,17 +59,10 @@ pub fn run(a: SimulateArgs) -> Result<(), CliError> {
     print_out(&text)
 }
 
-/// `plan`'s step simulated on `cluster` (the plan's own by default), and
-/// the text `simulate` prints of it.
+/// `plan`'s step simulated on `cluster` (the plan's own by default), its
+/// operators priced as `kernels` run them when given, and the text
+/// `simulate` prints of it.
 pub(crate) fn simulated(
-    plan: &fsdpc_plan::Plan,
-    cluster: Option<&str>,
-) -> Result<(Simulation, String), CliError> {
-    simulated_with(plan, cluster, None)
-}
-
-/// `simulated`, its operators priced as `kernels` run them when given.
-fn simulated_with(
     plan: &fsdpc_plan::Plan,
     cluster: Option<&str>,
     kernels: Option<Kernels>,
