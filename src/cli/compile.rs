@@ -187,6 +187,25 @@ pub(crate) fn plan_model(
             cluster.ranks_per_node,
         );
     }
+    if let Some(q) = plan
+        .config
+        .tensor
+        .as_ref()
+        .and_then(|r| r.sequence.as_ref())
+    {
+        if q.whole > 0 {
+            eprintln!(
+                "warning: sequence parallelism left {} of {} region exits as all-reduces: a \
+                 chunk is cut on the sum's first axis longer than 1, which --tensor-parallel {} \
+                 does not divide there; the norms and residual adds between them run whole \
+                 (a batch {} divides, or batch 1 with a sequence it divides, chunks them)",
+                q.whole,
+                q.whole + q.scattered,
+                cfg.tensor_parallel,
+                cfg.tensor_parallel
+            );
+        }
+    }
     if let Some(v) = plan.config.tensor.as_ref().and_then(|r| r.vocabulary_whole) {
         eprintln!(
             "warning: the vocabulary of {v} does not split over --tensor-parallel {}, even \

@@ -853,3 +853,47 @@ fn lora_adapters_split_with_their_projections() {
         }
     }
 }
+
+/// Sequence parallelism cuts a region's sum on its first axis longer than
+/// 1: at batch 2 and T = 4 that is the batch, which T does not divide, so
+/// every exit stays an all-reduce and `compile` says so in one line; at
+/// batch 4 every exit chunks and nothing is said.
+#[test]
+fn compile_warns_when_sequence_parallelism_chunks_nothing() {
+    use crate::common::cli::fsdpc;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.json");
+    let run = |batch: u32| {
+        let model = format!(
+            "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=512,seq=32,batch={batch}"
+        );
+        let o = fsdpc(&[
+            "compile",
+            &model,
+            "--world",
+            "8",
+            "--cluster",
+            "h100-80g-ib",
+            "--tensor-parallel",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = run(2);
+    let warning: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("sequence parallelism"))
+        .collect();
+    assert_eq!(warning.len(), 1, "{err}");
+    assert!(
+        warning[0]
+            .starts_with("warning: sequence parallelism left 5 of 5 region exits as all-reduces")
+            && warning[0].contains("--tensor-parallel 4"),
+        "{err}"
+    );
+    let err = run(4);
+    assert!(!err.contains("sequence parallelism"), "{err}");
+}
