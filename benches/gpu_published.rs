@@ -6,13 +6,14 @@
 //! clusters are the presets (or a preset with the figures the source
 //! states, such as the GPUs' memory), and the rows are the check.
 //!
-//! Each row says what fsdpc's plan does differently from the published
-//! system. In all of them the published system is PyTorch eager (FSDP2 in
-//! torchtitan): kernels launched one by one, the caching allocator, its
-//! own fused kernels (FlashAttention, fused AdamW); fsdpc's prediction is
-//! its own schedule on the preset's rates (measured products, attention
-//! and memory bandwidth on Hopper, published ones on the A100; datasheet
-//! links).
+//! Each row models what its source states about the system that ran it
+//! (FSDP2 in torchtitan): an eager run is priced as PyTorch eager's
+//! kernels (`Kernels::PytorchEager`), a compiled one as fsdpc's; GPUs whose
+//! peak the source only bounds are simulated at both bounds. The rest is
+//! fsdpc's own schedule on the preset's rates (measured products,
+//! attention and memory bandwidth on Hopper, published ones on the A100;
+//! datasheet links). A row whose plan cannot run what the source ran is
+//! printed and not scored, saying why.
 //!
 //! Run: `cargo bench --bench gpu_published`
 
