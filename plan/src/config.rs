@@ -364,8 +364,8 @@ pub struct VocabularyPadding {
 pub struct SequenceRecord {
     /// Region exits that reduce-scatter into row chunks.
     pub scattered: u32,
-    /// Region exits left as all-reduces (the sum's first axis longer than
-    /// 1 is its last, or T does not divide it).
+    /// Region exits left as all-reduces (T divides neither the sum's first
+    /// axis longer than 1, before its last, nor its rows).
     pub whole: u32,
     /// Chunks gathered whole for ops that do not run on chunks (a
     /// replicated head's product, the loss).

@@ -195,14 +195,13 @@ pub(crate) fn plan_model(
     {
         if q.whole > 0 {
             eprintln!(
-                "warning: sequence parallelism left {} of {} region exits as all-reduces: a \
-                 chunk is cut on the sum's first axis longer than 1, which --tensor-parallel {} \
-                 does not divide there; the norms and residual adds between them run whole \
-                 (a batch {} divides, or batch 1 with a sequence it divides, chunks them)",
+                "warning: sequence parallelism left {} of {} region exits as all-reduces: \
+                 --tensor-parallel {} divides neither the sum's first axis longer than 1 nor \
+                 its rows (every axis but the last); the norms and residual adds between \
+                 them run whole",
                 q.whole,
                 q.whole + q.scattered,
                 cfg.tensor_parallel,
-                cfg.tensor_parallel
             );
         }
     }

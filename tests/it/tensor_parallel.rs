@@ -643,7 +643,9 @@ fn the_fp16_loss_scaler_holds_under_tensor_parallelism() {
 /// whole (all-reduced), listed in the record. Each trains like one rank.
 #[test]
 fn sequence_chunks_follow_the_shape() {
-    for (batch, t, scattered) in [(1, 2, 5), (1, 4, 5), (2, 4, 0)] {
+    // At batch 2 and T = 4 no axis divides by 4: the sums are chunked as
+    // rows of their last axis.
+    for (batch, t, scattered) in [(1, 2, 5), (1, 4, 5), (2, 4, 5)] {
         let spec = gpt(batch);
         let plan = plan_with(&spec, t, &cfg(t, Strategy::FullShard, None));
         let q = plan.config.tensor.as_ref().and_then(|r| r.sequence.clone());
@@ -855,9 +857,10 @@ fn lora_adapters_split_with_their_projections() {
 }
 
 /// Sequence parallelism cuts a region's sum on its first axis longer than
-/// 1: at batch 2 and T = 4 that is the batch, which T does not divide, so
-/// every exit stays an all-reduce and `compile` says so in one line; at
-/// batch 4 every exit chunks and nothing is said.
+/// 1, or else on its rows (every axis but the last): at batch 1 and a
+/// sequence of 6, T = 4 divides neither, so every exit stays an all-reduce
+/// and `compile` says so in one line; at batch 2 the 12 rows chunk and
+/// nothing is said.
 #[test]
 fn compile_warns_when_sequence_parallelism_chunks_nothing() {
     use crate::common::cli::fsdpc;
@@ -865,7 +868,7 @@ fn compile_warns_when_sequence_parallelism_chunks_nothing() {
     let out = dir.path().join("p.json");
     let run = |batch: u32| {
         let model = format!(
-            "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=512,seq=32,batch={batch}"
+            "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=512,seq=6,batch={batch}"
         );
         let o = fsdpc(&[
             "compile",
@@ -882,7 +885,7 @@ fn compile_warns_when_sequence_parallelism_chunks_nothing() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
-    let err = run(2);
+    let err = run(1);
     let warning: Vec<&str> = err
         .lines()
         .filter(|l| l.contains("sequence parallelism"))
@@ -894,6 +897,29 @@ fn compile_warns_when_sequence_parallelism_chunks_nothing() {
             && warning[0].contains("--tensor-parallel 4"),
         "{err}"
     );
-    let err = run(4);
+    let err = run(2);
     assert!(!err.contains("sequence parallelism"), "{err}");
+}
+
+/// A Llama at local batch 2 over T = 4 (torchtitan's local batch 2 with
+/// TP 8, in small): no axis divides by 4, so every region leaves into
+/// chunks of rows; it trains like one rank and holds less than plain
+/// tensor parallelism.
+#[test]
+fn rows_chunk_when_no_axis_divides_and_train_like_one_rank() {
+    let spec = llama(2);
+    let one = plan_with(&spec, 1, &cfg(1, Strategy::NoShard, None));
+    let reference = train(&one, STEPS, ExecMode::Arena);
+    let mut plain = cfg(4, Strategy::FullShard, None);
+    plain.sequence_parallel = false;
+    let plain = plan_with(&spec, 4, &plain);
+    let plan = plan_with(&spec, 4, &cfg(4, Strategy::FullShard, None));
+    let q = plan.config.tensor.as_ref().and_then(|r| r.sequence.clone());
+    assert_eq!(
+        q.map(|q| (q.scattered, q.whole, q.gathered)),
+        Some((5, 0, 0))
+    );
+    let r = train(&plan, STEPS, ExecMode::Arena);
+    like_one_rank("llama batch 2 T=4 rows", &reference, &plan, &r);
+    assert!(plan.memory.peak_bytes < plain.memory.peak_bytes);
 }

@@ -6,7 +6,12 @@
 //! with `a`'s size divisible by T, is *chunkable*: member k holds the k-th
 //! of T equal contiguous parts (rows of the last axis), shaped as the whole
 //! with axis `a` divided by T, so gathering and scattering are plain
-//! collectives over contiguous buffers.
+//! collectives over contiguous buffers. A region's sum of three or more
+//! axes with no such axis but whose rows (every axis but the last) T
+//! divides is chunked as those rows: reshaped to `[rows, last]` before its
+//! reduce-scatter, the chunks' ops computing on rows, and every gather of
+//! them reshaped back to the whole's shape (a dropout reads the whole: its
+//! mask is drawn per sample).
 //!
 //! In graph order:
 //! - a region's `TpReduce` whose sum is chunkable becomes a
@@ -50,6 +55,13 @@ pub struct Sequence {
 fn chunk_axis(dims: &[usize], t: usize) -> Option<usize> {
     let a = dims.iter().position(|&d| d != 1)?;
     (a + 1 < dims.len() && dims[a].is_multiple_of(t)).then_some(a)
+}
+
+/// The rows of a whole of three or more axes, all but its last, when `t`
+/// divides them: chunked as `[rows, last]` when no axis of it can be.
+fn row_count(dims: &[usize], t: usize) -> Option<usize> {
+    let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    (dims.len() >= 3 && rows.is_multiple_of(t)).then_some(rows)
 }
 
 /// The axis of a value of shape `d`, broadcast right-aligned against a
@@ -126,6 +138,9 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
     let mut gathers: HashMap<ValueId, ValueId> = HashMap::new();
     // One constant of the members' offsets per chunk size (dropout).
     let mut offsets: HashMap<u64, ValueId> = HashMap::new();
+    // Chunks of rows (a whole of no axis to cut, as rows of its last
+    // axis), with the whole's own shape.
+    let mut flat: HashMap<ValueId, Vec<usize>> = HashMap::new();
     let mut record = Sequence::default();
     for n in order {
         let node = g.node(n);
@@ -139,24 +154,59 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
         match node.op.clone() {
             Op::TpReduce => {
                 let whole = dims(out, g);
-                match chunk_axis(&whole, t) {
-                    Some(axis) => {
+                match (chunk_axis(&whole, t), row_count(&whole, t)) {
+                    (Some(axis), _) => {
                         g.node_mut(n).op = Op::TpReduceScatter { axis, parts };
                         crate::precision::infer_outputs(g, n)?;
                         chunks.insert(out, axis);
                         record.scattered += 1;
                     }
-                    None => record.whole += 1,
+                    // No axis to cut, but rows to: the sum as rows of its
+                    // last axis, chunked on them.
+                    (None, Some(rows)) => {
+                        let last = whole[whole.len() - 1];
+                        let r = g.add1(
+                            Op::Reshape {
+                                shape: vec![rows, last],
+                            },
+                            &[ins[0]],
+                            format!("{name}.sp_rows"),
+                            module,
+                        )?;
+                        g.set_input(n, 0, r);
+                        g.node_mut(n).op = Op::TpReduceScatter { axis: 0, parts };
+                        crate::precision::infer_outputs(g, n)?;
+                        chunks.insert(out, 0);
+                        flat.insert(out, whole);
+                        record.scattered += 1;
+                    }
+                    (None, None) => record.whole += 1,
                 }
             }
             Op::TpCopy if chunks.contains_key(&ins[0]) => {
                 let axis = chunks[&ins[0]];
+                let users = g.users(out);
                 g.node_mut(n).op = Op::TpGather {
                     axis,
                     parts,
                     partial_grad: true,
                 };
                 crate::precision::infer_outputs(g, n)?;
+                if let Some(shape) = flat.get(&ins[0]) {
+                    // Rows gathered: the region reads them in the whole's
+                    // shape.
+                    let back = g.add1(
+                        Op::Reshape {
+                            shape: shape.clone(),
+                        },
+                        &[out],
+                        format!("{name}.sp_unrows"),
+                        module,
+                    )?;
+                    for (u, slot) in users {
+                        g.set_input(u, slot, back);
+                    }
+                }
             }
             op => {
                 let chunked: Vec<usize> = ins
@@ -176,17 +226,22 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                 };
                 let rank = whole_in.len();
                 let whole_out = dims(out, g);
+                // A chunk of rows: the shape its whole had before.
+                let rows_of = flat.get(&ins[first]).cloned();
                 // Every other input: a chunk of the same whole, a whole
                 // activation of that shape (split here), or a static value
                 // that does not vary along the chunk axis or spans it.
                 let fits = row_wise(&op, rank)
                     && g.node(n).outputs.len() == 1
+                    // A chunk of rows holds parts of samples: a dropout's
+                    // mask is drawn per sample, so it reads the whole.
+                    && !(rows_of.is_some() && matches!(op, Op::Dropout { .. }))
                     && ins.iter().all(|&v| {
                         if let Some(&a) = chunks.get(&v) {
                             return a == axis && dims(v, g).len() == rank;
                         }
                         let d = dims(v, g);
-                        if d == whole_in {
+                        if d == whole_in || rows_of.as_ref() == Some(&d) {
                             return true;
                         }
                         // Right-aligned broadcast: size 1 or absent at the
@@ -198,8 +253,9 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                             && ((0..=axis).all(|i| i < lead || d[i - lead] == 1)
                                 || spans(&d, &whole_in, axis).is_some())
                     });
-                let out_axis = match &op {
-                    Op::Reshape { .. } => chunk_axis(&whole_out, t),
+                let out_axis = match (&op, &rows_of) {
+                    (Op::Reshape { .. }, _) => chunk_axis(&whole_out, t),
+                    (_, Some(o)) => Some(axis).filter(|_| whole_out == *o),
                     _ => Some(axis).filter(|_| whole_out.len() == rank),
                 };
                 match (fits, out_axis) {
@@ -211,6 +267,21 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                             let split_name = format!("{name}.sp_split{i}");
                             let read = if dims(v, g) == whole_in {
                                 split_once(g, &mut splits, v, axis, parts, split_name, module)?
+                            } else if rows_of.as_ref() == Some(&dims(v, g)) {
+                                // A whole activation beside a chunk of rows:
+                                // its rows, split.
+                                let rows = match splits.get(&v) {
+                                    Some(_) => v,
+                                    None => g.add1(
+                                        Op::Reshape {
+                                            shape: whole_in.clone(),
+                                        },
+                                        &[v],
+                                        format!("{name}.sp_rows{i}"),
+                                        module,
+                                    )?,
+                                };
+                                split_rows_once(g, &mut splits, v, rows, parts, split_name, module)?
                             } else if let Some(a) = spans(&dims(v, g), &whole_in, axis) {
                                 // A static value with the chunk axis (a
                                 // position table): each member reads its
@@ -237,6 +308,9 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                         }
                         crate::precision::infer_outputs(g, n)?;
                         chunks.insert(out, out_axis);
+                        if let (Some(_), false) = (&rows_of, matches!(op, Op::Reshape { .. })) {
+                            flat.insert(out, whole_out);
+                        }
                     }
                     _ => {
                         for &i in &chunked {
@@ -254,6 +328,17 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                                         format!("{name}.sp_gather{i}"),
                                         module,
                                     )?;
+                                    let w = match flat.get(&v) {
+                                        Some(shape) => g.add1(
+                                            Op::Reshape {
+                                                shape: shape.clone(),
+                                            },
+                                            &[w],
+                                            format!("{name}.sp_unrows{i}"),
+                                            module,
+                                        )?,
+                                        None => w,
+                                    };
                                     gathers.insert(v, w);
                                     record.gathered += 1;
                                     w
@@ -284,6 +369,17 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                 name,
                 module,
             )?;
+            let whole = match flat.get(&v) {
+                Some(shape) => g.add1(
+                    Op::Reshape {
+                        shape: shape.clone(),
+                    },
+                    &[whole],
+                    format!("{}.sp_unrows", g.node(v.node).name),
+                    module,
+                )?,
+                None => whole,
+            };
             g.outputs[k] = whole;
             record.gathered += 1;
         }
@@ -308,6 +404,26 @@ fn split_once(
         return Ok(c);
     }
     let c = g.add1(Op::TpSplit { axis, parts }, &[v], name, module)?;
+    splits.insert(v, c);
+    Ok(c)
+}
+
+/// This member's rows of whole activation `v`, as `rows` (`v` reshaped to
+/// rows of its last axis) split on them: one `TpSplit` however many ops
+/// read it (`splits`, keyed by `v`).
+fn split_rows_once(
+    g: &mut Graph,
+    splits: &mut HashMap<ValueId, ValueId>,
+    v: ValueId,
+    rows: ValueId,
+    parts: u32,
+    name: String,
+    module: ModuleId,
+) -> Result<ValueId, IrError> {
+    if let Some(&c) = splits.get(&v) {
+        return Ok(c);
+    }
+    let c = g.add1(Op::TpSplit { axis: 0, parts }, &[rows], name, module)?;
     splits.insert(v, c);
     Ok(c)
 }
