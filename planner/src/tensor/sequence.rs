@@ -192,17 +192,9 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                     partial_grad: true,
                 };
                 crate::precision::infer_outputs(g, n)?;
-                if let Some(shape) = flat.get(&ins[0]) {
-                    // Rows gathered: the region reads them in the whole's
-                    // shape.
-                    let back = g.add1(
-                        Op::Reshape {
-                            shape: shape.clone(),
-                        },
-                        &[out],
-                        format!("{name}.sp_unrows"),
-                        module,
-                    )?;
+                let back =
+                    whole_shaped(g, &flat, ins[0], out, format!("{name}.sp_unrows"), module)?;
+                if back != out {
                     for (u, slot) in users {
                         g.set_input(u, slot, back);
                     }
@@ -265,28 +257,22 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                                 continue;
                             }
                             let split_name = format!("{name}.sp_split{i}");
+                            let split = Split {
+                                parts,
+                                name: split_name,
+                                module,
+                            };
                             let read = if dims(v, g) == whole_in {
-                                split_once(g, &mut splits, v, axis, parts, split_name, module)?
+                                split_once(g, &mut splits, v, axis, None, split)?
                             } else if rows_of.as_ref() == Some(&dims(v, g)) {
                                 // A whole activation beside a chunk of rows:
                                 // its rows, split.
-                                let rows = match splits.get(&v) {
-                                    Some(_) => v,
-                                    None => g.add1(
-                                        Op::Reshape {
-                                            shape: whole_in.clone(),
-                                        },
-                                        &[v],
-                                        format!("{name}.sp_rows{i}"),
-                                        module,
-                                    )?,
-                                };
-                                split_rows_once(g, &mut splits, v, rows, parts, split_name, module)?
+                                split_once(g, &mut splits, v, 0, Some(&whole_in), split)?
                             } else if let Some(a) = spans(&dims(v, g), &whole_in, axis) {
                                 // A static value with the chunk axis (a
                                 // position table): each member reads its
                                 // rows, the gradient gathered whole.
-                                split_once(g, &mut splits, v, a, parts, split_name, module)?
+                                split_once(g, &mut splits, v, a, None, split)?
                             } else if g.node(v.node).op.is_source()
                                 && !matches!(g.node(v.node).op, Op::Param { .. })
                             {
@@ -328,17 +314,8 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                                         format!("{name}.sp_gather{i}"),
                                         module,
                                     )?;
-                                    let w = match flat.get(&v) {
-                                        Some(shape) => g.add1(
-                                            Op::Reshape {
-                                                shape: shape.clone(),
-                                            },
-                                            &[w],
-                                            format!("{name}.sp_unrows{i}"),
-                                            module,
-                                        )?,
-                                        None => w,
-                                    };
+                                    let unrows = format!("{name}.sp_unrows{i}");
+                                    let w = whole_shaped(g, &flat, v, w, unrows, module)?;
                                     gathers.insert(v, w);
                                     record.gathered += 1;
                                     w
@@ -369,17 +346,8 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
                 name,
                 module,
             )?;
-            let whole = match flat.get(&v) {
-                Some(shape) => g.add1(
-                    Op::Reshape {
-                        shape: shape.clone(),
-                    },
-                    &[whole],
-                    format!("{}.sp_unrows", g.node(v.node).name),
-                    module,
-                )?,
-                None => whole,
-            };
+            let unrows = format!("{}.sp_unrows", g.node(v.node).name);
+            let whole = whole_shaped(g, &flat, v, whole, unrows, module)?;
             g.outputs[k] = whole;
             record.gathered += 1;
         }
@@ -389,43 +357,65 @@ pub fn apply(g: &mut Graph, loss: ValueId, t: usize) -> Result<(Sequence, ValueI
     Ok((record, loss))
 }
 
-/// This member's part of `v` split on `axis` over `parts` members: one
-/// `TpSplit` of `v` however many ops read it (`splits`).
+/// Where a `TpSplit` goes and what it is called.
+struct Split {
+    parts: u32,
+    name: String,
+    module: ModuleId,
+}
+
+/// This member's part of `v` split on `axis` over `parts` members (`v`
+/// reshaped to `rows` first, when given: a whole beside chunks of rows):
+/// one `TpSplit` of `v` however many ops read it (`splits`).
 fn split_once(
     g: &mut Graph,
     splits: &mut HashMap<ValueId, ValueId>,
     v: ValueId,
     axis: usize,
-    parts: u32,
-    name: String,
-    module: ModuleId,
+    rows: Option<&[usize]>,
+    at: Split,
 ) -> Result<ValueId, IrError> {
     if let Some(&c) = splits.get(&v) {
         return Ok(c);
     }
-    let c = g.add1(Op::TpSplit { axis, parts }, &[v], name, module)?;
+    let src = match rows {
+        Some(shape) => g.add1(
+            Op::Reshape {
+                shape: shape.to_vec(),
+            },
+            &[v],
+            format!("{}.rows", at.name),
+            at.module,
+        )?,
+        None => v,
+    };
+    let parts = at.parts;
+    let c = g.add1(Op::TpSplit { axis, parts }, &[src], at.name, at.module)?;
     splits.insert(v, c);
     Ok(c)
 }
 
-/// This member's rows of whole activation `v`, as `rows` (`v` reshaped to
-/// rows of its last axis) split on them: one `TpSplit` however many ops
-/// read it (`splits`, keyed by `v`).
-fn split_rows_once(
+/// `gathered`, the whole of `chunk`, in the shape the whole had before it
+/// was taken as rows (`flat`); `gathered` itself for any other chunk.
+fn whole_shaped(
     g: &mut Graph,
-    splits: &mut HashMap<ValueId, ValueId>,
-    v: ValueId,
-    rows: ValueId,
-    parts: u32,
+    flat: &HashMap<ValueId, Vec<usize>>,
+    chunk: ValueId,
+    gathered: ValueId,
     name: String,
     module: ModuleId,
 ) -> Result<ValueId, IrError> {
-    if let Some(&c) = splits.get(&v) {
-        return Ok(c);
+    match flat.get(&chunk) {
+        Some(shape) => g.add1(
+            Op::Reshape {
+                shape: shape.clone(),
+            },
+            &[gathered],
+            name,
+            module,
+        ),
+        None => Ok(gathered),
     }
-    let c = g.add1(Op::TpSplit { axis: 0, parts }, &[rows], name, module)?;
-    splits.insert(v, c);
-    Ok(c)
 }
 
 /// Dropout node `n`, now reading a chunk of `whole` (its input's whole
