@@ -237,19 +237,21 @@ fn main() {
     let mut errors = Vec::new();
     let mut unscored = Vec::new();
     for r in rows() {
-        let mut cluster = (r.cluster)(r.gpus);
+        let mut stated = (r.cluster)(r.gpus);
         // torch.compile fuses the element-wise kernels as fsdpc's IR
         // does; eager PyTorch runs its own (`fsdpc_planner::cost::eager`).
-        cluster.kernels = if r.compiled {
+        stated.kernels = if r.compiled {
             Kernels::Fsdpc
         } else {
             Kernels::PytorchEager
         };
         let (lo, hi) = PEAK_BOUNDS;
-        let sxm_peak = cluster.hardware.peak_flops_bf16;
-        if r.peak_bounded {
-            cluster = at_peak(&cluster, (lo + hi) / 2.0);
-        }
+        let sxm_peak = stated.hardware.peak_flops_bf16;
+        let cluster = if r.peak_bounded {
+            at_peak(&stated, (lo + hi) / 2.0)
+        } else {
+            stated.clone()
+        };
         let cfg = FsdpConfig {
             settings: fsdpc_plan::Settings {
                 strategy: Strategy::FullShard,
@@ -278,15 +280,10 @@ fn main() {
         let tps = tokens / e.step_time_s;
         let tps_on = |c: &Cluster| tokens / estimate_on(&p, c).step_time_s;
         let bounds = if r.peak_bounded {
-            let c = (r.cluster)(r.gpus);
-            let c = Cluster {
-                kernels: cluster.kernels,
-                ..c
-            };
             format!(
                 "{:.0}-{:.0}",
-                tps_on(&at_peak(&c, lo)),
-                tps_on(&at_peak(&c, hi))
+                tps_on(&at_peak(&stated, lo)),
+                tps_on(&at_peak(&stated, hi))
             )
         } else {
             "-".to_string()
