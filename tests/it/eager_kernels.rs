@@ -194,9 +194,15 @@ fn cluster_files_and_simulate_name_the_kernels() {
     assert!(!o.status.success());
     let msg = String::from_utf8_lossy(&o.stderr);
     assert!(
-        msg.contains("eager") && msg.contains("fsdpc") && msg.contains("pytorch-eager"),
+        msg.contains("\"eager\"") && msg.contains("`kernels` as \"fsdpc\" or \"pytorch-eager\""),
         "{msg}"
     );
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    std::fs::write(path, text.replace("\"pytorch-eager\"", "3")).unwrap();
+    let o = fsdpc(&["simulate", plan, "--cluster", path]);
+    assert!(!o.status.success());
+    let msg = String::from_utf8_lossy(&o.stderr);
+    assert!(msg.contains("integer `3`, expected `kernels`"), "{msg}");
     let o = fsdpc(&["simulate", plan, "--kernels", "torch"]);
     assert!(!o.status.success());
     let msg = String::from_utf8_lossy(&o.stderr);

@@ -52,7 +52,7 @@ pub struct Cluster {
 }
 
 /// Whose kernels run a program's operators, for the cost model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kernels {
     /// fsdpc's runtimes: one kernel per operator, each writing its output
@@ -79,6 +79,27 @@ impl Kernels {
             Kernels::Fsdpc => "fsdpc",
             Kernels::PytorchEager => "pytorch-eager",
         }
+    }
+}
+
+/// A cluster file's `kernels`: one of the names, any other value refused
+/// naming the field and the choices.
+impl<'de> Deserialize<'de> for Kernels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Kernels, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Kernels;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`kernels` as \"fsdpc\" or \"pytorch-eager\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Kernels, E> {
+                [Kernels::Fsdpc, Kernels::PytorchEager]
+                    .into_iter()
+                    .find(|k| k.name() == v)
+                    .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(v), &self))
+            }
+        }
+        d.deserialize_str(Name)
     }
 }
 
