@@ -8,6 +8,7 @@ use super::{print_out, CliError};
 use clap::Args;
 use fsdpc_plan::cluster::Kernels;
 use fsdpc_plan::readable::human_bytes;
+use fsdpc_planner::presets::Attention;
 use fsdpc_planner::simulate::{run as simulate, Simulation};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -148,9 +149,31 @@ pub struct ClusterArgs {
     /// Ranks per node (default: 8 for GPU presets, 2 for cpu-local).
     #[arg(long)]
     pub ranks_per_node: Option<u32>,
+    /// Price fused attention as this kernel runs it: `preset` (the
+    /// preset's own figures) or `flash-attention-2` (published rates: what
+    /// PyTorch's attention ran on Hopper before 2.11, and on A100s).
+    #[arg(long, value_enum, value_name = "KERNEL", default_value = "preset")]
+    pub attention: AttentionArg,
     /// Where to write the cluster file (default: stdout).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+}
+
+/// `fsdpc cluster --attention`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum AttentionArg {
+    Preset,
+    #[value(name = "flash-attention-2")]
+    FlashAttention2,
+}
+
+impl From<AttentionArg> for Attention {
+    fn from(a: AttentionArg) -> Attention {
+        match a {
+            AttentionArg::Preset => Attention::Preset,
+            AttentionArg::FlashAttention2 => Attention::FlashAttention2,
+        }
+    }
 }
 
 /// Writes a preset as a cluster file: a starting point for a user's own
@@ -159,7 +182,9 @@ pub fn cluster(a: ClusterArgs) -> Result<(), CliError> {
     let rpn = a
         .ranks_per_node
         .unwrap_or_else(|| fsdpc_planner::presets::default_ranks_per_node(&a.preset, None));
-    let text = fsdpc_planner::presets::described(&a.preset, rpn, rpn)?.to_file(false);
+    let mut cluster = fsdpc_planner::presets::described(&a.preset, rpn, rpn)?;
+    fsdpc_planner::presets::with_attention(&mut cluster, a.attention.into())?;
+    let text = cluster.to_file(false);
     match &a.output {
         None => print_out(&text),
         Some(path) => std::fs::write(path, text).map_err(|source| CliError::Io {

@@ -187,6 +187,103 @@ fn cluster_files_plan_like_their_preset_and_edits_change_the_estimate() {
     assert!(e.contains("neither a preset"), "{e}");
 }
 
+/// `fsdpc cluster PRESET --attention flash-attention-2` writes the preset
+/// with FlashAttention-2's published attention rates and their source: on
+/// Hopper slower than the preset's measured kernel, so a bf16 plan's step
+/// is longer and nothing else moves; on the A100 the preset's own figures;
+/// on a preset without them, one line naming it.
+#[test]
+fn cluster_files_can_price_attention_as_flash_attention_2() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let write = |name: &str, args: &[&str]| {
+        let path = dir.path().join(name);
+        let path = path.to_str().expect("utf-8").to_string();
+        let mut all = vec!["cluster"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", &path]);
+        ok(&all);
+        path
+    };
+    let rates = |file: &str| {
+        let c = json(&std::fs::read_to_string(file).expect("written"));
+        let h = &c["hardware"]["kernel_flops"];
+        let source = c["sources"]["kernel_flops"]
+            .as_str()
+            .expect("source")
+            .to_string();
+        (
+            h["attention:bf16"].as_f64().expect("forward"),
+            h["attention_grad:bf16"].as_f64().expect("backward"),
+            source,
+        )
+    };
+    let preset = write("h100.json", &["h100-80g-ib"]);
+    let flash = write(
+        "h100-fa2.json",
+        &["h100-80g-ib", "--attention", "flash-attention-2"],
+    );
+    let (pf, pb, psource) = rates(&preset);
+    let (ff, fb, fsource) = rates(&flash);
+    assert!(
+        ff < pf && fb < pb,
+        "FlashAttention-2 {ff}/{fb} vs preset {pf}/{pb}"
+    );
+    assert!(psource.contains("cuDNN"), "{psource}");
+    assert!(
+        fsource.contains("FlashAttention-2") && fsource.contains("Figures 5 and 6"),
+        "{fsource}"
+    );
+    let a100 = rates(&write("a100.json", &["a100-80g-roce"]));
+    let a100_flash = rates(&write(
+        "a100-fa2.json",
+        &["a100-80g-roce", "--attention", "flash-attention-2"],
+    ));
+    assert_eq!(a100, a100_flash);
+
+    let plan = dir.path().join("p.json");
+    let plan = plan.to_str().expect("utf-8").to_string();
+    // Attention long enough to show beside the gathers.
+    ok(&[
+        "compile",
+        "gpt:layers=2,hidden=256,heads=4,seq=1024,vocab=4096,batch=4",
+        "--world",
+        "2",
+        "--cluster",
+        "h100-80g-ib",
+        "--mixed-precision",
+        "bf16",
+        "-o",
+        &plan,
+    ]);
+    let on = |cluster: &str| json(&ok(&["simulate", &plan, "--cluster", cluster, "--json"]));
+    let (fast, slow) = (on(&preset), on(&flash));
+    assert!(
+        step(&slow) > step(&fast),
+        "{} vs {}",
+        step(&slow),
+        step(&fast)
+    );
+    for same in [
+        "peak_bytes_per_rank",
+        "comm_bytes_per_step",
+        "model_flops_per_rank_step",
+    ] {
+        assert_eq!(slow[same], fast[same], "{same}");
+    }
+
+    let e = err(&[
+        "cluster",
+        "l40s-48g-eth",
+        "--attention",
+        "flash-attention-2",
+    ]);
+    assert!(
+        e.contains("no FlashAttention-2 figures for preset `l40s-48g-eth`")
+            && e.lines().count() == 1,
+        "{e}"
+    );
+}
+
 #[test]
 fn h200_preset_has_its_memory() {
     let out = ok(&["cluster", "h200-141g-ib"]);

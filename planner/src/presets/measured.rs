@@ -68,14 +68,32 @@ const HOPPER_SKINNY: [(&str, [f64; 4]); 6] = [
     ("cols:nn@64", [27.2, 130.6, 240.5, 248.6]),
 ];
 
-/// Hopper fused causal attention in bf16 (PyTorch 2.11's
-/// `scaled_dot_product_attention`, its FlashAttention-2 kernel) at
-/// sequence 4096, head size 128, 32 heads, batch 4 on an H200
-/// (`scripts/gpu-tables.py`): 538.5 TFLOP/s forward and 457.0 backward
-/// counting `4 s^2 d / 2` per head forward, 2.5 times that backward; in
-/// the IR's count (`(4d + 5) s^2 / 2`) 543.8 and 461.5. Sequence 2048
-/// runs at 0.90 and 0.85 of these, 8192 at 1.05 and 1.07.
+/// Hopper fused causal attention in bf16 as PyTorch 2.11's
+/// `scaled_dot_product_attention` runs it by default, at sequence 4096,
+/// head size 128, 32 heads, batch 4 on an H200 (`scripts/gpu-tables.py`):
+/// 538.5 TFLOP/s forward and 457.0 backward counting `4 s^2 d / 2` per
+/// head forward, 2.5 times that backward; in the IR's count
+/// (`(4d + 5) s^2 / 2`) 543.8 and 461.5. Sequence 2048 runs at 0.90 and
+/// 0.85 of these, 8192 at 1.05 and 1.07. The run did not record which
+/// kernel PyTorch chose; the rate is cuDNN attention's (529 forward and
+/// 518 backward at sequence 8192 on an H100 SXM in FlashAttention-3's
+/// paper, Figures 5 and 6), not FlashAttention-2's (`HOPPER_FLASH_2`),
+/// and PyTorch puts cuDNN first on sm90 once its bundled cuDNN is newer
+/// than 9.15 (`check_prefer_cudnn_attention` in ATen's `sdp_utils.cpp`),
+/// which 2.11's is.
 const HOPPER_ATTENTION: (f64, f64) = (543.8e12, 461.5e12);
+
+/// FlashAttention-2 on an H100 SXM5 in bf16, head size 128, sequence
+/// 8192, as FlashAttention-3's paper measured it (Shah et al., 2024,
+/// arXiv:2407.08608, Figure 5: 333 TFLOP/s forward with the causal mask;
+/// Figure 6: 318 backward, the paper's backward being without the mask),
+/// counted as `HOPPER_ATTENTION` is and turned into the IR's count
+/// (`(4d + 5) / 4d`). It is the kernel PyTorch's SDPA ran on Hopper while
+/// cuDNN attention was opt-in (pytorch/pytorch#138522, October 2024, until
+/// the cuDNN preference above): pytorch/pytorch#142132 measured that
+/// default at 329.5 TFLOP/s forward on an H100 (nightly 2024-12-04,
+/// sequence 4608, head size 128).
+const HOPPER_FLASH_2: (f64, f64) = (333.0e12 * 517.0 / 512.0, 318.0e12 * 517.0 / 512.0);
 
 /// Hopper HBM as memory-bound kernels reach it: a 4 GiB device copy
 /// through PyTorch on the H200 moved 4.281 TB/s (read + written) of its
@@ -100,6 +118,30 @@ const A100_HBM_FRACTION: f64 = 1.80 / 2.039;
 /// A100 fused attention: FlashAttention-2's paper (Dao, 2023, section
 /// 4.1) reaches up to 73% of the A100's peak forward and 63% backward.
 const A100_ATTENTION_FRACTION: (f64, f64) = (0.73, 0.63);
+
+/// Where the A100's attention rates come from.
+const A100_FLASH_2_SOURCE: &str = "published: FlashAttention-2 reaches 73% of the A100's peak forward and 63% backward (Dao, 2023, section 4.1)";
+
+/// Where the Hopper FlashAttention-2 rates come from.
+const HOPPER_FLASH_2_SOURCE: &str = "published: FlashAttention-2 on an H100 SXM5 at sequence 8192, head size 128: 333 TFLOP/s forward with the causal mask, 318 backward (FlashAttention-3's paper, Shah et al., 2024, Figures 5 and 6), PyTorch's SDPA kernel on Hopper while cuDNN attention was opt-in (pytorch/pytorch#138522, #142132)";
+
+/// FlashAttention-2's forward and backward rates (FLOP/s in the IR's
+/// count) on a Hopper preset (`hopper`) or an A100 one of datasheet peak
+/// `peak`, and where they come from: what `kernel_flops` holds for a
+/// PyTorch run whose SDPA runs FlashAttention-2.
+pub(super) fn flash_attention_2(hopper: bool, peak: f64) -> ((f64, f64), &'static str) {
+    if hopper {
+        (HOPPER_FLASH_2, HOPPER_FLASH_2_SOURCE)
+    } else {
+        (
+            (
+                A100_ATTENTION_FRACTION.0 * peak,
+                A100_ATTENTION_FRACTION.1 * peak,
+            ),
+            A100_FLASH_2_SOURCE,
+        )
+    }
+}
 
 /// Device memory a process of the cuda target holds once its context
 /// exists and its kernels are loaded, on an H200 with driver 580.159.04
@@ -172,15 +214,10 @@ pub(super) fn a100(h: &mut Hardware) {
         .into_iter()
         .map(|(f, x)| (f, x * A100_MAMF / peak))
         .collect();
+    let ((forward, backward), _) = flash_attention_2(false, peak);
     h.kernel_flops = BTreeMap::from([
-        (
-            "attention:bf16".to_string(),
-            A100_ATTENTION_FRACTION.0 * peak,
-        ),
-        (
-            "attention_grad:bf16".to_string(),
-            A100_ATTENTION_FRACTION.1 * peak,
-        ),
+        ("attention:bf16".to_string(), forward),
+        ("attention_grad:bf16".to_string(), backward),
     ]);
     h.mem_bw *= A100_HBM_FRACTION;
     h.cublas_handle_bytes = CUBLAS_HANDLE_BYTES;
@@ -195,7 +232,7 @@ pub(super) fn sources(hopper: bool) -> Vec<(&'static str, &'static str)> {
             ("matmul_efficiency", "measured: cuBLAS 13.0 bf16 products on an H200 SXM (same GH100 compute as the H100 SXM), fsdpc calibrate --target cuda, 2026-12-04; the mean over operand layouts (planner/src/presets/measured.rs)"),
             ("matmul_curves", "measured: as matmul_efficiency, by shape and operand layout"),
             ("skinny_matmul_efficiency", "measured: as matmul_efficiency, 16-wide products"),
-            ("kernel_flops", "measured: PyTorch 2.11 scaled_dot_product_attention (FlashAttention-2) on an H200 SXM at sequence 4096, head size 128, 2026-12-04"),
+            ("kernel_flops", "measured: PyTorch 2.11's default scaled_dot_product_attention kernel (by its rate cuDNN attention's) on an H200 SXM at sequence 4096, head size 128, 2026-12-04; `fsdpc cluster NAME --attention flash-attention-2` prices FlashAttention-2 instead"),
             ("mem_bw", "the datasheet HBM bandwidth times 0.892, the fraction a 4 GiB device copy reached on an H200 SXM, 2026-12-04"),
             ("context_bytes", "measured: the cuda target's context and kernels on an H200 SXM, driver 580.159.04, CUDA 13.0, 2026-12-04"),
             ("cublas_handle_bytes", "measured: a cuBLAS 13.0 handle beyond its workspace on an H200 SXM, 2026-12-04"),
@@ -205,7 +242,7 @@ pub(super) fn sources(hopper: bool) -> Vec<(&'static str, &'static str)> {
         vec![
             ("matmul_efficiency", "published and assumed: 267.9 of 312 TFLOP/s, the A100 SXM's maximum achievable bf16 matmul (Bekman, ml-engineering, compute/accelerator/README.md), at the sizes where the H200's measured curve is at its best, and that curve's shape below"),
             ("kernel_overhead_s", "assumed: the issue time of a tiny kernel measured on the H200's host (4.2 us)"),
-            ("kernel_flops", "published: FlashAttention-2 reaches 73% of the A100's peak forward and 63% backward (Dao, 2023, section 4.1)"),
+            ("kernel_flops", A100_FLASH_2_SOURCE),
             ("mem_bw", "the datasheet HBM bandwidth times 0.883: a read kernel on an A100 80GB SXM reached 1.80 of 2.04 TB/s (NVIDIA developer forums, \"Trouble to reach peak bandwidth of A100\", 2025)"),
             ("cublas_handle_bytes", "assumed: as a cuBLAS 13.0 handle measured on an H200 SXM (66 MiB)"),
         ]

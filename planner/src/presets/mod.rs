@@ -123,6 +123,50 @@ pub fn described(
     })
 }
 
+/// The fused attention kernel a GPU preset's attention rates are those of.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Attention {
+    /// The preset's own figures: on the Hopper presets PyTorch 2.11's
+    /// default kernel as measured on an H200 (by its rate cuDNN
+    /// attention's), on the A100 presets FlashAttention-2's.
+    #[default]
+    Preset,
+    /// FlashAttention-2, as published: the kernel PyTorch's
+    /// `scaled_dot_product_attention` runs on A100s, and on Hopper while
+    /// cuDNN attention was opt-in (late 2024 until PyTorch 2.11).
+    FlashAttention2,
+}
+
+/// `cluster`, a GPU preset by name (`preset`, `described`), with its
+/// attention priced as `kernel` runs it and that figure's source in its
+/// `sources`. An error names the
+/// preset when no published figure for `kernel` on its GPU is held.
+pub fn with_attention(cluster: &mut Cluster, kernel: Attention) -> Result<(), PlanError> {
+    if kernel == Attention::Preset {
+        return Ok(());
+    }
+    let hopper = match cluster.name.as_str() {
+        "h100-80g-ib" | "h200-141g-ib" => true,
+        "a100-80g-roce" | "a100-40g-efa" => false,
+        other => {
+            return Err(PlanError::BadCluster {
+                reason: format!(
+                    "no FlashAttention-2 figures for preset `{other}`; the Hopper and A100 presets have them"
+                ),
+            })
+        }
+    };
+    let ((forward, backward), source) =
+        measured::flash_attention_2(hopper, cluster.hardware.peak_flops_bf16);
+    let rates = &mut cluster.hardware.kernel_flops;
+    rates.insert("attention:bf16".to_string(), forward);
+    rates.insert("attention_grad:bf16".to_string(), backward);
+    cluster
+        .sources
+        .insert("kernel_flops".to_string(), source.to_string());
+    Ok(())
+}
+
 /// Where a preset's figures come from, by field name.
 fn sources(name: &str) -> std::collections::BTreeMap<String, String> {
     let mut out = datasheet_sources(name);
