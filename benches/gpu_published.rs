@@ -23,6 +23,7 @@ mod common;
 use fsdpc_ir::DType;
 use fsdpc_plan::cluster::Kernels;
 use fsdpc_plan::{CheckpointPolicy, Cluster, Strategy};
+use fsdpc_planner::presets::Attention;
 use fsdpc_planner::simulate::estimate_on;
 use fsdpc_planner::FsdpConfig;
 
@@ -99,6 +100,9 @@ struct Row {
     /// Whether the source bounds its GPUs' peak between two datasheet
     /// figures (`PEAK_BOUNDS`) rather than naming one.
     peak_bounded: bool,
+    /// The attention kernel the run's PyTorch dispatched to, where its
+    /// version says (`Preset` where it does not).
+    attention: Attention,
 }
 
 /// The A100-80GB preset (RoCE between nodes: torchtitan does not say
@@ -157,6 +161,8 @@ fn rows() -> Vec<Row> {
         cluster: a100,
         tp: 1,
         peak_bounded: false,
+        // PyTorch's only fused attention on sm80 (the preset's figures).
+        attention: Attention::FlashAttention2,
     };
     let h = |gpus, compiled, tps, memory| Row {
         model: "llama3.1-8b",
@@ -172,6 +178,9 @@ fn rows() -> Vec<Row> {
         cluster: grand_teton,
         tp: 1,
         peak_bounded: true,
+        // Its torch (1963fc8, 2024-12-23) had cuDNN attention opt-in
+        // (pytorch/pytorch#138522): SDPA ran FlashAttention-2.
+        attention: Attention::FlashAttention2,
     };
     vec![
         a("llama3-8b", 1, 8192, Ac::Layer, 2904.0, 0.568),
@@ -205,6 +214,9 @@ fn rows() -> Vec<Row> {
             cluster: grand_teton,
             tp: 8,
             peak_bounded: true,
+            // The page names no torch version, and cuDNN attention was
+            // PyTorch's first choice on H100 for part of 2024.
+            attention: Attention::Preset,
         },
     ]
 }
@@ -216,13 +228,14 @@ fn main() {
         "Published training runs (model, GPUs, FSDP, batch, sequence, bf16 mixed precision, recomputation as their sources state them), planned and simulated by fsdpc on the GPU presets: predicted tokens/s per GPU and MFU beside the published ones, with the error. Nothing is fitted to these runs. The presets hold products, attention and memory bandwidth as measured on an H200 (Hopper rows) or as published for the A100 (see docs/clusters.md), and links at their datasheet rates. An eager row is priced as PyTorch eager runs its kernels (`--kernels pytorch-eager`), a compiled one as fsdpc's.",
     );
     println!(
-        "{:<13} {:>5} {:>6} {:>6} {:<19} {:<7} {:>10} {:>10} {:>8} {:>13} {:>10} {:>8} {:>8} {:>9} {:>9} {:>5}  source",
+        "{:<13} {:>5} {:>6} {:>6} {:<19} {:<7} {:<9} {:>10} {:>10} {:>8} {:>13} {:>10} {:>8} {:>8} {:>9} {:>9} {:>5}  source",
         "model",
         "GPUs",
         "batch",
         "seq",
         "recomputation",
         "system",
+        "attention",
         "published",
         "predicted",
         "error",
@@ -238,6 +251,7 @@ fn main() {
     let mut unscored = Vec::new();
     for r in rows() {
         let mut stated = (r.cluster)(r.gpus);
+        fsdpc_planner::presets::with_attention(&mut stated, r.attention).expect("attention");
         // torch.compile fuses the element-wise kernels as fsdpc's IR
         // does; eager PyTorch runs its own (`fsdpc_planner::cost::eager`).
         stated.kernels = if r.compiled {
@@ -322,13 +336,17 @@ fn main() {
         // H100 rows, as torchtitan counts it).
         let mfu = e.model_flops_per_rank_step / e.step_time_s / sxm_peak;
         println!(
-            "{:<13} {:>5} {:>6} {:>6} {:<19} {:<7} {:>10.0} {:>10.0} {:>+6.1}%{} {:>13} {:>10} {:>8} {:>7.1}% {:>9} {:>9} {:>5}  {}",
+            "{:<13} {:>5} {:>6} {:>6} {:<19} {:<7} {:<9} {:>10.0} {:>10.0} {:>+6.1}%{} {:>13} {:>10} {:>8} {:>7.1}% {:>9} {:>9} {:>5}  {}",
             r.model,
             r.gpus,
             r.batch,
             r.seq,
             r.ac.name(),
             if r.compiled { "compile" } else { "eager" },
+            match r.attention {
+                Attention::Preset => "preset",
+                Attention::FlashAttention2 => "FA2",
+            },
             r.tps,
             tps,
             err * 100.0,
@@ -370,7 +388,12 @@ fn main() {
          torch.compile and its configuration's default is `compile = false`, so its rows are eager. \
          The H100 rows are Grand Teton's 500 W HBM2e GPUs, whose peak torchtitan puts between the \
          H100 NVL's and the SXM's (835 and 989 TFLOP/s): `peak bounds` is the prediction at each, \
-         `predicted` at the middle. What is not modelled: the graph is the transformers layout \
+         `predicted` at the middle. `attention` is the kernel the row's attention is priced as: \
+         `FA2` where the run's torch dispatched SDPA to FlashAttention-2 (on the A100 its only \
+         fused kernel, the preset's figures; on Hopper torch of late 2024, whose cuDNN attention \
+         was opt-in: `fsdpc cluster PRESET --attention flash-attention-2`), `preset` where the source \
+         names no torch version (the Hopper preset's measured PyTorch 2.11 default, cuDNN's rate). \
+         What is not modelled: the graph is the transformers layout \
          (rotary embedding by halves, grouped heads repeated), not torchtitan's own model code, and \
          NCCL runs at link rate. `MFU pub` is torchtitan's count (6 FLOPs per parameter, embedding included, \
          and attention's 12 L H Q T per token with nothing masked); `MFU pred` is fsdpc's model FLOPs \
