@@ -1,8 +1,10 @@
 """Measures the tables a GPU preset holds, through PyTorch's cuBLAS,
 FlashAttention and copy kernels, on the GPU at hand, and prints them as
 JSON: matrix products by shape and dtype, fused attention forward and
-backward by sequence length and head size, memory-bound kernels by size,
-and the device memory a process holds besides its allocations.
+backward by sequence length and head size (PyTorch's default kernel,
+recording which it is, then FlashAttention-2 and cuDNN attention by name),
+memory-bound kernels by size, and the device memory a process holds
+besides its allocations.
 
     python3 scripts/gpu-tables.py [OUT.json] [--seconds S]
 
@@ -68,7 +70,24 @@ def matmuls(dtype, shapes, layout="nn"):
     return rows
 
 
-def attention(seqs, heads_dims, tokens=16384):
+def chosen_backend(q, k, v):
+    """The SDPA kernel PyTorch picks for these operands by default."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True)).name
+    except Exception as e:  # noqa: BLE001 - a private API; record why not
+        return f"unknown ({type(e).__name__})"
+
+
+def attention(seqs, heads_dims, tokens=16384, backend=None):
+    """Causal bf16 attention by sequence and head size, through PyTorch's
+    default SDPA kernel (backend None, recording which it is) or the named
+    one (a `torch.nn.attention.SDPBackend`)."""
+    import contextlib
+
+    from torch.nn.attention import sdpa_kernel
+
     rows = []
     for d, heads in heads_dims:
         for s in seqs:
@@ -77,20 +96,30 @@ def attention(seqs, heads_dims, tokens=16384):
                 torch.randn(batch, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                 for _ in range(3)
             )
-            fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-            out = fwd()
-            g = torch.randn_like(out)
-            t_f = timed(fwd)
-            t_fb = timed(lambda: torch.autograd.grad(fwd(), (q, k, v), g))
+            row = {"seq": s, "head_dim": d, "heads": heads, "batch": batch,
+                   "kernel": chosen_backend(q, k, v) if backend is None else backend.name}
+            scope = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
+            try:
+                with scope:
+                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+                    out = fwd()
+                    g = torch.randn_like(out)
+                    t_f = timed(fwd)
+                    t_fb = timed(lambda: torch.autograd.grad(fwd(), (q, k, v), g))
+            except RuntimeError as e:
+                row["error"] = str(e).splitlines()[0]
+                rows.append(row)
+                continue
             # Causal: half the score matrix; 4*b*h*s*s*d/2 forward, 2.5x that backward.
             f_flops = 2 * batch * heads * s * s * d
-            rows.append({
-                "seq": s, "head_dim": d, "heads": heads, "batch": batch,
+            row.update({
                 "forward_s": t_f, "backward_s": t_fb - t_f,
                 "forward_tflops": f_flops / t_f / 1e12,
                 "backward_tflops": 2.5 * f_flops / max(t_fb - t_f, 1e-9) / 1e12,
             })
-            del q, k, v, out, g
+            rows.append(row)
+            del out, g
+            del q, k, v
     return rows
 
 
@@ -148,7 +177,13 @@ def main():
     result["matmul_f32"] = matmuls(torch.float32, [s for s in shapes if s[0] == 4096])
     torch.backends.cuda.matmul.allow_tf32 = True
     result["matmul_tf32"] = matmuls(torch.float32, [s for s in shapes if s[0] == 4096])
-    result["attention_bf16_causal"] = attention([512, 1024, 2048, 4096, 8192], [(64, 16), (128, 32)])
+    seqs, dims = [512, 1024, 2048, 4096, 8192], [(64, 16), (128, 32)]
+    result["attention_bf16_causal"] = attention(seqs, dims)
+    from torch.nn.attention import SDPBackend
+
+    result["cudnn_version"] = torch.backends.cudnn.version()
+    for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
+        result[f"attention_bf16_causal_{name.lower()}"] = attention(seqs, dims, backend=getattr(SDPBackend, name))
     result["memory_bound_bf16"] = memory_bound([1 << e for e in range(20, 33, 2)])
     result["seconds"] = time.time() - t0
     text = json.dumps(result, indent=1)
@@ -157,8 +192,14 @@ def main():
             f.write(text)
     for key in ("matmul_bf16", "matmul_tf32", "matmul_f32"):
         print(key, " ".join(f"{r['layout']}{r['m']}x{r['n']}x{r['k']}:{r['tflops']:.0f}" for r in result[key]))
-    for r in result["attention_bf16_causal"]:
-        print(f"attention s={r['seq']} d={r['head_dim']}: fwd {r['forward_tflops']:.0f} bwd {r['backward_tflops']:.0f} TFLOP/s")
+    for key in ("attention_bf16_causal", "attention_bf16_causal_flash_attention",
+                "attention_bf16_causal_cudnn_attention"):
+        for r in result[key]:
+            if "error" in r:
+                print(f"attention {r['kernel']} s={r['seq']} d={r['head_dim']}: {r['error']}")
+            else:
+                print(f"attention {r['kernel']} s={r['seq']} d={r['head_dim']}: "
+                      f"fwd {r['forward_tflops']:.0f} bwd {r['backward_tflops']:.0f} TFLOP/s")
     for r in result["memory_bound_bf16"]:
         print(f"{r['bytes']} B: copy {r['copy_gbps']:.0f} GB/s add {r['add_gbps']:.0f} GB/s")
     print(f"context {context} B, cuBLAS first product {cublas} B, measured in {result['seconds']:.1f} s")
