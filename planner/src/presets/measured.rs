@@ -88,11 +88,12 @@ const HOPPER_ATTENTION: (f64, f64) = (543.8e12, 461.5e12);
 /// arXiv:2407.08608, Figure 5: 333 TFLOP/s forward with the causal mask;
 /// Figure 6: 318 backward, the paper's backward being without the mask),
 /// counted as `HOPPER_ATTENTION` is and turned into the IR's count
-/// (`(4d + 5) / 4d`). It is the kernel PyTorch's SDPA ran on Hopper while
-/// cuDNN attention was opt-in (pytorch/pytorch#138522, October 2024, until
-/// the cuDNN preference above): pytorch/pytorch#142132 measured that
-/// default at 329.5 TFLOP/s forward on an H100 (nightly 2024-12-04,
-/// sequence 4608, head size 128).
+/// (`(4d + 5) / 4d`). It is the kernel PyTorch's SDPA ran on Hopper up to
+/// 2.4 and again once cuDNN attention was made opt-in
+/// (pytorch/pytorch#138522, October 2024, in 2.5.1) until the cuDNN
+/// preference above: pytorch/pytorch#142132 measured that default at 329.5
+/// TFLOP/s forward on an H100 (nightly 2024-12-04, sequence 4608, head
+/// size 128).
 const HOPPER_FLASH_2: (f64, f64) = (333.0e12 * 517.0 / 512.0, 318.0e12 * 517.0 / 512.0);
 
 /// Hopper HBM as memory-bound kernels reach it: a 4 GiB device copy

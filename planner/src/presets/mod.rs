@@ -132,15 +132,16 @@ pub enum Attention {
     #[default]
     Preset,
     /// FlashAttention-2, as published: the kernel PyTorch's
-    /// `scaled_dot_product_attention` runs on A100s, and on Hopper while
-    /// cuDNN attention was opt-in (late 2024 until PyTorch 2.11).
+    /// `scaled_dot_product_attention` runs on A100s, and on Hopper in
+    /// PyTorch up to 2.4 and from 2.5.1 to 2.10 (2.5.0, and 2.11 on, put
+    /// cuDNN attention first there).
     FlashAttention2,
 }
 
 /// `cluster`, a GPU preset by name (`preset`, `described`), with its
 /// attention priced as `kernel` runs it and that figure's source in its
-/// `sources`. An error names the
-/// preset when no published figure for `kernel` on its GPU is held.
+/// `sources`; an error names the preset when no published figure for
+/// `kernel` on its GPU is held.
 pub fn with_attention(cluster: &mut Cluster, kernel: Attention) -> Result<(), PlanError> {
     if kernel == Attention::Preset {
         return Ok(());
