@@ -214,8 +214,10 @@ fn rows() -> Vec<Row> {
             cluster: grand_teton,
             tp: 8,
             peak_bounded: true,
-            // The page names no torch version, and cuDNN attention was
-            // PyTorch's first choice on H100 for part of 2024.
+            // The page (torchtitan #554, 2024-08-22) names no torch
+            // version, and PyTorch's choice on H100 changed more than once
+            // that year: cuDNN first (pytorch/pytorch#125343, reverted in
+            // June, landed again for 2.5), opt-in from 2.5.1 (#138522).
             attention: Attention::Preset,
         },
     ]
