@@ -12,6 +12,15 @@
 use fsdpc_plan::cluster::Hardware;
 use std::collections::BTreeMap;
 
+/// Which of these tables a preset carries.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum Tables {
+    /// The H100 and H200 SXM presets (one GH100 die).
+    Hopper,
+    /// The A100 SXM presets.
+    A100,
+}
+
 /// FLOPs of the square products measured (m x k x n: 256^3, 512^3,
 /// 1024^3, 2048^3, 4096 x 2048 x 4096, 4096^3, 8192 x 4096 x 4096,
 /// 8192 x 4096 x 14336, 16384 x 8192 x 8192).
@@ -86,7 +95,7 @@ const HOPPER_ATTENTION: (f64, f64) = (543.8e12, 461.5e12);
 /// FlashAttention-2 on an H100 SXM5 in bf16, head size 128, sequence
 /// 8192, as FlashAttention-3's paper measured it (Shah et al., 2024,
 /// arXiv:2407.08608, Figure 5: 333 TFLOP/s forward with the causal mask;
-/// Figure 6: 318 backward, the paper's backward being without the mask),
+/// Figure 6: 318 backward, its one backward chart at head size 128),
 /// counted as `HOPPER_ATTENTION` is and turned into the IR's count
 /// (`(4d + 5) / 4d`). It is the kernel PyTorch's SDPA ran on Hopper up to
 /// 2.4 and again once cuDNN attention was made opt-in
@@ -127,20 +136,19 @@ const A100_FLASH_2_SOURCE: &str = "published: FlashAttention-2 reaches 73% of th
 const HOPPER_FLASH_2_SOURCE: &str = "published: FlashAttention-2 on an H100 SXM5 at sequence 8192, head size 128: 333 TFLOP/s forward with the causal mask, 318 backward (FlashAttention-3's paper, Shah et al., 2024, Figures 5 and 6), PyTorch's SDPA kernel on Hopper while cuDNN attention was opt-in (pytorch/pytorch#138522, #142132)";
 
 /// FlashAttention-2's forward and backward rates (FLOP/s in the IR's
-/// count) on a Hopper preset (`hopper`) or an A100 one of datasheet peak
-/// `peak`, and where they come from: what `kernel_flops` holds for a
-/// PyTorch run whose SDPA runs FlashAttention-2.
-pub(super) fn flash_attention_2(hopper: bool, peak: f64) -> ((f64, f64), &'static str) {
-    if hopper {
-        (HOPPER_FLASH_2, HOPPER_FLASH_2_SOURCE)
-    } else {
-        (
+/// count) on a preset carrying `tables` of datasheet peak `peak`, and
+/// where they come from: what `kernel_flops` holds for a PyTorch run whose
+/// SDPA runs FlashAttention-2.
+pub(super) fn flash_attention_2(tables: Tables, peak: f64) -> ((f64, f64), &'static str) {
+    match tables {
+        Tables::Hopper => (HOPPER_FLASH_2, HOPPER_FLASH_2_SOURCE),
+        Tables::A100 => (
             (
                 A100_ATTENTION_FRACTION.0 * peak,
                 A100_ATTENTION_FRACTION.1 * peak,
             ),
             A100_FLASH_2_SOURCE,
-        )
+        ),
     }
 }
 
@@ -215,7 +223,7 @@ pub(super) fn a100(h: &mut Hardware) {
         .into_iter()
         .map(|(f, x)| (f, x * A100_MAMF / peak))
         .collect();
-    let ((forward, backward), _) = flash_attention_2(false, peak);
+    let ((forward, backward), _) = flash_attention_2(Tables::A100, peak);
     h.kernel_flops = BTreeMap::from([
         ("attention:bf16".to_string(), forward),
         ("attention_grad:bf16".to_string(), backward),
@@ -225,11 +233,10 @@ pub(super) fn a100(h: &mut Hardware) {
     h.kernel_overhead_s = KERNEL_OVERHEAD_S;
 }
 
-/// Where each figure the tables set comes from, by field name, for a
-/// Hopper or A100 preset.
-pub(super) fn sources(hopper: bool) -> Vec<(&'static str, &'static str)> {
-    if hopper {
-        vec![
+/// Where each figure `tables` set comes from, by field name.
+pub(super) fn sources(tables: Tables) -> Vec<(&'static str, &'static str)> {
+    match tables {
+        Tables::Hopper => vec![
             ("matmul_efficiency", "measured: cuBLAS 13.0 bf16 products on an H200 SXM (same GH100 compute as the H100 SXM), fsdpc calibrate --target cuda, 2026-12-04; the mean over operand layouts (planner/src/presets/measured.rs)"),
             ("matmul_curves", "measured: as matmul_efficiency, by shape and operand layout"),
             ("skinny_matmul_efficiency", "measured: as matmul_efficiency, 16-wide products"),
@@ -238,14 +245,13 @@ pub(super) fn sources(hopper: bool) -> Vec<(&'static str, &'static str)> {
             ("context_bytes", "measured: the cuda target's context and kernels on an H200 SXM, driver 580.159.04, CUDA 13.0, 2026-12-04"),
             ("cublas_handle_bytes", "measured: a cuBLAS 13.0 handle beyond its workspace on an H200 SXM, 2026-12-04"),
             ("kernel_overhead_s", "measured: a 256-element kernel issued and run by the cuda target on an H200 SXM, 2026-12-04"),
-        ]
-    } else {
-        vec![
+        ],
+        Tables::A100 => vec![
             ("matmul_efficiency", "published and assumed: 267.9 of 312 TFLOP/s, the A100 SXM's maximum achievable bf16 matmul (Bekman, ml-engineering, compute/accelerator/README.md), at the sizes where the H200's measured curve is at its best, and that curve's shape below"),
             ("kernel_overhead_s", "assumed: the issue time of a tiny kernel measured on the H200's host (4.2 us)"),
             ("kernel_flops", A100_FLASH_2_SOURCE),
             ("mem_bw", "the datasheet HBM bandwidth times 0.883: a read kernel on an A100 80GB SXM reached 1.80 of 2.04 TB/s (NVIDIA developer forums, \"Trouble to reach peak bandwidth of A100\", 2025)"),
             ("cublas_handle_bytes", "assumed: as a cuBLAS 13.0 handle measured on an H200 SXM (66 MiB)"),
-        ]
+        ],
     }
 }

@@ -146,19 +146,14 @@ pub fn with_attention(cluster: &mut Cluster, kernel: Attention) -> Result<(), Pl
     if kernel == Attention::Preset {
         return Ok(());
     }
-    let hopper = match cluster.name.as_str() {
-        "h100-80g-ib" | "h200-141g-ib" => true,
-        "a100-80g-roce" | "a100-40g-efa" => false,
-        other => {
-            return Err(PlanError::BadCluster {
-                reason: format!(
-                    "no FlashAttention-2 figures for preset `{other}`; the Hopper and A100 presets have them"
-                ),
-            })
-        }
-    };
+    let tables = tables(&cluster.name).ok_or_else(|| PlanError::BadCluster {
+        reason: format!(
+            "no FlashAttention-2 figures for preset `{}`; the Hopper and A100 presets have them",
+            cluster.name
+        ),
+    })?;
     let ((forward, backward), source) =
-        measured::flash_attention_2(hopper, cluster.hardware.peak_flops_bf16);
+        measured::flash_attention_2(tables, cluster.hardware.peak_flops_bf16);
     let rates = &mut cluster.hardware.kernel_flops;
     rates.insert("attention:bf16".to_string(), forward);
     rates.insert("attention_grad:bf16".to_string(), backward);
@@ -168,15 +163,20 @@ pub fn with_attention(cluster: &mut Cluster, kernel: Attention) -> Result<(), Pl
     Ok(())
 }
 
+/// The measured or published tables preset `name` carries, if any.
+fn tables(name: &str) -> Option<measured::Tables> {
+    match name {
+        "h100-80g-ib" | "h200-141g-ib" => Some(measured::Tables::Hopper),
+        "a100-80g-roce" | "a100-40g-efa" => Some(measured::Tables::A100),
+        _ => None,
+    }
+}
+
 /// Where a preset's figures come from, by field name.
 fn sources(name: &str) -> std::collections::BTreeMap<String, String> {
     let mut out = datasheet_sources(name);
-    let tables = match name {
-        "h100-80g-ib" | "h200-141g-ib" => measured::sources(true),
-        "a100-80g-roce" | "a100-40g-efa" => measured::sources(false),
-        _ => Vec::new(),
-    };
-    for (k, v) in tables {
+    let measured = tables(name).map(measured::sources).unwrap_or_default();
+    for (k, v) in measured {
         out.insert(k.to_string(), v.to_string());
     }
     out
