@@ -52,8 +52,7 @@ pub struct Cluster {
 }
 
 /// Whose kernels run a program's operators, for the cost model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kernels {
     /// fsdpc's runtimes: one kernel per operator, each writing its output
     /// to a buffer of its own (a reshape or a transpose is a copy).
@@ -69,6 +68,9 @@ pub enum Kernels {
 }
 
 impl Kernels {
+    /// Every choice, in the order messages list them.
+    pub const ALL: [Kernels; 2] = [Kernels::Fsdpc, Kernels::PytorchEager];
+
     pub fn is_fsdpc(&self) -> bool {
         *self == Kernels::Fsdpc
     }
@@ -82,6 +84,13 @@ impl Kernels {
     }
 }
 
+/// A cluster file's `kernels`: its name.
+impl Serialize for Kernels {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 /// A cluster file's `kernels`: one of the names, any other value refused
 /// naming the field and the choices.
 impl<'de> Deserialize<'de> for Kernels {
@@ -90,10 +99,14 @@ impl<'de> Deserialize<'de> for Kernels {
         impl serde::de::Visitor<'_> for Name {
             type Value = Kernels;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("`kernels` as \"fsdpc\" or \"pytorch-eager\"")
+                let names: Vec<String> = Kernels::ALL
+                    .iter()
+                    .map(|k| format!("\"{}\"", k.name()))
+                    .collect();
+                write!(f, "`kernels` as {}", names.join(" or "))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Kernels, E> {
-                [Kernels::Fsdpc, Kernels::PytorchEager]
+                Kernels::ALL
                     .into_iter()
                     .find(|k| k.name() == v)
                     .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(v), &self))
