@@ -12,6 +12,7 @@ Each figure is the median of timed repetitions (CUDA events) after
 warm-up, on random data. No end-to-end training result goes in.
 """
 
+import contextlib
 import json
 import statistics
 import sys
@@ -19,6 +20,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def nvml_used():
@@ -73,8 +75,6 @@ def matmuls(dtype, shapes, layout="nn"):
 def chosen_backend(q, k, v):
     """The SDPA kernel PyTorch picks for these operands by default."""
     try:
-        from torch.nn.attention import SDPBackend
-
         return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True)).name
     except Exception as e:  # noqa: BLE001 - a private API; record why not
         return f"unknown ({type(e).__name__})"
@@ -84,10 +84,6 @@ def attention(seqs, heads_dims, tokens=16384, backend=None):
     """Causal bf16 attention by sequence and head size, through PyTorch's
     default SDPA kernel (backend None, recording which it is) or the named
     one (a `torch.nn.attention.SDPBackend`)."""
-    import contextlib
-
-    from torch.nn.attention import sdpa_kernel
-
     rows = []
     for d, heads in heads_dims:
         for s in seqs:
@@ -108,17 +104,16 @@ def attention(seqs, heads_dims, tokens=16384, backend=None):
                     t_fb = timed(lambda: torch.autograd.grad(fwd(), (q, k, v), g))
             except RuntimeError as e:
                 row["error"] = str(e).splitlines()[0]
-                rows.append(row)
-                continue
-            # Causal: half the score matrix; 4*b*h*s*s*d/2 forward, 2.5x that backward.
-            f_flops = 2 * batch * heads * s * s * d
-            row.update({
-                "forward_s": t_f, "backward_s": t_fb - t_f,
-                "forward_tflops": f_flops / t_f / 1e12,
-                "backward_tflops": 2.5 * f_flops / max(t_fb - t_f, 1e-9) / 1e12,
-            })
+            else:
+                # Causal: half the score matrix; 4*b*h*s*s*d/2 forward, 2.5x that backward.
+                f_flops = 2 * batch * heads * s * s * d
+                row.update({
+                    "forward_s": t_f, "backward_s": t_fb - t_f,
+                    "forward_tflops": f_flops / t_f / 1e12,
+                    "backward_tflops": 2.5 * f_flops / max(t_fb - t_f, 1e-9) / 1e12,
+                })
+                del out, g
             rows.append(row)
-            del out, g
             del q, k, v
     return rows
 
@@ -179,8 +174,6 @@ def main():
     result["matmul_tf32"] = matmuls(torch.float32, [s for s in shapes if s[0] == 4096])
     seqs, dims = [512, 1024, 2048, 4096, 8192], [(64, 16), (128, 32)]
     result["attention_bf16_causal"] = attention(seqs, dims)
-    from torch.nn.attention import SDPBackend
-
     result["cudnn_version"] = torch.backends.cudnn.version()
     for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
         result[f"attention_bf16_causal_{name.lower()}"] = attention(seqs, dims, backend=getattr(SDPBackend, name))
