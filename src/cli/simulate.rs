@@ -152,7 +152,7 @@ pub struct ClusterArgs {
     /// Price fused attention as this kernel runs it: `preset` (the
     /// preset's own figures) or `flash-attention-2` (published rates: what
     /// PyTorch's attention runs on A100s, and on Hopper up to 2.4 and from
-    /// 2.5.1 to 2.10).
+    /// 2.5.1 until cuDNN attention became its default again, by 2.11).
     #[arg(long, value_enum, value_name = "KERNEL", default_value = "preset")]
     pub attention: AttentionArg,
     /// Where to write the cluster file (default: stdout).

@@ -101,8 +101,7 @@ const HOPPER_ATTENTION: (f64, f64) = (543.8e12, 461.5e12);
 /// 2.4 and again once cuDNN attention was made opt-in
 /// (pytorch/pytorch#138522, October 2024, in 2.5.1) until the cuDNN
 /// preference above: pytorch/pytorch#142132 measured that default at 329.5
-/// TFLOP/s forward on an H100 (nightly 2024-12-04, sequence 4608, head
-/// size 128).
+/// TFLOP/s on an H100 (nightly 2024-12-04, sequence 4608, head size 128).
 const HOPPER_FLASH_2: (f64, f64) = (333.0e12 * 517.0 / 512.0, 318.0e12 * 517.0 / 512.0);
 
 /// Hopper HBM as memory-bound kernels reach it: a 4 GiB device copy

@@ -133,8 +133,8 @@ pub enum Attention {
     Preset,
     /// FlashAttention-2, as published: the kernel PyTorch's
     /// `scaled_dot_product_attention` runs on A100s, and on Hopper in
-    /// PyTorch up to 2.4 and from 2.5.1 to 2.10 (2.5.0, and 2.11 on, put
-    /// cuDNN attention first there).
+    /// PyTorch up to 2.4 and from 2.5.1 until cuDNN attention became its
+    /// default again (2.5.0 put it first; by 2.11 it is first again).
     FlashAttention2,
 }
 
