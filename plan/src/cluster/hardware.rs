@@ -3,6 +3,7 @@
 //! layout, 16 and 64 wide), memory and kernel bandwidths, the measured
 //! collective times and how streams that share cores slow each other.
 
+use super::collectives::{CollectiveFit, CollectiveKind};
 use fsdpc_ir::DType;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -170,80 +171,6 @@ pub struct GemmBlocking {
     pub l3_assoc: u32,
 }
 
-/// A collective kind, as the cost model and calibration name it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CollectiveKind {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
-
-impl CollectiveKind {
-    /// All kinds, in a fixed order.
-    pub const ALL: [CollectiveKind; 3] = [
-        CollectiveKind::AllGather,
-        CollectiveKind::ReduceScatter,
-        CollectiveKind::AllReduce,
-    ];
-
-    /// The snake_case name (`all_gather`).
-    pub fn name(self) -> &'static str {
-        match self {
-            CollectiveKind::AllGather => "all_gather",
-            CollectiveKind::ReduceScatter => "reduce_scatter",
-            CollectiveKind::AllReduce => "all_reduce",
-        }
-    }
-}
-
-/// An alpha-beta fit of one collective kind over groups of `ranks` ranks
-/// inside a node: `time = latency_s + wire_bytes / bw`, or, where the
-/// times were measured over sizes that span the caches (`points`), those
-/// times interpolated.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CollectiveFit {
-    pub op: CollectiveKind,
-    /// Ranks in the group.
-    pub ranks: u32,
-    /// Fixed cost of one collective, seconds (alpha).
-    pub latency_s: f64,
-    /// Bytes per second of the ring's per-rank traffic (1 / beta).
-    pub bw: f64,
-    /// Measured `(wire bytes, seconds)`, wire bytes increasing: when
-    /// given, a collective's time is these interpolated linearly in wire
-    /// bytes (the first point's time below it, the last segment's slope
-    /// beyond the last). On CPUs one line cannot hold both a collective
-    /// that stays in the caches and one that streams through memory: the
-    /// 2-rank shared-memory all-gather of a 64 MiB unit ran 3-5x slower
-    /// than the fit to 4 KiB-4 MiB said (empty in presets and older
-    /// files: the fit).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub points: Vec<(f64, f64)>,
-}
-
-impl CollectiveFit {
-    /// Seconds of one collective whose ring traffic is `wire` bytes per
-    /// rank.
-    pub fn time(&self, wire: f64) -> f64 {
-        let p = &self.points;
-        if p.len() < 2 {
-            return self.latency_s + if self.bw > 0.0 { wire / self.bw } else { 0.0 };
-        }
-        if wire <= p[0].0 {
-            return p[0].1;
-        }
-        // The segment that holds `wire`, else the last one, extended.
-        let w = p
-            .windows(2)
-            .find(|w| wire <= w[1].0)
-            .unwrap_or(&p[p.len() - 2..]);
-        let ((x0, t0), (x1, t1)) = (w[0], w[1]);
-        let slope = ((t1 - t0) / (x1 - x0).max(f64::MIN_POSITIVE)).max(0.0);
-        t0 + (wire - x0) * slope
-    }
-}
-
 /// How much work on different streams slows while a collective and a
 /// kernel run at the same time: each runs at `1 / factor` of its speed
 /// alone for the overlap (factors >= 1).
@@ -327,20 +254,6 @@ fn pcie4_x16() -> f64 {
 
 fn host_mem() -> f64 {
     HOST_MEM_BW
-}
-
-/// Bytes one rank sends in the ring algorithm of `op` over `n` ranks on a
-/// buffer of `bytes`: `(n-1)/n bytes`, twice for an all-reduce (what
-/// `CollectiveFit` points are keyed by).
-pub fn ring_wire_bytes(op: CollectiveKind, n: u32, bytes: f64) -> f64 {
-    if n <= 1 {
-        return 0.0;
-    }
-    let once = f64::from(n - 1) / f64::from(n) * bytes;
-    match op {
-        CollectiveKind::AllReduce => 2.0 * once,
-        _ => once,
-    }
 }
 
 /// The `kernel_bw` family of the cast between a half-precision dtype and
@@ -582,24 +495,6 @@ mod tests {
         assert!((e(&h, 64, 4096, 4096, true) - 0.55).abs() < 1e-12);
         assert!((e(&h, 32, 4096, 4096, true) - 0.35).abs() < 1e-12);
         assert!((e(&h, 8, 4096, 4096, true) - 0.15).abs() < 1e-12);
-    }
-
-    #[test]
-    fn measured_collective_points_are_interpolated() {
-        let mut f = CollectiveFit {
-            op: CollectiveKind::AllGather,
-            ranks: 2,
-            latency_s: 1.0,
-            bw: 10.0,
-            points: Vec::new(),
-        };
-        assert_eq!(f.time(100.0), 11.0, "no points: the fit");
-        f.points = vec![(10.0, 2.0), (110.0, 4.0), (210.0, 10.0)];
-        assert_eq!(f.time(1.0), 2.0, "below the first point: its time");
-        assert!((f.time(60.0) - 3.0).abs() < 1e-12);
-        assert!((f.time(160.0) - 7.0).abs() < 1e-12);
-        // Beyond the last: the last segment's slope (6 s per 100 bytes).
-        assert!((f.time(310.0) - 16.0).abs() < 1e-12);
     }
 
     #[test]

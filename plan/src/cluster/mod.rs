@@ -4,17 +4,19 @@
 //! give and what a cluster file (`fsdpc.cluster/v1`) holds.
 //!
 //! `hardware` is what a rank's hardware does (the figures and the lookups
-//! the cost model makes); `file` is the cluster file a user edits or
+//! the cost model makes); `collectives` the collective kinds and the fits
+//! of their measured times; `file` is the cluster file a user edits or
 //! `fsdpc calibrate` writes, checked figure by figure.
 
+mod collectives;
 mod file;
 mod hardware;
 
+pub use collectives::{fit_alpha_beta, ring_wire_bytes, CollectiveFit, CollectiveKind};
 pub use file::CLUSTER_SCHEMA;
 pub use hardware::{
-    matmul_shape_key, ring_wire_bytes, wide_skinny_key, CollectiveFit, CollectiveKind, Contention,
-    GemmBlocking, Hardware, HOST_MEM_BW, PCIE4_X16_BW, PROMOTION_FAMILY, SKINNY_BASE_DIM,
-    SKINNY_DIM,
+    matmul_shape_key, wide_skinny_key, Contention, GemmBlocking, Hardware, HOST_MEM_BW,
+    PCIE4_X16_BW, PROMOTION_FAMILY, SKINNY_BASE_DIM, SKINNY_DIM,
 };
 
 use serde::{Deserialize, Serialize};

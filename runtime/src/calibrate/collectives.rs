@@ -12,7 +12,7 @@ use crate::comm::{Buf, BufMut, Communicator};
 use crate::{CommConfig, ShmWorld};
 use fsdpc_ir::DType;
 use fsdpc_plan::cluster::ring_wire_bytes;
-use fsdpc_plan::cluster::{CollectiveFit, CollectiveKind};
+use fsdpc_plan::cluster::{fit_alpha_beta, CollectiveFit, CollectiveKind};
 use std::fmt::Write;
 
 /// Bytes of the collectives timed (the full buffer).
@@ -136,59 +136,4 @@ fn collective_time(op: CollectiveKind, n: usize, bytes: usize) -> Result<f64, Ca
     let times = lockstep(n, reps, |rank| collective_body(&world, op, n, rank, bytes))
         .map_err(|e| fail(op.name(), e))?;
     Ok(median(&times))
-}
-
-/// Least-squares fit of `t = a + x / bw` (a >= 0) to `(x, t)` points.
-pub(super) fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, st) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, t)| (a + x, b + t));
-    let (mx, mt) = (sx / n, st / n);
-    let (mut sxx, mut sxt) = (0.0, 0.0);
-    for (x, t) in points {
-        sxx += (x - mx) * (x - mx);
-        sxt += (x - mx) * (t - mt);
-    }
-    let slope = if sxx > 0.0 { sxt / sxx } else { 0.0 };
-    if slope <= 0.0 {
-        // Flat or noisy: all latency, bandwidth from the largest point.
-        let (x, t) = points.last().copied().unwrap_or((1.0, 1.0));
-        return (0.0, x / t.max(1e-12));
-    }
-    let a = mt - slope * mx;
-    if a < 0.0 {
-        // Through the origin.
-        let sxx0: f64 = points.iter().map(|(x, _)| x * x).sum();
-        let sxt0: f64 = points.iter().map(|(x, t)| x * t).sum();
-        return (0.0, sxx0 / sxt0.max(1e-300));
-    }
-    (a, 1.0 / slope)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fit_alpha_beta;
-
-    #[test]
-    fn the_fit_recovers_a_line_and_never_gives_a_negative_latency() {
-        // t = 10 us + x / 2 GB/s.
-        let pts: Vec<(f64, f64)> = [1e3, 1e5, 1e6, 1e7]
-            .iter()
-            .map(|&x| (x, 1e-5 + x / 2e9))
-            .collect();
-        let (a, bw) = fit_alpha_beta(&pts);
-        assert!(
-            (a - 1e-5).abs() < 1e-12 && (bw - 2e9).abs() < 1.0,
-            "{a} {bw}"
-        );
-        // Points a positive-latency line fits only with a < 0 go through
-        // the origin instead.
-        let (a, bw) = fit_alpha_beta(&[(1e6, 1e-4), (2e6, 3e-4), (3e6, 5e-4)]);
-        assert_eq!(a, 0.0);
-        assert!(bw > 0.0, "{bw}");
-        // Flat: all latency, the bandwidth of the largest point.
-        let (a, bw) = fit_alpha_beta(&[(1e3, 1e-4), (1e6, 1e-4)]);
-        assert_eq!((a, bw), (0.0, 1e6 / 1e-4));
-    }
 }

@@ -12,7 +12,6 @@
 //! measured rates over them, so the cost model's rate (peak times
 //! efficiency) is the measured one.
 
-use super::collectives::fit_alpha_beta;
 use fsdpc_plan::cluster::{
     matmul_shape_key, ring_wire_bytes, wide_skinny_key, Cluster, CollectiveFit, CollectiveKind,
     SKINNY_BASE_DIM, SKINNY_DIM,
@@ -529,16 +528,8 @@ pub fn collective_fits(times: &[CollectiveTime]) -> Vec<CollectiveFit> {
     }
     groups
         .into_iter()
-        .map(|((kind, ranks), mut points)| {
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (latency_s, bw) = fit_alpha_beta(&points);
-            CollectiveFit {
-                op: CollectiveKind::ALL[kind as usize],
-                ranks,
-                latency_s,
-                bw,
-                points,
-            }
+        .map(|((kind, ranks), points)| {
+            CollectiveFit::of_points(CollectiveKind::ALL[kind as usize], ranks, points)
         })
         .collect()
 }
