@@ -1,7 +1,6 @@
 //! Collectives as the cost model reads them: the kinds, the bytes a rank
-//! sends in the ring algorithm, and the fits of measured times (by
-//! `fsdpc calibrate` or from a published table) that replace the ring
-//! formula inside a node.
+//! sends in the ring algorithm, and the fits of times `fsdpc calibrate`
+//! measures, which replace the ring formula inside a node.
 
 use serde::{Deserialize, Serialize};
 
@@ -109,7 +108,7 @@ pub fn ring_wire_bytes(op: CollectiveKind, n: u32, bytes: f64) -> f64 {
 }
 
 /// Least-squares fit of `t = a + x / bw` (a >= 0) to `(x, t)` points.
-pub fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
+fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
     let n = points.len() as f64;
     let (sx, st) = points
         .iter()

@@ -12,7 +12,7 @@ mod collectives;
 mod file;
 mod hardware;
 
-pub use collectives::{fit_alpha_beta, ring_wire_bytes, CollectiveFit, CollectiveKind};
+pub use collectives::{ring_wire_bytes, CollectiveFit, CollectiveKind};
 pub use file::CLUSTER_SCHEMA;
 pub use hardware::{
     matmul_shape_key, wide_skinny_key, Contention, GemmBlocking, Hardware, HOST_MEM_BW,

@@ -12,7 +12,7 @@ use crate::comm::{Buf, BufMut, Communicator};
 use crate::{CommConfig, ShmWorld};
 use fsdpc_ir::DType;
 use fsdpc_plan::cluster::ring_wire_bytes;
-use fsdpc_plan::cluster::{fit_alpha_beta, CollectiveFit, CollectiveKind};
+use fsdpc_plan::cluster::{CollectiveFit, CollectiveKind};
 use std::fmt::Write;
 
 /// Bytes of the collectives timed (the full buffer).
@@ -46,26 +46,22 @@ pub(super) fn measure(cal: &mut Calibration) -> Result<Vec<CollectiveFit>, Calib
                 pts.push((ring_wire_bytes(op, n as u32, bytes as f64), t));
                 cal.inc();
             }
-            let (latency_s, bw) = fit_alpha_beta(&pts);
+            // SIZES ascend, so the fit's points (by wire bytes) keep their order.
+            let fit = CollectiveFit::of_points(op, n as u32, pts);
             let _ = writeln!(
                 cal.table,
                 "  {:<15} {n} ranks: {:>7.1} us + wire / {:>6.2} GB/s   (measured: {})",
                 op.name(),
-                latency_s * 1e6,
-                bw / 1e9,
-                pts.iter()
+                fit.latency_s * 1e6,
+                fit.bw / 1e9,
+                fit.points
+                    .iter()
                     .zip(&SIZES)
                     .map(|((_, t), b)| format!("{} KiB {:.1} us", b >> 10, t * 1e6))
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            fits.push(CollectiveFit {
-                op,
-                ranks: n as u32,
-                latency_s,
-                bw,
-                points: pts.clone(),
-            });
+            fits.push(fit);
         }
     }
 
