@@ -381,7 +381,8 @@ fn main() {
     }
     println!(
         "\nWhat fsdpc's plan does differently in every row: its own schedule on the preset's rates \
-         (products and attention as measured or published, collectives at link rate), where torchtitan \
+         (products and attention as measured or published, collectives inside a Hopper node as XLA measured \
+         them, the others at link rate), where torchtitan \
          runs PyTorch with its caching allocator, FlashAttention and fused AdamW. An eager row is priced \
          as PyTorch eager runs the kernels (`fsdpc simulate --kernels pytorch-eager`: shape operators as \
          views, RMSNorm as ATen's composite of 8 kernels forward and 17 backward, cross-entropy as \
@@ -396,8 +397,8 @@ fn main() {
          was opt-in: `fsdpc cluster PRESET --attention flash-attention-2`), `preset` where the source \
          names no torch version (the Hopper preset's measured PyTorch 2.11 default, cuDNN's rate). \
          What is not modelled: the graph is the transformers layout \
-         (rotary embedding by halves, grouped heads repeated), not torchtitan's own model code, and \
-         NCCL runs at link rate. `MFU pub` is torchtitan's count (6 FLOPs per parameter, embedding included, \
+         (rotary embedding by halves, grouped heads repeated), not torchtitan's own model code; \
+         NCCL runs at link rate across nodes and inside an A100 node. `MFU pub` is torchtitan's count (6 FLOPs per parameter, embedding included, \
          and attention's 12 L H Q T per token with nothing masked); `MFU pred` is fsdpc's model FLOPs \
          (the products the graph computes, causal attention's unmasked half), lower for the same tokens. \
          `mem pub` is torchtitan's reserved peak of its caching allocator; \

@@ -200,6 +200,7 @@ pub(super) fn hopper(h: &mut Hardware) {
     h.context_bytes = HOPPER_CONTEXT_BYTES;
     h.cublas_handle_bytes = CUBLAS_HANDLE_BYTES;
     h.kernel_overhead_s = KERNEL_OVERHEAD_S;
+    h.collective_fits = super::hopper_nccl::fits();
 }
 
 /// The Hopper products' mean over layouts as fractions of its best.
@@ -244,6 +245,8 @@ pub(super) fn sources(tables: Tables) -> Vec<(&'static str, &'static str)> {
             ("context_bytes", "measured: the cuda target's context and kernels on an H200 SXM, driver 580.159.04, CUDA 13.0, 2026-12-04"),
             ("cublas_handle_bytes", "measured: a cuBLAS 13.0 handle beyond its workspace on an H200 SXM, 2026-12-04"),
             ("kernel_overhead_s", "measured: a 256-element kernel issued and run by the cuda target on an H200 SXM, 2026-12-04"),
+            ("collective_fits", super::hopper_nccl::SOURCE),
+            ("intra_bw", "vendor datasheet: NVLink4's 450 GB/s each way, for the groups inside a node that collective_fits does not hold (3, 5, 6 or 7 GPUs)"),
         ],
         Tables::A100 => vec![
             ("matmul_efficiency", "published and assumed: 267.9 of 312 TFLOP/s, the A100 SXM's maximum achievable bf16 matmul (Bekman, ml-engineering, compute/accelerator/README.md), at the sizes where the H200's measured curve is at its best, and that curve's shape below"),

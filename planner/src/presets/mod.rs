@@ -5,9 +5,11 @@
 //! 2-core VM; `fsdpc calibrate` measures the real ones). Peaks, memory
 //! and links come from datasheets; the Hopper and A100 presets carry
 //! measured or published rates of products, attention and memory
-//! (`measured`), each with its source. Each preset owns its node size:
+//! (`measured`), and the Hopper ones NCCL's times inside a node as XLA
+//! measured them (`hopper_nccl`), each with its source. Each preset owns its node size:
 //! eight GPUs to a node, or every rank of `cpu-local` on the one machine.
 
+mod hopper_nccl;
 mod measured;
 
 use crate::error::PlanError;
