@@ -6,8 +6,9 @@
 //! and links come from datasheets; the Hopper and A100 presets carry
 //! measured or published rates of products, attention and memory
 //! (`measured`), and the Hopper ones NCCL's times inside a node as XLA
-//! measured them (`hopper_nccl`), each with its source. Each preset owns its node size:
-//! eight GPUs to a node, or every rank of `cpu-local` on the one machine.
+//! measured them (`hopper_nccl`), each with its source. Each preset owns
+//! its node size: eight GPUs to a node, or every rank of `cpu-local` on
+//! the one machine.
 
 mod hopper_nccl;
 mod measured;
